@@ -1,0 +1,80 @@
+"""mmbatch: multimodal batch captioning and extraction on vLLM's offline engine.
+
+The public API is exactly ``__all__``. Names whose modules import Pillow, tqdm or vLLM are
+loaded on first use, so ``import mmbatch`` (and ``mmbatch --help``) stays instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from mmbatch.config import EngineConfig, ImageOptions, RunConfig
+from mmbatch.engine.base import CacheStats, Engine
+from mmbatch.errors import (
+    ConfigError,
+    FatalEngineError,
+    ItemFailure,
+    MediaError,
+    MmbatchError,
+    RequestRejected,
+    SourceError,
+)
+from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampling, Usage
+
+if TYPE_CHECKING:
+    from mmbatch.engine.vllm import VLLMEngine
+    from mmbatch.media.loader import MediaLoader
+    from mmbatch.media.store import MediaStore
+    from mmbatch.pipeline import run_job
+    from mmbatch.sinks import JsonlSink
+    from mmbatch.sources import image_requests
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "VLLMEngine": "mmbatch.engine.vllm",
+    "MediaLoader": "mmbatch.media.loader",
+    "MediaStore": "mmbatch.media.store",
+    "run_job": "mmbatch.pipeline",
+    "JsonlSink": "mmbatch.sinks",
+    "image_requests": "mmbatch.sources",
+}
+
+__all__ = [
+    "CacheStats",
+    "ConfigError",
+    "Engine",
+    "EngineConfig",
+    "FatalEngineError",
+    "ImageOptions",
+    "ItemError",
+    "ItemFailure",
+    "JsonlSink",
+    "MediaError",
+    "MediaItem",
+    "MediaLoader",
+    "MediaRef",
+    "MediaStore",
+    "MmbatchError",
+    "Request",
+    "RequestRejected",
+    "Result",
+    "RunConfig",
+    "Sampling",
+    "SourceError",
+    "Usage",
+    "VLLMEngine",
+    "__version__",
+    "image_requests",
+    "run_job",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mmbatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,1 @@
+"""Small self-contained fixes for the environments mmbatch runs in."""

@@ -1,0 +1,1 @@
+"""Inference engines: the ``Engine`` protocol and the vLLM adapter."""

@@ -1,0 +1,53 @@
+"""The boundary between the pipeline and an inference engine.
+
+An engine takes requests one at a time (so one bad request is refused alone, never taking
+its window down with it), advances in steps, and hands back finished ``Result``s keyed by
+request id, in whatever order they finish. The pipeline never assumes output order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from mmbatch.types import LoadedRequest, MediaItem, Result, Sampling
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Cumulative cache counters, in tokens (prefix) and items (multimodal)."""
+
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    mm_queries: int = 0
+    mm_hits: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else None
+
+    @property
+    def mm_hit_rate(self) -> float | None:
+        return self.mm_hits / self.mm_queries if self.mm_queries else None
+
+
+class Engine(Protocol):
+    """What the pipeline needs from an inference engine."""
+
+    def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        """Queue one request; raise ``RequestRejected`` if this request alone is unusable
+        and ``FatalEngineError`` if the engine cannot go on."""
+        ...
+
+    def step(self) -> list[Result]:
+        """Advance the engine; return the requests that finished during this step."""
+        ...
+
+    def num_unfinished(self) -> int:
+        """Requests added and not yet returned by ``step``."""
+        ...
+
+    def cache_stats(self) -> CacheStats:
+        """Cumulative prefix and multimodal cache counters, as far as the engine reports them."""
+        ...

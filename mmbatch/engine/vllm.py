@@ -1,0 +1,164 @@
+"""The vLLM adapter: the only module that imports vllm.
+
+It drives vLLM's offline engine through its request-level API (``LLMEngine.add_request`` and
+``step``) rather than one blocking ``LLM.generate`` per window, for three reasons:
+
+* a request that vLLM refuses (too long, media its processor rejects) fails alone in
+  ``add_request``, where ``generate`` would abort the whole call;
+* the pipeline can top the engine up with the next window while it still runs this one;
+* outputs come back keyed by request id as they finish, never by position.
+
+Each request carries our content keys as ``multi_modal_uuids``, so vLLM's processor and
+encoder caches recognise repeated media without hashing pixels again. Prompts are rendered
+with the model's own chat template, media placed before the text so that requests sharing
+an image share the prefix that the prefix cache can reuse.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from mmbatch.config import EngineConfig
+from mmbatch.engine.base import CacheStats
+from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
+from mmbatch.types import LoadedRequest, MediaItem, Modality, Result, Sampling, Usage
+
+if TYPE_CHECKING:
+    from vllm import LLM, SamplingParams
+
+_METRICS = {
+    "vllm:prefix_cache_queries": "prefix_queries",
+    "vllm:prefix_cache_hits": "prefix_hits",
+    "vllm:mm_cache_queries": "mm_queries",
+    "vllm:mm_cache_hits": "mm_hits",
+}
+
+
+class VLLMEngine:
+    """An ``Engine`` over ``vllm.LLM``, built once and fed request by request."""
+
+    def __init__(self, config: EngineConfig, media_per_prompt: dict[Modality, int]) -> None:
+        from vllm import LLM
+
+        kwargs = config.llm_kwargs()
+        # Profile memory only for the media a job sends: vLLM assumes 999 of any modality
+        # left unspecified, which on video-capable models reserves room for videos never sent.
+        kwargs.setdefault(
+            "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
+        )
+        self.config = config
+        self.llm: LLM = LLM(**kwargs)
+        self._engine = self.llm.llm_engine
+        self._template = _ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
+        self._ids = itertools.count()
+        self._pending: dict[str, str] = {}  # engine request id -> our request id
+
+    def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        prompt = self._prompt(request, media)
+        engine_id = str(next(self._ids))
+        try:
+            self._engine.add_request(engine_id, prompt, _sampling_params(sampling))
+        except EngineDeadError as exc:
+            raise FatalEngineError(f"the vLLM engine died: {exc}") from exc
+        except Exception as exc:  # vLLM raises ValueError, TypeError, RuntimeError... per prompt
+            raise RequestRejected(f"vLLM refused the request: {type(exc).__name__}: {exc}") from exc
+        self._pending[engine_id] = request.id
+
+    def step(self) -> list[Result]:
+        try:
+            outputs = self._engine.step()
+        except Exception as exc:
+            raise FatalEngineError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+        results = []
+        for output in outputs:
+            if not output.finished:
+                continue
+            request_id = self._pending.pop(output.request_id)
+            completion = output.outputs[0]
+            results.append(
+                Result(
+                    request_id=request_id,
+                    text=completion.text,
+                    finish_reason=completion.finish_reason,
+                    usage=Usage(
+                        prompt_tokens=len(output.prompt_token_ids or ()),
+                        output_tokens=len(completion.token_ids),
+                        cached_tokens=output.num_cached_tokens or 0,
+                    ),
+                )
+            )
+        return results
+
+    def num_unfinished(self) -> int:
+        return len(self._pending)
+
+    def cache_stats(self) -> CacheStats:
+        counts = dict.fromkeys(_METRICS.values(), 0)
+        for metric in self.llm.get_metrics():
+            field = _METRICS.get(metric.name)
+            if field is not None:
+                counts[field] += int(getattr(metric, "value", 0))
+        return CacheStats(**counts)
+
+    def _prompt(self, request: LoadedRequest, media: Sequence[MediaItem]) -> dict[str, Any]:
+        modalities = tuple(item.modality for item in media)
+        text = self._template.render(request.request.system, request.request.prompt, modalities)
+        prompt: dict[str, Any] = {"prompt": text}
+        if media:
+            data: dict[str, list[Any]] = {}
+            uuids: dict[str, list[str]] = {}
+            for item in media:
+                data.setdefault(item.modality, []).append(item.payload)
+                uuids.setdefault(item.modality, []).append(item.key)
+            prompt["multi_modal_data"] = data
+            prompt["multi_modal_uuids"] = uuids
+        return prompt
+
+
+def _sampling_params(sampling: Sampling) -> SamplingParams:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        ignore_eos=sampling.ignore_eos,
+        # Only the finished output: the pipeline never looks at partial text.
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+class _ChatTemplate:
+    """Renders (system, prompt, media) with the model's chat template, media first."""
+
+    def __init__(self, model: str, trust_remote_code: bool) -> None:
+        from transformers import AutoProcessor
+
+        try:
+            self._processor = AutoProcessor.from_pretrained(
+                model, trust_remote_code=trust_remote_code
+            )
+        except Exception as exc:
+            raise ConfigError(f"cannot load the processor of {model!r}: {exc}") from exc
+        if getattr(self._processor, "chat_template", None) is None:
+            raise ConfigError(f"the model {model!r} has no chat template")
+        self.render = lru_cache(maxsize=4096)(self._render)
+
+    def _render(self, system: str | None, prompt: str, modalities: tuple[str, ...]) -> str:
+        messages: list[dict[str, Any]] = []
+        if system is not None:
+            messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+        content: list[dict[str, Any]] = [{"type": m} for m in modalities]
+        content.append({"type": "text", "text": prompt})
+        messages.append({"role": "user", "content": content})
+        text = self._processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        return str(text)

@@ -1,0 +1,52 @@
+"""The exception tree, drawn once::
+
+    MmbatchError
+    ├── ConfigError          bad settings, arguments or model directory: fix and rerun
+    ├── SourceError          the inputs cannot be listed (missing path, malformed manifest)
+    ├── ItemFailure          one item cannot be processed; becomes an error row, the job goes on
+    │   ├── MediaError       unreadable, corrupt or unsupported media (stage "load"/"decode")
+    │   └── RequestRejected  the engine refused this one request (stage "validate")
+    └── FatalEngineError     the engine itself is gone: stop the job loudly, progress saved
+
+Only ``ItemFailure`` is ever turned into data; everything else propagates.
+"""
+
+from __future__ import annotations
+
+from mmbatch.types import Stage
+
+
+class MmbatchError(Exception):
+    """Base of every error mmbatch raises on purpose."""
+
+
+class ConfigError(MmbatchError):
+    """Settings that cannot work; raised before any item is processed."""
+
+
+class SourceError(MmbatchError):
+    """The job's inputs cannot be enumerated."""
+
+
+class ItemFailure(MmbatchError):
+    """One item failed; the pipeline records it as an error row and carries on."""
+
+    stage: Stage = "load"
+
+
+class MediaError(ItemFailure):
+    """Media that cannot be read or decoded."""
+
+    def __init__(self, message: str, stage: Stage = "decode") -> None:
+        super().__init__(message)
+        self.stage = stage
+
+
+class RequestRejected(ItemFailure):
+    """The engine refused one request (too long, malformed media) without harm to others."""
+
+    stage: Stage = "validate"
+
+
+class FatalEngineError(MmbatchError):
+    """The engine cannot go on; the job stops and says how to resume."""

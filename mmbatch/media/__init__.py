@@ -1,0 +1,1 @@
+"""Loading media: hashing, decoding and the decode-once store."""

@@ -1,0 +1,105 @@
+"""Read, hash and decode the media of a window of requests.
+
+The bytes of each source are read once and hashed once; each distinct key is decoded once
+(through the store) no matter how many requests or file names share it. Failures become
+error ``Result``s for exactly the requests that use the failing media.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mmbatch.config import ImageOptions
+from mmbatch.errors import ItemFailure, MediaError
+from mmbatch.media.hashing import media_key
+from mmbatch.media.image import decode_image
+from mmbatch.media.store import MediaStore
+from mmbatch.types import LoadedRequest, MediaItem, MediaRef, Request, Result
+
+
+@dataclass
+class LoadedWindow:
+    """A window's requests with their media keys and decoded media, plus its failures."""
+
+    requests: list[LoadedRequest] = field(default_factory=list)
+    media: dict[str, MediaItem] = field(default_factory=dict)
+    failures: list[Result] = field(default_factory=list)
+    bytes_read: int = 0
+
+
+class MediaLoader:
+    """Turns requests into ``LoadedRequest``s whose media are decoded and held in a store."""
+
+    def __init__(self, image_options: ImageOptions, store: MediaStore | None = None) -> None:
+        self.image_options = image_options
+        self.store = store if store is not None else MediaStore()
+
+    def load(self, requests: Sequence[Request]) -> LoadedWindow:
+        window = LoadedWindow()
+        keys_by_source: dict[str, str] = {}
+        bytes_by_key: dict[str, bytes] = {}
+        read_errors: dict[str, MediaError] = {}
+        for request in requests:
+            try:
+                keys = tuple(
+                    self._key(ref, keys_by_source, bytes_by_key, read_errors, window)
+                    for ref in request.media
+                )
+            except ItemFailure as exc:
+                window.failures.append(Result.failure(request.id, exc.stage, str(exc)))
+                continue
+            window.requests.append(LoadedRequest(request, keys))
+
+        decode_errors: dict[str, MediaError] = {}
+        for key, data in bytes_by_key.items():
+            try:
+                window.media[key] = self.store.get_or_decode(key, lambda: self._decode(key, data))
+            except MediaError as exc:
+                decode_errors[key] = exc
+        if decode_errors:
+            kept = []
+            for loaded in window.requests:
+                bad = next((k for k in loaded.media_keys if k in decode_errors), None)
+                if bad is None:
+                    kept.append(loaded)
+                else:
+                    err = decode_errors[bad]
+                    window.failures.append(Result.failure(loaded.id, err.stage, str(err)))
+            window.requests = kept
+        return window
+
+    def _key(
+        self,
+        ref: MediaRef,
+        keys_by_source: dict[str, str],
+        bytes_by_key: dict[str, bytes],
+        read_errors: dict[str, MediaError],
+        window: LoadedWindow,
+    ) -> str:
+        if ref.source in read_errors:
+            raise read_errors[ref.source]
+        key = keys_by_source.get(ref.source)
+        if key is not None:
+            return key
+        if ref.modality != "image":
+            raise MediaError(f"{ref.modality} input is not supported yet", stage="load")
+        try:
+            with open(ref.source, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            read_errors[ref.source] = MediaError(
+                f"cannot read {ref.source!r}: {exc.strerror or exc}", stage="load"
+            )
+            raise read_errors[ref.source] from None
+        window.bytes_read += len(data)
+        key = media_key(ref.modality, data, self.image_options.cache_token())
+        keys_by_source[ref.source] = key
+        bytes_by_key.setdefault(key, data)
+        return key
+
+    def _decode(self, key: str, data: bytes) -> MediaItem:
+        image = decode_image(data, self.image_options)
+        width, height = image.size
+        meta = {"width": width, "height": height, "nbytes": width * height * 3}
+        return MediaItem("image", key, image, meta)

@@ -1,0 +1,87 @@
+"""Counters and throughput: the numbers behind the progress bar and the final summary."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from mmbatch.engine.base import CacheStats
+from mmbatch.types import Result
+
+
+@dataclass
+class JobStats:
+    """What a job did. ``record`` is called once per output row."""
+
+    total: int = 0
+    ok: int = 0
+    failed: int = 0
+    failed_by_stage: Counter[str] = field(default_factory=Counter)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    decodes: int = 0
+    bytes_read: int = 0
+    cache: CacheStats = field(default_factory=CacheStats)
+    started: float = field(default_factory=time.perf_counter)
+    finished: float | None = None
+
+    def record(self, result: Result) -> None:
+        if result.error is None:
+            self.ok += 1
+        else:
+            self.failed += 1
+            self.failed_by_stage[result.error.stage] += 1
+        self.prompt_tokens += result.usage.prompt_tokens
+        self.output_tokens += result.usage.output_tokens
+        self.cached_tokens += result.usage.cached_tokens
+
+    @property
+    def done(self) -> int:
+        return self.ok + self.failed
+
+    @property
+    def wall_seconds(self) -> float:
+        end = self.finished if self.finished is not None else time.perf_counter()
+        return end - self.started
+
+    def summary(self) -> str:
+        """A few human lines for the end of a job."""
+        wall = self.wall_seconds
+        rate = self.done / wall if wall > 0 else 0.0
+        tok_rate = self.output_tokens / wall if wall > 0 else 0.0
+        lines = [
+            f"{self.done} of {self.total} items: {self.ok} ok, {self.failed} failed"
+            + (
+                " (" + ", ".join(f"{n} at {s}" for s, n in sorted(self.failed_by_stage.items())) + ")"
+                if self.failed
+                else ""
+            ),
+            f"tokens: {self.prompt_tokens} prompt ({self.cached_tokens} from prefix cache), "
+            f"{self.output_tokens} output",
+            f"time: {wall:.1f} s, {rate:.2f} items/s, {tok_rate:.1f} output tok/s",
+            f"media: {self.decodes} decoded, {self.bytes_read / 1e6:.1f} MB read; "
+            f"cache hit rates: prefix {_pct(self.cache.prefix_hit_rate)}, "
+            f"multimodal {_pct(self.cache.mm_hit_rate)}",
+        ]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "total": self.total,
+            "ok": self.ok,
+            "failed": self.failed,
+            "failed_by_stage": dict(self.failed_by_stage),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "decodes": self.decodes,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "prefix_cache_hit_rate": self.cache.prefix_hit_rate,
+            "mm_cache_hit_rate": self.cache.mm_hit_rate,
+        }
+
+
+def _pct(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate:.0%}"

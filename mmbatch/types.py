@@ -1,0 +1,122 @@
+"""The small set of values that flows through every stage of a job.
+
+source rows -> ``Request`` -> loader -> ``MediaItem`` -> planner -> engine -> ``Result`` -> sink.
+
+Everything here is a frozen dataclass with no heavy imports, so the planner, the sinks
+and the tests can use these types without pulling in vLLM, torch or even Pillow.
+Pixels live only in ``MediaItem.payload``; everything the planner sees is keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Modality = Literal["image", "video", "audio"]
+"""The kinds of media a request can carry; the names match vLLM's ``multi_modal_data`` keys."""
+
+Stage = Literal["source", "load", "decode", "validate", "engine", "sink"]
+"""Where in the pipeline an item failed; error rows carry it so users can tell bad input
+from a bad configuration."""
+
+
+@dataclass(frozen=True)
+class MediaRef:
+    """What a source row points at: a path (or other locator), nothing read yet."""
+
+    modality: Modality
+    source: str
+
+
+@dataclass(frozen=True)
+class MediaItem:
+    """One distinct piece of media, loaded once and shared by every request that uses it.
+
+    ``key`` hashes the source bytes *and* the decode options: vLLM trusts
+    ``multi_modal_uuids`` blindly, so two decodings of the same file must never share a key.
+    """
+
+    modality: Modality
+    key: str
+    payload: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling settings a job uses; greedy by default so runs are reproducible."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt over zero or more media references, identified by a job-unique ``id``."""
+
+    id: str
+    prompt: str
+    media: tuple[MediaRef, ...] = ()
+    system: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadedRequest:
+    """A request whose media have been read and hashed (``media_keys`` align with ``media``)."""
+
+    request: Request
+    media_keys: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+
+@dataclass(frozen=True)
+class ItemError:
+    """Why an item produced no text: the stage that failed and a message naming the cause."""
+
+    stage: Stage
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"stage": self.stage, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts for one request, as the engine reported them."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one request: text, or an error. Errors are data, never exceptions."""
+
+    request_id: str
+    text: str | None = None
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+    error: ItemError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def failure(cls, request_id: str, stage: Stage, message: str) -> Result:
+        return cls(request_id=request_id, error=ItemError(stage, message))

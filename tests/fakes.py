@@ -1,0 +1,46 @@
+"""A deterministic stand-in for the engine, for fast tests of the pipeline's bookkeeping.
+
+Its text is a function of the request's media keys and prompt only, so a test can tell
+whether a row got the right caption. It finishes requests out of order on purpose (newest
+first, a few per step) to catch any code that matches results by position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mmbatch.engine.base import CacheStats
+from mmbatch.errors import RequestRejected
+from mmbatch.types import LoadedRequest, MediaItem, Result, Sampling, Usage
+
+
+def expected_text(media_keys: Sequence[str], prompt: str) -> str:
+    return f"{'+'.join(media_keys)}|{prompt}"
+
+
+class FakeEngine:
+    def __init__(self, per_step: int = 3, reject_prompts: frozenset[str] = frozenset()) -> None:
+        self.per_step = per_step
+        self.reject_prompts = reject_prompts
+        self.added: list[str] = []
+        self._queue: list[Result] = []
+
+    def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        assert [m.key for m in media] == list(request.media_keys)
+        if request.request.prompt in self.reject_prompts:
+            raise RequestRejected(f"prompt {request.request.prompt!r} refused")
+        self.added.append(request.id)
+        text = expected_text(request.media_keys, request.request.prompt)
+        self._queue.append(
+            Result(request.id, text, "stop", Usage(prompt_tokens=10, output_tokens=len(text)))
+        )
+
+    def step(self) -> list[Result]:
+        done, self._queue = self._queue[-self.per_step :], self._queue[: -self.per_step]
+        return done[::-1]
+
+    def num_unfinished(self) -> int:
+        return len(self._queue)
+
+    def cache_stats(self) -> CacheStats:
+        return CacheStats()

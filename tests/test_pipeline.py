@@ -1,0 +1,117 @@
+"""The pipeline's bookkeeping, against a fake engine (the real one is in test_end_to_end)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fakes import FakeEngine, expected_text
+from mmbatch.config import ImageOptions, RunConfig
+from mmbatch.media.loader import MediaLoader
+from mmbatch.pipeline import run_job
+from mmbatch.sinks import JsonlSink
+from mmbatch.sources import image_requests
+from mmbatch.types import MediaRef, Request, Sampling
+
+
+@pytest.fixture
+def corpus(tmp_path: Path, samples: Path) -> Path:
+    """samples/ plus a zero-byte file, a text file named .jpg and a second copy of a picture."""
+    folder = tmp_path / "corpus"
+    shutil.copytree(samples, folder)
+    (folder / "empty.jpg").write_bytes(b"")
+    (folder / "text.jpg").write_text("not an image")
+    shutil.copyfile(samples / "checkerboard.png", folder / "checker_again.png")
+    return folder
+
+
+def run(requests: list[Request], out: Path, window: int = 4, **engine_kwargs: object) -> tuple:
+    engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
+    loader = MediaLoader(ImageOptions())
+    with JsonlSink(out) as sink:
+        stats = run_job(requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return stats, rows, loader, engine
+
+
+def test_one_row_per_item_with_the_right_text(corpus: Path, tmp_path: Path) -> None:
+    requests = image_requests([str(corpus)], "Describe.")
+    stats, rows, _, _ = run(requests, tmp_path / "out.jsonl")
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
+    for row in rows:
+        if row["error"] is None:
+            assert row["text"] == expected_text([row["media_hash"]], "Describe.")
+    assert stats.ok + stats.failed == len(requests) == stats.total
+
+
+def test_bad_files_become_error_rows_naming_stage_and_cause(corpus: Path, tmp_path: Path) -> None:
+    _, rows, _, _ = run(image_requests([str(corpus)], "p"), tmp_path / "out.jsonl")
+    errors = {Path(r["id"]).name: r["error"] for r in rows if r["error"]}
+    assert errors == {
+        "empty.jpg": {"stage": "load", "message": "empty file (0 bytes)"},
+        "text.jpg": {"stage": "decode", "message": "not an image Pillow can identify"},
+        "truncated.jpg": {"stage": "decode", "message": errors["truncated.jpg"]["message"]},
+    }
+    assert "truncated" in errors["truncated.jpg"]["message"]
+    assert all(r["text"] is None for r in rows if r["error"])
+
+
+def test_identical_bytes_share_a_key_and_are_decoded_once(corpus: Path, tmp_path: Path) -> None:
+    # Window 100 holds everything: each distinct picture is decoded exactly once.
+    stats, rows, loader, _ = run(image_requests([str(corpus)], "p"), tmp_path / "o.jsonl", window=100)
+    by_name = {Path(r["id"]).name: r for r in rows}
+    assert by_name["sunset.jpg"]["media_hash"] == by_name["sunset_copy.jpg"]["media_hash"]
+    assert by_name["checkerboard.png"]["media_hash"] == by_name["checker_again.png"]["media_hash"]
+    assert by_name["sunset.jpg"]["media_hash"] != by_name["checkerboard.png"]["media_hash"]
+    decodable = {r["media_hash"] for r in rows if r["error"] is None}
+    assert stats.decodes == loader.store.decodes == len(decodable) == 4
+
+
+def test_store_spares_decodes_across_windows(samples: Path, tmp_path: Path) -> None:
+    path = str(samples / "sunset.jpg")
+    requests = [Request(str(i), "p", (MediaRef("image", path),)) for i in range(10)]
+    stats, rows, _, _ = run(requests, tmp_path / "o.jsonl", window=3)
+    assert stats.decodes == 1 and len(rows) == 10
+
+
+def test_out_of_order_completion_never_swaps_captions(samples: Path, tmp_path: Path) -> None:
+    # Many prompts over few images, prompt-major, finished newest-first by the fake engine.
+    images = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png"]
+    requests = [
+        Request(f"{prompt}:{name}", prompt, (MediaRef("image", str(samples / name)),))
+        for prompt in ["caption", "tags", "ocr", "json"]
+        for name in images
+    ]
+    _, rows, _, engine = run(requests, tmp_path / "o.jsonl", window=5, per_step=4)
+    keys = {Path(r["source"]).name: r["media_hash"] for r in rows}
+    for row in rows:
+        prompt, name = row["id"].split(":")
+        assert row["prompt"] == prompt
+        assert row["text"] == expected_text([keys[name]], prompt)
+    assert engine.added != [r.id for r in requests]  # the planner did reorder
+
+
+def test_a_refused_request_fails_alone(samples: Path, tmp_path: Path) -> None:
+    path = str(samples / "sunset.jpg")
+    requests = [Request(str(i), "bad" if i == 2 else "good", (MediaRef("image", path),)) for i in range(5)]
+    stats, rows, _, _ = run(requests, tmp_path / "o.jsonl", reject_prompts=frozenset({"bad"}))
+    failed = [r for r in rows if r["error"]]
+    assert [r["id"] for r in failed] == ["2"]
+    assert failed[0]["error"]["stage"] == "validate"
+    assert stats.ok == 4 and stats.failed_by_stage == {"validate": 1}
+
+
+def test_missing_file_is_a_load_error_row(tmp_path: Path) -> None:
+    requests = [Request("gone", "p", (MediaRef("image", str(tmp_path / "gone.jpg")),))]
+    _, rows, _, _ = run(requests, tmp_path / "o.jsonl")
+    assert rows[0]["error"]["stage"] == "load" and "cannot read" in rows[0]["error"]["message"]
+
+
+def test_summary_counts(corpus: Path, tmp_path: Path) -> None:
+    stats, _, _, _ = run(image_requests([str(corpus)], "p"), tmp_path / "o.jsonl")
+    text = stats.summary()
+    assert f"{stats.total} of {stats.total} items: {stats.ok} ok, 3 failed" in text
+    assert "1 at load" in text and "2 at decode" in text
