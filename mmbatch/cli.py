@@ -95,7 +95,9 @@ def _caption(args: argparse.Namespace) -> int:
 
     requests = image_requests(args.inputs, args.prompt, args.system)
     sampling = Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    run = RunConfig(progress=not args.no_progress, **({"window": args.window} if args.window else {}))
+    run = RunConfig(
+        progress=not args.no_progress, **({"window": args.window} if args.window else {})
+    )
     loader = MediaLoader(ImageOptions(max_pixels=args.max_pixels))
     engine_config = EngineConfig(args.model, parse_engine_args(args.engine_arg))
     print(f"mmbatch: {len(requests)} items, model {args.model}", file=sys.stderr)

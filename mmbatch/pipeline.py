@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from tqdm import tqdm
 
@@ -103,7 +104,7 @@ class _Job:
         self.stats.record(result)
         self.sink.write(output_row(request, self.media_keys.get(request_id, ()), result))
 
-    def update_progress(self, bar: tqdm) -> None:  # type: ignore[type-arg]
+    def update_progress(self, bar: tqdm[Any]) -> None:
         done = self.stats.done
         if done == self._shown:
             return
@@ -120,7 +121,9 @@ class _Job:
     def check_complete(self) -> None:
         missing = self.requests.keys() - self.emitted
         if missing:
-            raise RuntimeError(f"bug: {len(missing)} requests produced no row, e.g. {min(missing)!r}")
+            raise RuntimeError(
+                f"bug: {len(missing)} requests produced no row, e.g. {min(missing)!r}"
+            )
 
 
 def _chunks(requests: Sequence[Request], size: int) -> Iterator[Sequence[Request]]:

@@ -27,9 +27,7 @@ IMAGE_SUFFIXES = frozenset(
 MANIFEST_SUFFIXES = frozenset({".jsonl", ".csv"})
 
 
-def image_requests(
-    inputs: Sequence[str], prompt: str, system: str | None = None
-) -> list[Request]:
+def image_requests(inputs: Sequence[str], prompt: str, system: str | None = None) -> list[Request]:
     """One request per image found in ``inputs``, each asking ``prompt`` (unless its
     manifest row brings its own)."""
     requests: list[Request] = []
@@ -58,8 +56,8 @@ def _expand(inputs: Sequence[str]) -> Iterator[tuple[str, str, str | None]]:
     for raw in inputs:
         path = Path(raw)
         if path.is_dir():
-            for file in _walk_images(path):
-                yield str(file), str(file), None
+            for found in _walk_images(path):
+                yield str(found), str(found), None
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
             yield from _read_manifest(path)
         elif path.exists() or path.is_symlink():

@@ -54,7 +54,9 @@ class JobStats:
         lines = [
             f"{self.done} of {self.total} items: {self.ok} ok, {self.failed} failed"
             + (
-                " (" + ", ".join(f"{n} at {s}" for s, n in sorted(self.failed_by_stage.items())) + ")"
+                " ("
+                + ", ".join(f"{n} at {s}" for s, n in sorted(self.failed_by_stage.items()))
+                + ")"
                 if self.failed
                 else ""
             ),

@@ -18,10 +18,11 @@ def png_bytes(image: Image.Image) -> bytes:
 
 
 def test_exif_orientation_is_applied(samples: Path) -> None:
-    stored = Image.open(samples / "arrow_exif_rotated.jpg")
-    assert stored.size == (240, 160)  # stored landscape, EXIF says rotate 90 degrees
+    with Image.open(samples / "arrow_exif_rotated.jpg") as stored:
+        assert stored.size == (240, 160)  # stored landscape, EXIF says rotate 90 degrees
     decoded = decode_image((samples / "arrow_exif_rotated.jpg").read_bytes(), OPTS)
-    assert decoded.size == (160, 240) and decoded.mode == "RGB"
+    assert decoded.size == (160, 240)
+    assert decoded.mode == "RGB"
 
 
 def test_transparency_is_composited_over_white(samples: Path) -> None:
@@ -43,7 +44,8 @@ def test_palette_with_transparency_is_composited() -> None:
 
 def test_grayscale_becomes_rgb() -> None:
     decoded = decode_image(png_bytes(Image.new("L", (3, 3), 77)), OPTS)
-    assert decoded.mode == "RGB" and decoded.getpixel((0, 0)) == (77, 77, 77)
+    assert decoded.mode == "RGB"
+    assert decoded.getpixel((0, 0)) == (77, 77, 77)
 
 
 def test_truncated_jpeg_is_a_decode_error(samples: Path) -> None:
@@ -72,4 +74,5 @@ def test_pixel_cap_refuses_before_decoding() -> None:
 def test_max_pixels_downscales_keeping_aspect() -> None:
     decoded = decode_image(png_bytes(Image.new("RGB", (400, 100))), ImageOptions(max_pixels=10_000))
     width, height = decoded.size
-    assert width * height <= 10_000 and abs(width / height - 4) < 0.1
+    assert width * height <= 10_000
+    assert abs(width / height - 4) < 0.1

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from fakes import FakeEngine, expected_text
+
 from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.media.loader import MediaLoader
 from mmbatch.pipeline import run_job
@@ -32,7 +32,9 @@ def run(requests: list[Request], out: Path, window: int = 4, **engine_kwargs: ob
     engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
     loader = MediaLoader(ImageOptions())
     with JsonlSink(out) as sink:
-        stats = run_job(requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False))
+        stats = run_job(
+            requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False)
+        )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return stats, rows, loader, engine
 
@@ -61,7 +63,9 @@ def test_bad_files_become_error_rows_naming_stage_and_cause(corpus: Path, tmp_pa
 
 def test_identical_bytes_share_a_key_and_are_decoded_once(corpus: Path, tmp_path: Path) -> None:
     # Window 100 holds everything: each distinct picture is decoded exactly once.
-    stats, rows, loader, _ = run(image_requests([str(corpus)], "p"), tmp_path / "o.jsonl", window=100)
+    stats, rows, loader, _ = run(
+        image_requests([str(corpus)], "p"), tmp_path / "o.jsonl", window=100
+    )
     by_name = {Path(r["id"]).name: r for r in rows}
     assert by_name["sunset.jpg"]["media_hash"] == by_name["sunset_copy.jpg"]["media_hash"]
     assert by_name["checkerboard.png"]["media_hash"] == by_name["checker_again.png"]["media_hash"]
@@ -74,7 +78,8 @@ def test_store_spares_decodes_across_windows(samples: Path, tmp_path: Path) -> N
     path = str(samples / "sunset.jpg")
     requests = [Request(str(i), "p", (MediaRef("image", path),)) for i in range(10)]
     stats, rows, _, _ = run(requests, tmp_path / "o.jsonl", window=3)
-    assert stats.decodes == 1 and len(rows) == 10
+    assert stats.decodes == 1
+    assert len(rows) == 10
 
 
 def test_out_of_order_completion_never_swaps_captions(samples: Path, tmp_path: Path) -> None:
@@ -96,22 +101,27 @@ def test_out_of_order_completion_never_swaps_captions(samples: Path, tmp_path: P
 
 def test_a_refused_request_fails_alone(samples: Path, tmp_path: Path) -> None:
     path = str(samples / "sunset.jpg")
-    requests = [Request(str(i), "bad" if i == 2 else "good", (MediaRef("image", path),)) for i in range(5)]
+    requests = [
+        Request(str(i), "bad" if i == 2 else "good", (MediaRef("image", path),)) for i in range(5)
+    ]
     stats, rows, _, _ = run(requests, tmp_path / "o.jsonl", reject_prompts=frozenset({"bad"}))
     failed = [r for r in rows if r["error"]]
     assert [r["id"] for r in failed] == ["2"]
     assert failed[0]["error"]["stage"] == "validate"
-    assert stats.ok == 4 and stats.failed_by_stage == {"validate": 1}
+    assert stats.ok == 4
+    assert stats.failed_by_stage == {"validate": 1}
 
 
 def test_missing_file_is_a_load_error_row(tmp_path: Path) -> None:
     requests = [Request("gone", "p", (MediaRef("image", str(tmp_path / "gone.jpg")),))]
     _, rows, _, _ = run(requests, tmp_path / "o.jsonl")
-    assert rows[0]["error"]["stage"] == "load" and "cannot read" in rows[0]["error"]["message"]
+    assert rows[0]["error"]["stage"] == "load"
+    assert "cannot read" in rows[0]["error"]["message"]
 
 
 def test_summary_counts(corpus: Path, tmp_path: Path) -> None:
     stats, _, _, _ = run(image_requests([str(corpus)], "p"), tmp_path / "o.jsonl")
     text = stats.summary()
     assert f"{stats.total} of {stats.total} items: {stats.ok} ok, 3 failed" in text
-    assert "1 at load" in text and "2 at decode" in text
+    assert "1 at load" in text
+    assert "2 at decode" in text

@@ -41,4 +41,5 @@ def test_ordered_is_a_permutation() -> None:
 def test_requests_without_media_form_their_own_group() -> None:
     text_only = LoadedRequest(Request("t", "hello"), ())
     groups = plan([loaded("1", "k", "p"), text_only])
-    assert groups[1].media_keys == () and groups[1].request_ids == ("t",)
+    assert groups[1].media_keys == ()
+    assert groups[1].request_ids == ("t",)

@@ -47,7 +47,10 @@ def test_glob(tmp_path: Path) -> None:
 def test_jsonl_manifest_with_ids_and_prompts(tmp_path: Path) -> None:
     touch(tmp_path / "img" / "a.jpg")
     manifest = tmp_path / "m.jsonl"
-    rows = [{"path": "img/a.jpg", "id": "first"}, {"path": "img/a.jpg", "id": "second", "prompt": "OCR"}]
+    rows = [
+        {"path": "img/a.jpg", "id": "first"},
+        {"path": "img/a.jpg", "id": "second", "prompt": "OCR"},
+    ]
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     requests = image_requests([str(manifest)], "default")
     assert [(r.id, r.prompt) for r in requests] == [("first", "default"), ("second", "OCR")]
@@ -69,7 +72,11 @@ def test_duplicate_manifest_ids_are_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [('{"id": "1"}\n', "has no 'path'"), ("not json\n", "not valid JSON"), ("[1]\n", "JSON object")],
+    [
+        ('{"id": "1"}\n', "has no 'path'"),
+        ("not json\n", "not valid JSON"),
+        ("[1]\n", "JSON object"),
+    ],
 )
 def test_malformed_manifest_rows_name_the_line(tmp_path: Path, content: str, message: str) -> None:
     manifest = tmp_path / "m.jsonl"

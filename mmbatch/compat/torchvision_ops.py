@@ -53,7 +53,7 @@ class _TorchvisionHook(importlib.abc.MetaPathFinder):
                 define_missing_ops()
             except Exception as exc:  # never block the import itself
                 print(f"mmbatch torchvision shim: {exc}", file=sys.stderr)
-        return None
+        return
 
 
 def install() -> None:

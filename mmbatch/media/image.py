@@ -25,15 +25,15 @@ def decode_image(data: bytes, options: ImageOptions) -> Image.Image:
         with warnings.catch_warnings():
             # We enforce our own pixel cap below; Pillow's warning would only duplicate it.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            width, height = image.size
+            opened = Image.open(io.BytesIO(data))
+            width, height = opened.size
             if width * height > options.max_source_pixels:
                 raise MediaError(
                     f"image is {width}x{height} = {width * height} pixels, over the cap of "
                     f"{options.max_source_pixels} (raise max_source_pixels if this is intended)"
                 )
-            image.load()
-            image = ImageOps.exif_transpose(image)
+            opened.load()
+            image = ImageOps.exif_transpose(opened)
     except MediaError:
         raise
     except UnidentifiedImageError:

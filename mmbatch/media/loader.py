@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from mmbatch.config import ImageOptions
 from mmbatch.errors import ItemFailure, MediaError
@@ -54,7 +55,7 @@ class MediaLoader:
         decode_errors: dict[str, MediaError] = {}
         for key, data in bytes_by_key.items():
             try:
-                window.media[key] = self.store.get_or_decode(key, lambda: self._decode(key, data))
+                window.media[key] = self.store.get_or_decode(key, partial(self._decode, key, data))
             except MediaError as exc:
                 decode_errors[key] = exc
         if decode_errors:

@@ -1,0 +1,76 @@
+"""The command line's argument handling, with real files and no engine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmbatch.cli import EXIT_JOB_FAILED, main
+from mmbatch.config import EngineConfig, parse_engine_args
+from mmbatch.errors import ConfigError
+
+
+def test_help_lists_the_commands() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmbatch", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "caption" in proc.stdout
+    assert "make-tiny-model" in proc.stdout
+
+
+def test_caption_requires_model_and_out(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["caption", "x.jpg"])
+    assert info.value.code == 2
+    assert "--model" in capsys.readouterr().err
+
+
+def test_missing_input_fails_before_any_engine_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["caption", str(tmp_path / "nope"), "--model", "m", "--out", str(tmp_path / "o")])
+    assert code == EXIT_JOB_FAILED
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_malformed_engine_arg_is_a_job_error(
+    samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["caption", str(samples), "--model", "m", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--engine-arg", "no_equals_sign"]) == EXIT_JOB_FAILED
+    assert "is not KEY=VALUE" in capsys.readouterr().err
+
+
+def test_engine_args_are_json_when_they_parse() -> None:
+    parsed = parse_engine_args(
+        [
+            "max_model_len=2048",
+            "enforce-eager=true",
+            'limit_mm_per_prompt={"image": 2}',
+            "dtype=float32",
+        ]
+    )
+    assert parsed == {
+        "max_model_len": 2048,
+        "enforce_eager": True,
+        "limit_mm_per_prompt": {"image": 2},
+        "dtype": "float32",
+    }
+
+
+def test_engine_config_defaults_yield_to_the_user() -> None:
+    kwargs = EngineConfig("m", {"tensor_parallel_size": 2}).llm_kwargs()
+    assert kwargs["mm_encoder_tp_mode"] == "data"
+    assert kwargs["disable_log_stats"] is False
+    user = EngineConfig("m", {"tensor_parallel_size": 2, "mm_encoder_tp_mode": "weights"})
+    assert user.llm_kwargs()["mm_encoder_tp_mode"] == "weights"
+    assert "mm_encoder_tp_mode" not in EngineConfig("m").llm_kwargs()
+
+
+def test_model_cannot_hide_in_engine_args() -> None:
+    with pytest.raises(ConfigError, match=r"EngineConfig\.model"):
+        EngineConfig("m", {"model": "other"})
