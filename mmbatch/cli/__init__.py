@@ -1,0 +1,43 @@
+"""The ``mmbatch`` command: one module per sub-command, each with ``register(commands)``.
+
+Imports of vllm, torch and transformers happen inside the handler that needs them, so
+``mmbatch --help`` answers at once.
+
+Exit codes: 0 every item succeeded; 1 the job finished but some items failed (their rows say
+why); 2 the job itself failed (bad arguments, unreadable inputs, a fatal engine error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from mmbatch.cli import caption, tiny_model
+from mmbatch.cli.common import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.errors import MmbatchError
+
+COMMANDS = (caption, tiny_model)
+
+__all__ = ["EXIT_ITEMS_FAILED", "EXIT_JOB_FAILED", "EXIT_OK", "build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mmbatch",
+        description="Multimodal batch captioning and extraction on vLLM's offline engine.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except MmbatchError as exc:
+        print(f"mmbatch: error: {exc}", file=sys.stderr)
+        return EXIT_JOB_FAILED
+    return code

@@ -1,0 +1,53 @@
+"""Options and steps shared by the sub-commands that run a model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """--model, --out, sampling and engine options, the same for every job command."""
+    parser.add_argument("--model", required=True, help="local model directory or hub name")
+    parser.add_argument("--out", required=True, help="output JSONL file")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to vllm.LLM untouched (VALUE parsed as JSON when it is JSON); repeatable",
+    )
+    parser.add_argument("--window", type=int, default=None, help="requests prepared together")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def sampling_from(args: argparse.Namespace) -> Any:
+    from mmbatch.types import Sampling
+
+    return Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+
+
+def run_config_from(args: argparse.Namespace) -> Any:
+    from mmbatch.config import RunConfig
+
+    window = {"window": args.window} if args.window else {}
+    return RunConfig(progress=not args.no_progress, **window)
+
+
+def engine_config_from(args: argparse.Namespace) -> Any:
+    from mmbatch.config import EngineConfig, parse_engine_args
+
+    return EngineConfig(args.model, parse_engine_args(args.engine_arg))
+
+
+def report(stats: Any, out: str) -> int:
+    """Print the summary and turn the stats into the exit code."""
+    print(stats.summary(), file=sys.stderr)
+    print(f"rows written to {out}", file=sys.stderr)
+    return EXIT_OK if stats.failed == 0 else EXIT_ITEMS_FAILED
