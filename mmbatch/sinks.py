@@ -34,6 +34,19 @@ def output_row(request: Request, media_keys: tuple[str, ...], result: Result) ->
     }
 
 
+class MemorySink:
+    """Rows kept in a list: for tests, benchmarks and library callers that want values."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+
+    def close(self) -> None:
+        """Nothing to make durable: the rows are already in memory."""
+
+
 class JsonlSink:
     """One JSON object per line. Each row is written whole; ``flush`` makes rows durable."""
 

@@ -9,6 +9,7 @@ identical bytes under two names were decoded once.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -23,6 +24,7 @@ class MediaStore:
     def __init__(self, max_bytes: int = DEFAULT_STORE_BYTES) -> None:
         self.max_bytes = max_bytes
         self.decodes = 0
+        self.decode_seconds = 0.0
         self.hits = 0
         self._items: OrderedDict[str, tuple[MediaItem, int]] = OrderedDict()
         self._bytes = 0
@@ -36,10 +38,13 @@ class MediaStore:
                 self._items.move_to_end(key)
                 self.hits += 1
                 return held[0]
+        started = time.perf_counter()
         item = decode()
+        elapsed = time.perf_counter() - started
         size = int(item.meta.get("nbytes", 0))
         with self._lock:
             self.decodes += 1
+            self.decode_seconds += elapsed
             if key not in self._items:
                 self._items[key] = (item, size)
                 self._bytes += size

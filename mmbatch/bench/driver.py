@@ -1,0 +1,164 @@
+"""Run both sides of the benchmark and write the report (see ``mmbatch bench --help``)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mmbatch.bench.flops import minimal_flops
+from mmbatch.bench.workloads import make_images
+
+PEAK_BF16_FLOPS = 790e12
+"""bf16 matrix-product rate measured on the H200 of this workplace (8192^3, random data)."""
+
+
+def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    work = Path(options["work_dir"] or tempfile.mkdtemp(prefix="mmbatch-bench-"))
+    count, size, seed = options["images"], options["size"], options["seed"]
+    # Each workload gets its own images, so no side profits from caches of the one before.
+    pool = make_images(work / "images", count * (len(options["workloads"]) + 1), size, seed)
+    spec: dict[str, Any] = {
+        "model": options["model"],
+        "workloads": options["workloads"],
+        "warmup_images": [str(p) for p in pool[: min(32, count)]],
+        "images": {
+            w: [str(p) for p in pool[(i + 1) * count : (i + 2) * count]]
+            for i, w in enumerate(options["workloads"])
+        },
+        "max_tokens": options["max_tokens"],
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": seed,
+        "window": options["window"],
+        "common_engine_args": options["common_engine_args"],
+        "mmbatch_engine_args": options["mmbatch_engine_args"],
+    }
+    sides = {}
+    for mode in options["modes"]:
+        spec_path, result_path = work / f"spec-{mode}.json", work / f"result-{mode}.json"
+        spec_path.write_text(json.dumps({**spec, "mode": mode}))
+        print(f"bench: running the {mode} side", file=sys.stderr, flush=True)
+        subprocess.run(
+            [sys.executable, "-m", "mmbatch.bench.worker", str(spec_path), str(result_path)],
+            check=True,
+        )
+        sides[mode] = json.loads(result_path.read_text())
+    return _report(options, argv, spec, sides)
+
+
+def _report(
+    options: dict[str, Any], argv: list[str], spec: dict[str, Any], sides: dict[str, Any]
+) -> dict[str, Any]:
+    config = json.loads((Path(options["model"]) / "config.json").read_text())
+    prefix_tokens = _image_prefix_tokens(config, options["size"])
+    workloads: dict[str, Any] = {}
+    for workload in options["workloads"]:
+        entry: dict[str, Any] = {}
+        for mode, side in sides.items():
+            r = dict(side["workloads"][workload])
+            wall = r["wall_s"]
+            r["requests_per_s"] = r["requests"] / wall
+            r["images_per_s"] = r["images"] / wall
+            r["output_tok_per_s"] = r["output_tokens"] / wall
+            flops = minimal_flops(
+                config,
+                distinct_images=r["distinct_images"],
+                requests=r["requests"],
+                image_size=(options["size"], options["size"]),
+                prefix_tokens=prefix_tokens,
+                mean_prompt_tokens=r["prompt_tokens"] / r["requests"],
+                mean_output_tokens=r["output_tokens"] / r["requests"],
+            )
+            r["minimal_tflops"] = flops / 1e12
+            r["compute_bound_images_per_s"] = r["images"] / (flops / PEAK_BF16_FLOPS)
+            r["share_of_compute_bound"] = r["images_per_s"] / r["compute_bound_images_per_s"]
+            entry[mode] = r
+        if "naive" in entry and "mmbatch" in entry:
+            entry["ratio_mmbatch_over_naive"] = (
+                entry["mmbatch"]["requests_per_s"] / entry["naive"]["requests_per_s"]
+            )
+        workloads[workload] = entry
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "mmbatch " + shlex.join(argv),
+        "machine": _machine(),
+        "vllm_version": next(iter(sides.values()))["vllm_version"] if sides else None,
+        "engine_start_s": {mode: side["engine_start_s"] for mode, side in sides.items()},
+        "workload_spec": {
+            "images_per_workload": options["images"],
+            "image_size": options["size"],
+            "max_tokens": options["max_tokens"],
+            "sampling": "temperature 0.7, top_p 0.9, ignore_eos",
+            "common_engine_args": options["common_engine_args"],
+            "mmbatch_engine_args": options["mmbatch_engine_args"],
+            "window": options["window"],
+        },
+        "flops_model": {
+            "peak_bf16_flops": PEAK_BF16_FLOPS,
+            "image_prefix_tokens": prefix_tokens,
+            "doc": "mmbatch/bench/flops.py: vision once per distinct image, shared prefix once, "
+            "each request's suffix and output tokens; 2 FLOPs per MAC of the matmuls",
+        },
+        "workloads": workloads,
+    }
+
+
+def _image_prefix_tokens(config: dict[str, Any], size: int) -> int:
+    """Tokens shared by every prompt over one image: Qwen's template head (system turn and
+    the user turn's start, 20 tokens) and the image's tokens with their two delimiters."""
+    patch = int(config["vision_config"].get("patch_size", 14))
+    merge = int(config["vision_config"].get("spatial_merge_size", 2))
+    return 20 + (size // (patch * merge)) ** 2 + 2
+
+
+def _machine() -> dict[str, Any]:
+    gpus: list[str] = []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        ).stdout
+        gpus = [line.strip() for line in out.splitlines() if line.strip()]
+    except (OSError, subprocess.SubprocessError):
+        gpus = []
+    return {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "gpus": gpus or ["none (CPU)"],
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """A short plain-text table of the report."""
+    lines = [
+        f"{'workload':8} {'side':8} {'req/s':>8} {'img/s':>8} {'out tok/s':>10} "
+        f"{'gpu busy':>8} {'prefix hit':>10} {'mm hit':>7} {'of bound':>8}"
+    ]
+    for workload, entry in report["workloads"].items():
+        for mode in ("naive", "mmbatch"):
+            r = entry.get(mode)
+            if r is None:
+                continue
+            lines.append(
+                f"{workload:8} {mode:8} {r['requests_per_s']:8.1f} {r['images_per_s']:8.1f} "
+                f"{r['output_tok_per_s']:10.0f} {_pct(r['gpu_busy']):>8} "
+                f"{_pct(r['prefix_hit_rate']):>10} {_pct(r['mm_hit_rate']):>7} "
+                f"{_pct(r['share_of_compute_bound']):>8}"
+            )
+        if "ratio_mmbatch_over_naive" in entry:
+            lines.append(f"{workload:8} mmbatch / naive = {entry['ratio_mmbatch_over_naive']:.2f}x")
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"

@@ -1,0 +1,75 @@
+"""``mmbatch bench``: naive vLLM against mmbatch on the same model, images and sampling."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mmbatch.cli.common import EXIT_OK
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "bench",
+        help="throughput benchmark: naive vLLM vs mmbatch, each side in its own process",
+        description="Runs workloads W1 (distinct images), W2 (4 prompts per image, prompt-"
+        "major) and W4 (30%% repeated images) through a naive LLM.chat baseline and through "
+        "mmbatch, and writes a JSON report with the ratios.",
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="model directory (or config-only, with --engine-arg load_format=dummy)",
+    )
+    parser.add_argument("--out", required=True, help="report JSON")
+    parser.add_argument("--images", type=int, default=500, help="images per workload")
+    parser.add_argument("--size", type=int, default=448, help="image side in pixels")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--workloads", default="W1,W2,W4")
+    parser.add_argument("--modes", default="naive,mmbatch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--work-dir", default=None, help="where images and specs go")
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="for both sides (model shape, max_model_len, load_format)",
+    )
+    parser.add_argument(
+        "--mmbatch-engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="for the mmbatch side only (its tuning)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mmbatch.bench.driver import run_bench, table
+    from mmbatch.config import parse_engine_args
+
+    options = {
+        "model": args.model,
+        "images": args.images,
+        "size": args.size,
+        "max_tokens": args.max_tokens,
+        "workloads": [w.strip() for w in args.workloads.split(",") if w.strip()],
+        "modes": [m.strip() for m in args.modes.split(",") if m.strip()],
+        "seed": args.seed,
+        "window": args.window,
+        "work_dir": args.work_dir,
+        "common_engine_args": parse_engine_args(args.engine_arg),
+        "mmbatch_engine_args": parse_engine_args(args.mmbatch_engine_arg),
+    }
+    report = run_bench(options, sys.argv[1:])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    print(f"report written to {args.out}")
+    return EXIT_OK
