@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,3 +11,44 @@ SAMPLES = Path(__file__).resolve().parent.parent / "samples"
 @pytest.fixture(scope="session")
 def samples() -> Path:
     return SAMPLES
+
+
+# vLLM's CPU build: run the engine in-process (same tokens, ~7x faster start, half the RAM)
+# and keep its KV cache small. Set before anything imports vllm.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+TINY_ENGINE_KWARGS = {
+    "dtype": "float32",
+    "max_model_len": 1024,
+    "enforce_eager": True,
+    # Small KV blocks, so that the short prompts of these tests span whole blocks and the
+    # prefix cache has something to hit (CPU's default block is larger than the prompts).
+    "block_size": 32,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mmbatch.tiny_models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-vl"), family="qwen2_vl", seed=0)
+
+
+@pytest.fixture(scope="session")
+def vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
+    from mmbatch.config import EngineConfig
+    from mmbatch.engine.vllm import VLLMEngine
+
+    return VLLMEngine(EngineConfig(str(tiny_vl_model), TINY_ENGINE_KWARGS), {"image": 1})
+
+
+@pytest.fixture(scope="session")
+def uncached_vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
+    """The same model with the prefix cache and the multimodal processor cache off: the
+    reference that cached, reordered runs must agree with."""
+    from mmbatch.config import EngineConfig
+    from mmbatch.engine.vllm import VLLMEngine
+
+    kwargs = {**TINY_ENGINE_KWARGS, "enable_prefix_caching": False, "mm_processor_cache_gb": 0}
+    return VLLMEngine(EngineConfig(str(tiny_vl_model), kwargs), {"image": 1})

@@ -1,0 +1,117 @@
+"""Helpers shared by the tiny-model builders: seeded weights, byte-stable files, the text tower.
+
+Everything that touches torch imports it inside the function.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+# The tiny text tower shared by the three families (head_dim 64: a size vLLM's CPU attention has).
+TINY_TEXT: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+}
+TINY_MROPE_SECTION = [8, 12, 12]  # sums to head_dim / 2 = 32
+ROPE_THETA = 1_000_000.0
+
+INIT_STD = 0.02  # every matrix, embedding and conv kernel
+LM_HEAD_STD = 0.5  # large on purpose: greedy argmax gets clear margins
+
+
+def init_weights(
+    model: Any, seed: int, *, keep: Callable[[str], bool] = lambda name: False
+) -> None:
+    """Overwrite every parameter from one seeded generator, in sorted-name order.
+
+    Norm weights become 1, biases 0, ``lm_head`` weights N(0, 0.5), everything else N(0, 0.02).
+    Names for which ``keep`` is true keep the values the model was built with (e.g. fixed
+    sinusoidal position tables). The result depends only on the seed and the parameter shapes,
+    not on how transformers initialises a model.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in sorted(params):
+            if keep(name):
+                continue
+            p = params[name]
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf == "bias":
+                p.zero_()
+            elif p.ndim == 1:  # LayerNorm / RMSNorm scales
+                p.fill_(1.0)
+            else:
+                std = LM_HEAD_STD if name.endswith("lm_head.weight") else INIT_STD
+                p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+
+
+def save_weights(
+    out_dir: Path, state_dict: Mapping[str, Any], rename: Callable[[str], str]
+) -> Path:
+    """Write ``model.safetensors`` (float32, keys renamed, sorted) with fixed metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for key, value in state_dict.items():
+        new = rename(key)
+        if new in tensors:
+            raise ValueError(f"two weights map to {new!r}")
+        tensors[new] = value.detach().to("cpu").float().contiguous().clone()
+    path = out_dir / "model.safetensors"
+    save_file(dict(sorted(tensors.items())), str(path), metadata={"format": "pt"})
+    return path
+
+
+def rename_prefixes(mapping: Mapping[str, str]) -> Callable[[str], str]:
+    """A key renamer that swaps the first matching prefix (tried in the order given)."""
+
+    def rename(key: str) -> str:
+        for old, new in mapping.items():
+            if key.startswith(old):
+                return new + key[len(old) :]
+        return key
+
+    return rename
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Stable JSON: sorted keys, two-space indent, trailing newline."""
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def clean_config_dict(config: Any) -> dict[str, Any]:
+    """A config's ``to_diff_dict`` with the dtype pinned, ready for :func:`write_json`."""
+    data: dict[str, Any] = config.to_diff_dict()
+    data["dtype"] = "float32"
+    return data
+
+
+def generation_config(special_tokens: Mapping[str, int]) -> dict[str, Any]:
+    """A minimal ``generation_config.json``: stop on ``<|im_end|>`` or ``<|endoftext|>``."""
+    return {
+        "bos_token_id": special_tokens["<|endoftext|>"],
+        "eos_token_id": [special_tokens["<|im_end|>"], special_tokens["<|endoftext|>"]],
+        "pad_token_id": special_tokens["<|endoftext|>"],
+    }
+
+
+def prepare_dir(out_dir: str | Path) -> Path:
+    path = Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

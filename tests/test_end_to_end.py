@@ -1,0 +1,145 @@
+"""The image pipeline on the real vLLM CPU build with a tiny random-weight model.
+
+Greedy decoding is deterministic here, which lets these tests prove the sacred property:
+whatever the planner's reordering, the windows and the caches do, each id gets exactly the
+text that its request produces when run alone, on an engine with every cache turned off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmbatch.config import ImageOptions, RunConfig
+from mmbatch.media.loader import MediaLoader
+from mmbatch.pipeline import run_job
+from mmbatch.sinks import JsonlSink
+from mmbatch.types import MediaRef, Request, Sampling
+
+pytestmark = pytest.mark.slow
+
+SAMPLING = Sampling(max_tokens=12)
+
+
+def run_rows(engine, requests: list[Request], out: Path, window: int) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+    loader = MediaLoader(ImageOptions())
+    with JsonlSink(out) as sink:
+        run_job(requests, engine, loader, sink, SAMPLING, RunConfig(window=window, progress=False))
+    return {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+
+
+def test_reordering_and_caching_never_change_a_caption(
+    vl_engine,
+    samples: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]
+) -> None:
+    # Repeated media (two names for one picture, and each picture several times), two
+    # prompts per image, written prompt-major so the planner has to regroup them.
+    names = [
+        "sunset.jpg",
+        "checkerboard.png",
+        "sunset_copy.jpg",
+        "shapes_alpha.png",
+        "arrow_exif_rotated.jpg",
+    ]
+    prompts = ["Describe this image.", "List three tags."]
+    requests = [
+        Request(f"{p}#{i}:{name}", prompt, (MediaRef("image", str(samples / name)),))
+        for p, prompt in enumerate(prompts)
+        for i in range(2)
+        for name in names
+    ]
+    batched = run_rows(vl_engine, requests, tmp_path / "batched.jsonl", window=7)
+    assert len(batched) == len(requests)
+    # The caches did hit (read now: vLLM's metrics registry is per process, and the
+    # uncached engine below would take it over).
+    stats = vl_engine.cache_stats()
+    assert stats.mm_hits > 0
+    assert stats.prefix_hits > 0
+    assert any(row["cached_tokens"] > 0 for row in batched.values())
+
+    uncached_vl_engine = request.getfixturevalue("uncached_vl_engine")
+    texts = set()
+    for request in requests:
+        alone = run_rows(uncached_vl_engine, [request], tmp_path / "alone.jsonl", window=1)
+        row, solo = batched[request.id], alone[request.id]
+        assert row["error"] is None
+        assert solo["error"] is None
+        assert row["text"] == solo["text"], request.id
+        assert row["output_tokens"] == solo["output_tokens"] > 0
+        texts.add(row["text"])
+    # Different pictures and prompts must not all collapse to one caption, or this test
+    # could not tell a swapped caption from a right one.
+    assert len(texts) >= 4
+
+
+def hub_cache(model_dir: Path, home: Path, repo_id: str) -> dict[str, str]:
+    """Lay ``model_dir`` out as the Hugging Face cache holds a downloaded ``repo_id``, and
+    return the environment that makes hub loading resolve there with no network."""
+    revision = "0" * 40
+    repo = home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+
+
+def test_cli_captions_the_samples_with_a_hub_model_name(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    # A hub name, not a path: the same loading code a user with the hub runs, served from
+    # the local cache because no hub is reachable here.
+    env = hub_cache(tiny_vl_model, tmp_path / "hf", "mmbatch-test/tiny-qwen2-vl")
+    out = tmp_path / "captions.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmbatch",
+            "caption",
+            str(samples),
+            "--model",
+            "mmbatch-test/tiny-qwen2-vl",
+            "--out",
+            str(out),
+            "--max-tokens",
+            "8",
+            *TINY_ENGINE_ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ | env,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]  # one sample is a truncated JPEG
+    rows = {Path(r["id"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(rows) == sorted(p.name for p in samples.iterdir())
+    assert rows["truncated.jpg"]["error"]["stage"] == "decode"
+    assert rows["sunset.jpg"]["media_hash"] == rows["sunset_copy.jpg"]["media_hash"]
+    assert rows["sunset.jpg"]["text"] == rows["sunset_copy.jpg"]["text"]
+    for name, row in rows.items():
+        if name != "truncated.jpg":
+            assert row["error"] is None, row
+            assert row["text"], row
+            assert row["output_tokens"] > 0, row
+    # 6 files, 5 decodable, 4 distinct pictures: each decoded once.
+    assert "6 of 6 items: 5 ok, 1 failed (1 at decode)" in proc.stderr
+    assert "media: 4 decoded" in proc.stderr
+
+
+TINY_ENGINE_ARGS = [
+    "--engine-arg",
+    "dtype=float32",
+    "--engine-arg",
+    "max_model_len=1024",
+    "--engine-arg",
+    "enforce_eager=true",
+]
