@@ -1,0 +1,117 @@
+"""The benchmark harness's bookkeeping and report (its speed is measured on the GPU host)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mmbatch.bench.flops import lm_flops_per_token, minimal_flops, vision_flops_per_image
+from mmbatch.bench.workloads import W2_PROMPTS, make_images, rows_for
+from mmbatch.tiny_models.real_shapes import real_shape_config
+
+
+def test_workload_orders(tmp_path: Path) -> None:
+    images = make_images(tmp_path, 10, 28, seed=1)
+    w1, w2, w4 = (rows_for(w, images) for w in ("W1", "W2", "W4"))
+    assert [r.image for r in w1] == [str(p) for p in images]
+    # W2 is prompt-major: all images for the first prompt, then the second...
+    assert [r.prompt for r in w2] == [p for p in W2_PROMPTS for _ in images]
+    assert len({r.id for r in w2}) == 40
+    # W4: 30% of rows repeat an earlier image, at random places.
+    assert len(w4) == 10
+    assert len({r.image for r in w4}) == 7
+    with pytest.raises(ValueError, match="unknown workload"):
+        rows_for("W9", images)
+
+
+def test_images_are_deterministic(tmp_path: Path) -> None:
+    a = make_images(tmp_path / "a", 3, 32, seed=5)
+    b = make_images(tmp_path / "b", 3, 32, seed=5)
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+
+
+def test_flops_model_matches_the_7b_parameter_count() -> None:
+    config = real_shape_config("qwen2_5_vl_7b")
+    # 28 layers of 233M weights plus a 545M lm_head (input embedding not): 7.07e9, 2 FLOPs each.
+    assert 13.9e9 < lm_flops_per_token(config, ctx=0) < 14.3e9
+    # A 448x448 image: 1024 patches through a 32-block, 1280-wide encoder: about 1.4 TFLOP.
+    assert 1.0e12 < vision_flops_per_image(config, 448, 448) < 2.0e12
+    one = minimal_flops(
+        config,
+        distinct_images=1,
+        requests=1,
+        image_size=(448, 448),
+        prefix_tokens=278,
+        mean_prompt_tokens=290,
+        mean_output_tokens=128,
+    )
+    four = minimal_flops(
+        config,
+        distinct_images=1,
+        requests=4,
+        image_size=(448, 448),
+        prefix_tokens=278,
+        mean_prompt_tokens=290,
+        mean_output_tokens=128,
+    )
+    # Four prompts over one image share its encoder pass and prefix: far less than 4x.
+    assert 1.5 * one < four < 3 * one
+
+
+@pytest.mark.slow
+def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mmbatch",
+            "bench",
+            "--model",
+            str(tiny_vl_model),
+            "--images",
+            "4",
+            "--size",
+            "56",
+            "--max-tokens",
+            "3",
+            "--window",
+            "3",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--engine-arg",
+            "dtype=float32",
+            "--engine-arg",
+            "max_model_len=1024",
+            "--engine-arg",
+            "enforce_eager=true",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["command"].startswith("mmbatch bench --model")
+    assert report["machine"]["gpus"] == ["none (CPU)"]
+    assert set(report["workloads"]) == {"W1", "W2", "W4"}
+    w2 = report["workloads"]["W2"]
+    for side in ("naive", "mmbatch"):
+        assert w2[side]["requests"] == 16
+        assert w2[side]["images"] == 4
+        assert w2[side]["output_tokens"] == 16 * 3  # ignore_eos: every request runs to 3
+        assert w2[side]["mm_hit_rate"] == pytest.approx(0.75)  # 4 distinct of 16
+        assert 0 < w2[side]["share_of_compute_bound"] < 1
+    assert w2["ratio_mmbatch_over_naive"] == pytest.approx(
+        w2["mmbatch"]["requests_per_s"] / w2["naive"]["requests_per_s"]
+    )
+    assert report["workloads"]["W4"]["mmbatch"]["distinct_images"] == 3
+    assert "mmbatch / naive" in proc.stdout
