@@ -80,9 +80,15 @@ class JobStats:
             "cached_tokens": self.cached_tokens,
             "decodes": self.decodes,
             "wall_seconds": round(self.wall_seconds, 3),
+            "items_per_second": _rate(self.done, self.wall_seconds),
+            "output_tokens_per_second": _rate(self.output_tokens, self.wall_seconds),
             "prefix_cache_hit_rate": self.cache.prefix_hit_rate,
             "mm_cache_hit_rate": self.cache.mm_hit_rate,
         }
+
+
+def _rate(count: int, seconds: float) -> float:
+    return round(count / seconds, 3) if seconds > 0 else 0.0
 
 
 def _pct(rate: float | None) -> str:

@@ -22,10 +22,22 @@ from a bad configuration."""
 
 @dataclass(frozen=True)
 class MediaRef:
-    """What a source row points at: a path (or other locator), nothing read yet."""
+    """What a source row points at, nothing decoded yet: a file to read, or media already
+    in memory, the way datasets stores media as ``{bytes, path}``.
+
+    With ``data`` (raw file bytes, e.g. a datasets ``Image(decode=False)`` cell) or ``image``
+    (a picture some library already decoded, e.g. a PIL image from a datasets ``Image()``
+    column), the loader reads nothing and ``source`` only names the item in output rows.
+    """
 
     modality: Modality
     source: str
+    data: bytes | None = field(default=None, repr=False)
+    image: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.data is not None and self.image is not None:
+            raise ValueError(f"media {self.source!r} has both bytes and a decoded image")
 
 
 @dataclass(frozen=True)

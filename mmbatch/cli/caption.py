@@ -22,9 +22,23 @@ def register(commands: Any) -> None:
         "caption",
         help="caption images: one JSON row per input item",
         description="Caption every image in INPUT (files, folders, globs, .jsonl/.csv "
-        "manifests with a 'path' and optional 'id' and 'prompt').",
+        "manifests with a 'path' and optional 'id' and 'prompt'), or every row of one local "
+        "Hugging Face dataset (a save_to_disk folder, Parquet files, an imagefolder with a "
+        "metadata file, WebDataset tars).",
     )
     parser.add_argument("inputs", nargs="+", metavar="INPUT")
+    dataset = parser.add_argument_group("local datasets")
+    dataset.add_argument(
+        "--input-format",
+        choices=("files", "disk", "parquet", "imagefolder", "webdataset"),
+        default=None,
+        help="how to read INPUT (default: detected; 'files' = images by path)",
+    )
+    dataset.add_argument(
+        "--image-column", default=None, help="the dataset's image column (default: the only one)"
+    )
+    dataset.add_argument("--split", default=None, help="the dataset split (default: the only one)")
+    dataset.add_argument("--id-column", default=None, help="row ids (default: the row index)")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for each image")
     parser.add_argument("--system", default=None, help="system prompt (default: the model's)")
     parser.add_argument(
@@ -39,21 +53,54 @@ def run(args: argparse.Namespace) -> int:
     from mmbatch.engine.vllm import VLLMEngine
     from mmbatch.errors import FatalEngineError
     from mmbatch.media.loader import MediaLoader
+    from mmbatch.outputs import open_sink, output_format
     from mmbatch.pipeline import run_job
-    from mmbatch.sinks import JsonlSink
-    from mmbatch.sources import image_requests
+    from mmbatch.sinks import output_row
 
     # Everything that can be checked without the engine is checked before it starts.
-    requests = image_requests(args.inputs, args.prompt, args.system)
+    requests, unusable, job = _inputs(args)
     sampling, run_config = sampling_from(args), run_config_from(args)
     engine_config = engine_config_from(args)
+    out_format = output_format(args.out, args.out_format)
     loader = MediaLoader(ImageOptions(max_pixels=args.max_pixels))
-    print(f"mmbatch: {len(requests)} items, model {args.model}", file=sys.stderr)
+    total = len(requests) + len(unusable)
+    print(f"mmbatch: {total} items, model {args.model}", file=sys.stderr)
     engine = VLLMEngine(engine_config, {"image": 1})
-    with JsonlSink(args.out) as sink:
-        try:
-            stats = run_job(requests, engine, loader, sink, sampling, run_config)
-        except FatalEngineError as exc:
-            sink.close()
-            raise FatalEngineError(f"{exc}; rows finished so far are in {args.out}") from exc
-    return report(stats, args.out)
+    sink = open_sink(args.out, out_format)
+    try:
+        for request, failure in unusable:
+            sink.write(output_row(request, (), failure))
+        stats = run_job(requests, engine, loader, sink, sampling, run_config)
+    except FatalEngineError as exc:
+        sink.close()
+        raise FatalEngineError(f"{exc}; rows finished so far are in {args.out}") from exc
+    sink.close()
+    stats.total += len(unusable)
+    for _, failure in unusable:
+        stats.record(failure)
+    job |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
+    return report(stats, args.out, job)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """The requests, the dataset rows that cannot become one (as error rows), and what the
+    summary records about the inputs (the gallery reopens a dataset from it)."""
+    from dataclasses import asdict
+
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations.hf_local import DatasetInput, dataset_requests, detect_format
+    from mmbatch.sources import image_requests
+
+    fmt = args.input_format
+    if fmt is None and len(args.inputs) == 1:
+        fmt = detect_format(args.inputs[0])
+    if fmt in (None, "files"):
+        if args.image_column or args.split or args.id_column:
+            raise ConfigError("--image-column, --split and --id-column apply to datasets only")
+        requests = image_requests(args.inputs, args.prompt, args.system)
+        return requests, [], {"inputs": list(args.inputs)}
+    if len(args.inputs) != 1:
+        raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
+    spec = DatasetInput(args.inputs[0], fmt, args.image_column, args.split, args.id_column)
+    requests, unusable = dataset_requests(spec, args.prompt, args.system)
+    return requests, unusable, {"inputs": list(args.inputs), "dataset": asdict(spec)}

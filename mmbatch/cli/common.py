@@ -12,7 +12,17 @@ EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """--model, --out, sampling and engine options, the same for every job command."""
     parser.add_argument("--model", required=True, help="local model directory or hub name")
-    parser.add_argument("--out", required=True, help="output JSONL file")
+    parser.add_argument(
+        "--out",
+        required=True,
+        help="output: a JSONL file, a .parquet file, or a datasets folder (--out-format)",
+    )
+    parser.add_argument(
+        "--out-format",
+        choices=("jsonl", "parquet", "datasets"),
+        default=None,
+        help="default: parquet for a .parquet --out, else jsonl; datasets = save_to_disk folder",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
@@ -46,8 +56,11 @@ def engine_config_from(args: argparse.Namespace) -> Any:
     return EngineConfig(args.model, parse_engine_args(args.engine_arg))
 
 
-def report(stats: Any, out: str) -> int:
-    """Print the summary and turn the stats into the exit code."""
+def report(stats: Any, out: str, job: dict[str, Any] | None = None) -> int:
+    """Print the summary, write it beside the output, and turn the stats into the exit code."""
+    from mmbatch.outputs import write_summary
+
     print(stats.summary(), file=sys.stderr)
-    print(f"rows written to {out}", file=sys.stderr)
+    summary = write_summary(out, stats.to_dict(), job or {})
+    print(f"rows written to {out}, summary to {summary}", file=sys.stderr)
     return EXIT_OK if stats.failed == 0 else EXIT_ITEMS_FAILED

@@ -4,11 +4,17 @@ Three things a naive ``Image.open(path).convert("RGB")`` gets wrong, done right 
 EXIF orientation is applied (phone photos otherwise arrive sideways), transparency is
 composited over white (a bare convert turns transparent pixels black), and the header's
 size is checked against a cap *before* any pixel is decoded (decompression bombs).
+
+A picture that arrives already decoded (a PIL image from a datasets ``Image()`` column) goes
+through the same cap, compositing and resizing in ``prepare_decoded``; its content key is
+taken over ``canonical_image_bytes``, which covers mode, size, palette and transparency as
+well as the pixels, since any of them changes what the model sees.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -44,6 +50,42 @@ def decode_image(data: bytes, options: ImageOptions) -> Image.Image:
     if options.max_pixels is not None:
         image = _limit_pixels(image, options.max_pixels)
     return image
+
+
+def canonical_image_bytes(image: Image.Image) -> bytes:
+    """The bytes that identify a decoded picture: a header (mode, size, palette,
+    transparency) and the raw pixels. Raises ``MediaError`` if the pixels cannot be read."""
+    palette = image.palette.tobytes().hex() if image.mode in ("P", "PA") and image.palette else ""
+    header = json.dumps(
+        {
+            "format": "mmbatch-decoded-image-v1",
+            "mode": image.mode,
+            "size": list(image.size),
+            "palette": palette,
+            "transparency": repr(image.info.get("transparency")),
+        },
+        sort_keys=True,
+    )
+    try:
+        pixels = image.tobytes()
+    except (OSError, ValueError) as exc:
+        raise MediaError(f"cannot read the decoded image's pixels: {exc}") from None
+    return header.encode() + b"\0" + pixels
+
+
+def prepare_decoded(image: Image.Image, options: ImageOptions) -> Image.Image:
+    """An already decoded picture, made what ``decode_image`` would return: capped, RGB,
+    resized. The caller's image is never modified."""
+    width, height = image.size
+    if width * height > options.max_source_pixels:
+        raise MediaError(
+            f"image is {width}x{height} = {width * height} pixels, over the cap of "
+            f"{options.max_source_pixels} (raise max_source_pixels if this is intended)"
+        )
+    rgb = _to_rgb(image)
+    if options.max_pixels is not None:
+        rgb = _limit_pixels(rgb, options.max_pixels)
+    return rgb
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

@@ -3,6 +3,10 @@
 The bytes of each source are read once and hashed once; each distinct key is decoded once
 (through the store) no matter how many requests or file names share it. Failures become
 error ``Result``s for exactly the requests that use the failing media.
+
+Media already in memory (``MediaRef.data`` bytes, or an already decoded ``MediaRef.image``)
+take the same path minus the file read: hashed once, decoded (or, for a decoded picture,
+prepared) once per distinct key.
 """
 
 from __future__ import annotations
@@ -10,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from mmbatch.config import ImageOptions
 from mmbatch.errors import ItemFailure, MediaError
 from mmbatch.media.hashing import media_key
-from mmbatch.media.image import decode_image
+from mmbatch.media.image import canonical_image_bytes, decode_image, prepare_decoded
 from mmbatch.media.store import MediaStore
 from mmbatch.types import LoadedRequest, MediaItem, MediaRef, Request, Result
 
@@ -39,12 +44,12 @@ class MediaLoader:
     def load(self, requests: Sequence[Request]) -> LoadedWindow:
         window = LoadedWindow()
         keys_by_source: dict[str, str] = {}
-        bytes_by_key: dict[str, bytes] = {}
+        content_by_key: dict[str, Any] = {}  # raw bytes, or an already decoded picture
         read_errors: dict[str, MediaError] = {}
         for request in requests:
             try:
                 keys = tuple(
-                    self._key(ref, keys_by_source, bytes_by_key, read_errors, window)
+                    self._key(ref, keys_by_source, content_by_key, read_errors, window)
                     for ref in request.media
                 )
             except ItemFailure as exc:
@@ -53,7 +58,7 @@ class MediaLoader:
             window.requests.append(LoadedRequest(request, keys))
 
         decode_errors: dict[str, MediaError] = {}
-        for key, data in bytes_by_key.items():
+        for key, data in content_by_key.items():
             try:
                 window.media[key] = self.store.get_or_decode(key, partial(self._decode, key, data))
             except MediaError as exc:
@@ -74,33 +79,48 @@ class MediaLoader:
         self,
         ref: MediaRef,
         keys_by_source: dict[str, str],
-        bytes_by_key: dict[str, bytes],
+        content_by_key: dict[str, Any],
         read_errors: dict[str, MediaError],
         window: LoadedWindow,
     ) -> str:
-        if ref.source in read_errors:
-            raise read_errors[ref.source]
-        key = keys_by_source.get(ref.source)
-        if key is not None:
-            return key
+        in_memory = ref.data is not None or ref.image is not None
+        if not in_memory:
+            # Only files are known by name: in-memory items may share a label, not content.
+            if ref.source in read_errors:
+                raise read_errors[ref.source]
+            key = keys_by_source.get(ref.source)
+            if key is not None:
+                return key
         if ref.modality != "image":
             raise MediaError(f"{ref.modality} input is not supported yet", stage="load")
-        try:
-            with open(ref.source, "rb") as handle:
-                data = handle.read()
-        except OSError as exc:
-            read_errors[ref.source] = MediaError(
-                f"cannot read {ref.source!r}: {exc.strerror or exc}", stage="load"
-            )
-            raise read_errors[ref.source] from None
-        window.bytes_read += len(data)
+        content: Any
+        if ref.image is not None:
+            data = canonical_image_bytes(ref.image)
+            content = ref.image
+        elif ref.data is not None:
+            data = content = ref.data
+            window.bytes_read += len(data)
+        else:
+            try:
+                with open(ref.source, "rb") as handle:
+                    data = content = handle.read()
+            except OSError as exc:
+                read_errors[ref.source] = MediaError(
+                    f"cannot read {ref.source!r}: {exc.strerror or exc}", stage="load"
+                )
+                raise read_errors[ref.source] from None
+            window.bytes_read += len(data)
         key = media_key(ref.modality, data, self.image_options.cache_token())
-        keys_by_source[ref.source] = key
-        bytes_by_key.setdefault(key, data)
+        if not in_memory:
+            keys_by_source[ref.source] = key
+        content_by_key.setdefault(key, content)
         return key
 
-    def _decode(self, key: str, data: bytes) -> MediaItem:
-        image = decode_image(data, self.image_options)
+    def _decode(self, key: str, content: Any) -> MediaItem:
+        if isinstance(content, bytes):
+            image = decode_image(content, self.image_options)
+        else:
+            image = prepare_decoded(content, self.image_options)
         width, height = image.size
         meta = {"width": width, "height": height, "nbytes": width * height * 3}
         return MediaItem("image", key, image, meta)

@@ -1,0 +1,206 @@
+"""``Dataset.map(DatasetMap(...), batched=True)``: caption a Hugging Face dataset in place.
+
+What datasets' ``map`` asks of a function, and how this one answers:
+
+* It is pickled to worker processes and hashed (with dill) into the cache fingerprint. So
+  the callable holds settings only, never the engine: the engine is built lazily, once per
+  process, on the first batch, and kept in this module for the next batches and the next
+  ``map`` calls. The settings pickle the same way in every run, so datasets' fingerprint is
+  stable and its cache holds across runs; a callable whose state does not pickle the same
+  way falls back to a random fingerprint and recomputes everything (datasets #5536).
+  ``fingerprint`` is that identity as a string, covering the model directory's files too,
+  for ``new_fingerprint=`` or your own bookkeeping.
+* With ``with_rank=True`` each worker gets a rank, which picks its GPU (round robin over
+  ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts.
+* A batch is a dict of columns; the answer is two new columns of the same length, ``text``
+  and ``error``. One bad row never raises: it gets ``text == ""`` and an ``error`` naming
+  the stage and the cause. Both columns are strings, never None, because datasets cannot
+  write a column whose first batch is all None (it would have the null type).
+* ``Image(decode=False)`` / ``Audio(decode=False)`` cells are ``{bytes, path}``: the raw
+  bytes are hashed as they are, like a file's. Decoded ``Image()`` cells (PIL images) are
+  hashed by mode, size and pixels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from mmbatch.config import EngineConfig, ImageOptions, RunConfig
+from mmbatch.errors import ConfigError
+from mmbatch.integrations.hf_media import BadCell, media_ref
+from mmbatch.types import Modality, Request, Sampling
+
+if TYPE_CHECKING:
+    from mmbatch.engine.base import Engine
+
+FINGERPRINT_VERSION = "1"
+"""Bumped when the rows this callable writes change for the same settings."""
+
+
+class DatasetMap:
+    """A picklable ``Dataset.map`` function that adds ``text`` and ``error`` columns.
+
+    >>> ds = ds.cast_column("image", datasets.Image(decode=False))  # hash the raw bytes
+    >>> ds = ds.map(DatasetMap("Qwen/Qwen2.5-VL-3B-Instruct", "Describe."), batched=True,
+    ...             batch_size=512, with_rank=True)
+    """
+
+    def __init__(
+        self,
+        model: str,
+        prompt: str,
+        *,
+        column: str = "image",
+        modality: Modality = "image",
+        prompt_column: str | None = None,
+        system: str | None = None,
+        engine_kwargs: Mapping[str, Any] | None = None,
+        sampling: Sampling | None = None,
+        image_options: ImageOptions | None = None,
+        text_column: str = "text",
+        error_column: str = "error",
+    ) -> None:
+        self.engine_config = EngineConfig(model, dict(engine_kwargs or {}))
+        self.prompt = prompt
+        self.column = column
+        self.modality: Modality = modality
+        self.prompt_column = prompt_column
+        self.system = system
+        self.sampling = sampling or Sampling()
+        self.image_options = image_options or ImageOptions()
+        self.text_column = text_column
+        self.error_column = error_column
+        if text_column == error_column:
+            raise ConfigError(f"text and error columns must differ, both are {text_column!r}")
+        # Computed once, here, so that workers and later runs hash the same state.
+        self.fingerprint = _fingerprint(self._settings(), model_identity(model))
+
+    def __call__(
+        self, batch: Mapping[str, Sequence[Any]], rank: int | None = None
+    ) -> dict[str, list[str]]:
+        if self.column not in batch:
+            raise ConfigError(
+                f"the dataset has no column {self.column!r} (it has {', '.join(batch)})"
+            )
+        cells = batch[self.column]
+        prompts = batch[self.prompt_column] if self.prompt_column else None
+        requests, outcomes = self._requests(cells, prompts)
+        if requests:
+            outcomes.update(self._run(requests, rank))
+        # Exactly one (text, error) per input row, in input order; a missing one is a bug.
+        rows = [outcomes[str(index)] for index in range(len(cells))]
+        return {
+            self.text_column: [text for text, _ in rows],
+            self.error_column: [error for _, error in rows],
+        }
+
+    def _requests(
+        self, cells: Sequence[Any], prompts: Sequence[Any] | None
+    ) -> tuple[list[Request], dict[str, tuple[str, str]]]:
+        """The batch's requests, by position as id, and ``(text, error)`` for unusable rows."""
+        requests: list[Request] = []
+        failed: dict[str, tuple[str, str]] = {}
+        for index, cell in enumerate(cells):
+            label = f"batch row {index}"
+            prompt = self.prompt if prompts is None else prompts[index]
+            try:
+                if not isinstance(prompt, str) or not prompt:
+                    raise BadCell(f"{label}: {self.prompt_column!r} holds no prompt: {prompt!r}")
+                ref = media_ref(cell, self.modality, label)
+            except BadCell as exc:
+                failed[str(index)] = ("", f"{exc.stage}: {exc}")
+                continue
+            requests.append(Request(str(index), prompt, (ref,), self.system))
+        return requests, failed
+
+    def _run(self, requests: list[Request], rank: int | None) -> dict[str, tuple[str, str]]:
+        from mmbatch.media.loader import MediaLoader
+        from mmbatch.pipeline import run_job
+        from mmbatch.sinks import MemorySink
+
+        engine = self._engine(rank)
+        sink = MemorySink()
+        run = RunConfig(window=len(requests), progress=False)
+        run_job(requests, engine, MediaLoader(self.image_options), sink, self.sampling, run)
+        return {
+            row["id"]: (
+                row["text"] or "",
+                f"{row['error']['stage']}: {row['error']['message']}" if row["error"] else "",
+            )
+            for row in sink.rows
+        }
+
+    def _engine(self, rank: int | None) -> Engine:
+        from mmbatch.engine.shared import shared_engine
+
+        # The engine is built on this process's first batch, so the GPU is chosen before CUDA
+        # starts; later calls narrow CUDA_VISIBLE_DEVICES to the device it already names.
+        select_gpu(rank)
+        return shared_engine(self.engine_config, {self.modality: 1})
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "engine": {"model": self.engine_config.model, **self.engine_config.engine_kwargs},
+            "prompt": self.prompt,
+            "column": self.column,
+            "modality": self.modality,
+            "prompt_column": self.prompt_column,
+            "system": self.system,
+            "sampling": asdict(self.sampling),
+            "image_options": self.image_options.cache_token(),
+            "columns": [self.text_column, self.error_column],
+        }
+
+    def __repr__(self) -> str:
+        return f"DatasetMap({self.engine_config.model!r}, fingerprint={self.fingerprint!r})"
+
+
+def select_gpu(rank: int | None) -> None:
+    """Make this process see one GPU, chosen by ``rank`` round robin; no-op without a rank or
+    a GPU. Must run before CUDA starts in the process, which building the engine does."""
+    if rank is None:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = [d.strip() for d in visible.split(",") if d.strip()]
+    else:
+        import torch
+
+        devices = [str(i) for i in range(torch.cuda.device_count())]
+    if devices:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices[rank % len(devices)]
+
+
+def model_identity(model: str) -> str:
+    """What identifies a model's content cheaply: for a local directory, every file's name
+    and size and the bytes of its small files (configs, tokenizer); for a hub name, the name
+    (pin a ``revision`` in the engine arguments to pin the content)."""
+    root = Path(model)
+    if not root.is_dir():
+        return f"hub:{model}"
+    h = xxhash.xxh3_64()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if any(part.startswith(".") for part in rel.split("/")):
+            continue
+        size = path.stat().st_size
+        h.update(f"{rel}\0{size}\0".encode())
+        if size <= 1 << 20:
+            h.update(path.read_bytes())
+    return f"dir:{h.hexdigest()}"
+
+
+def _fingerprint(settings: Mapping[str, Any], identity: str) -> str:
+    canonical = json.dumps(
+        {"v": FINGERPRINT_VERSION, "settings": settings, "model": identity},
+        sort_keys=True,
+        default=repr,
+    )
+    return xxhash.xxh3_64_hexdigest(canonical.encode())

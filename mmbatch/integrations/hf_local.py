@@ -1,0 +1,178 @@
+"""Read a local Hugging Face dataset as ``Request``s: what ``mmbatch caption`` does with a
+``save_to_disk`` folder, Parquet files, an ``imagefolder`` (with a metadata file) or
+WebDataset tars.
+
+The image column is read with ``Image(decode=False)``, so each row's raw bytes are hashed as
+they are stored and decoded once by the loader, like a file's. Row ids are the row's index
+in the split (or the ``id_column``'s value), which is what output rows, resume and the
+review gallery know an item by. The rows' media bytes are held in memory for the job; for a
+dataset larger than memory, run ``Dataset.map(DatasetMap(...))`` instead, which works batch
+by batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from mmbatch.errors import ItemFailure, SourceError
+from mmbatch.integrations.hf_media import media_ref
+from mmbatch.sources import IMAGE_SUFFIXES
+from mmbatch.types import MediaRef, Request, Result
+
+if TYPE_CHECKING:
+    import datasets
+
+DatasetFormat = Literal["disk", "parquet", "imagefolder", "webdataset"]
+DATASET_FORMATS: tuple[DatasetFormat, ...] = ("disk", "parquet", "imagefolder", "webdataset")
+IMAGE_FOLDER_METADATA = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+
+
+@dataclass(frozen=True)
+class DatasetInput:
+    """Which local dataset to read and how: everything needed to open it again later (the
+    review gallery does, to show each row's picture)."""
+
+    path: str
+    format: DatasetFormat
+    image_column: str | None = None
+    split: str | None = None
+    id_column: str | None = None
+
+
+def detect_format(path: str) -> DatasetFormat | None:
+    """The dataset format ``path`` is stored in, or None for plain media files."""
+    root = Path(path)
+    if root.is_file():
+        suffix = root.suffix.lower()
+        return "parquet" if suffix == ".parquet" else "webdataset" if suffix == ".tar" else None
+    if not root.is_dir():
+        return None
+    if (root / "state.json").is_file() or (root / "dataset_dict.json").is_file():
+        return "disk"
+    if any((root / name).is_file() for name in IMAGE_FOLDER_METADATA):
+        return "imagefolder"
+    suffixes = {p.suffix.lower() for p in root.rglob("*") if p.is_file()}
+    if suffixes & IMAGE_SUFFIXES:
+        return None  # a folder of pictures: read by path, unless --input-format says otherwise
+    if ".parquet" in suffixes:
+        return "parquet"
+    if ".tar" in suffixes:
+        return "webdataset"
+    return None
+
+
+def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
+    """The split ``spec`` names and its image column, the column cast to raw bytes."""
+    import datasets
+
+    loaded = _load(spec)
+    if isinstance(loaded, datasets.DatasetDict):
+        loaded = loaded[_pick_split(spec, list(loaded))]
+    column = spec.image_column or _pick_image_column(spec.path, loaded.features)
+    if column not in loaded.column_names:
+        raise SourceError(
+            f"{spec.path}: no column {column!r}; columns: {', '.join(loaded.column_names)}"
+        )
+    if isinstance(loaded.features[column], datasets.Image):
+        loaded = loaded.cast_column(column, datasets.Image(decode=False))
+    if spec.id_column is not None and spec.id_column not in loaded.column_names:
+        raise SourceError(f"{spec.path}: no id column {spec.id_column!r}")
+    return loaded, column
+
+
+def dataset_requests(
+    spec: DatasetInput, prompt: str, system: str | None = None
+) -> tuple[list[Request], list[tuple[Request, Result]]]:
+    """One request per row with usable media, and each row without (an empty cell, a cell
+    of the wrong type) paired with its error result, so that every row still ends as one
+    output row."""
+    dataset, column = open_dataset(spec)
+    requests: list[Request] = []
+    unusable: list[tuple[Request, Result]] = []
+    seen: set[str] = set()
+    for index, (row_id, ref) in enumerate(_rows(spec, dataset, column)):
+        if row_id in seen:
+            raise SourceError(f"{spec.path}: duplicate id {row_id!r} in {spec.id_column!r}")
+        seen.add(row_id)
+        if isinstance(ref, MediaRef):
+            requests.append(Request(row_id, prompt, (ref,), system))
+        else:
+            named = Request(row_id, prompt, (MediaRef("image", f"{spec.path}#{index}"),), system)
+            unusable.append((named, Result.failure(row_id, ref.stage, str(ref))))
+    if not requests and not unusable:
+        raise SourceError(f"{spec.path}: the dataset has no rows")
+    return requests, unusable
+
+
+def media_by_id(spec: DatasetInput) -> dict[str, MediaRef]:
+    """Each row's media, by row id (for the gallery's thumbnails)."""
+    dataset, column = open_dataset(spec)
+    rows = _rows(spec, dataset, column)
+    return {row_id: ref for row_id, ref in rows if isinstance(ref, MediaRef)}
+
+
+def _rows(
+    spec: DatasetInput, dataset: datasets.Dataset, column: str
+) -> list[tuple[str, MediaRef | ItemFailure]]:
+    ids = dataset[spec.id_column] if spec.id_column else None
+    base = Path(spec.path) if Path(spec.path).is_dir() else Path(spec.path).parent
+    rows: list[tuple[str, MediaRef | ItemFailure]] = []
+    for index, cell in enumerate(dataset[column]):
+        row_id = str(ids[index]) if ids is not None else str(index)
+        try:
+            rows.append((row_id, media_ref(_relative(cell, base), "image", f"row {index}")))
+        except ItemFailure as exc:
+            rows.append((row_id, exc))
+    return rows
+
+
+def _relative(cell: Any, base: Path) -> Any:
+    """A bare relative path in a cell is relative to the dataset, not to the working dir."""
+    if isinstance(cell, str) and cell and not Path(cell).is_absolute():
+        return str(base / cell)
+    return cell
+
+
+def _load(spec: DatasetInput) -> Any:
+    import datasets
+
+    path = spec.path
+    try:
+        if spec.format == "disk":
+            return datasets.load_from_disk(path)
+        if spec.format == "imagefolder":
+            return datasets.load_dataset("imagefolder", data_dir=path)
+        pattern = {"parquet": "*.parquet", "webdataset": "*.tar"}[spec.format]
+        files = [path] if Path(path).is_file() else sorted(map(str, Path(path).rglob(pattern)))
+        if not files:
+            raise SourceError(f"{path}: no {pattern} files for the {spec.format} format")
+        return datasets.load_dataset(spec.format, data_files={"train": files})
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetGenerationError) as exc:
+        raise SourceError(f"cannot read {path} as a {spec.format} dataset: {exc}") from exc
+
+
+def _pick_split(spec: DatasetInput, splits: list[str]) -> str:
+    if spec.split is not None:
+        if spec.split not in splits:
+            raise SourceError(f"{spec.path}: no split {spec.split!r}; splits: {', '.join(splits)}")
+        return spec.split
+    if len(splits) == 1:
+        return splits[0]
+    if "train" in splits:
+        return "train"
+    raise SourceError(f"{spec.path} has splits {', '.join(splits)}: pick one with --split")
+
+
+def _pick_image_column(path: str, features: datasets.Features) -> str:
+    import datasets
+
+    images = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
+    if len(images) == 1:
+        return str(images[0])
+    raise SourceError(
+        f"{path}: "
+        + (f"several image columns ({', '.join(images)})" if images else "no image column")
+        + f"; name one with --image-column (columns: {', '.join(features)})"
+    )
