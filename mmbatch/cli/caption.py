@@ -50,7 +50,7 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mmbatch.config import ImageOptions
-    from mmbatch.engine.vllm import VLLMEngine
+    from mmbatch.engine.shared import shared_engine
     from mmbatch.errors import FatalEngineError
     from mmbatch.media.loader import MediaLoader
     from mmbatch.outputs import open_sink, output_format
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     loader = MediaLoader(ImageOptions(max_pixels=args.max_pixels))
     total = len(requests) + len(unusable)
     print(f"mmbatch: {total} items, model {args.model}", file=sys.stderr)
-    engine = VLLMEngine(engine_config, {"image": 1})
+    engine = shared_engine(engine_config, {"image": 1})
     sink = open_sink(args.out, out_format)
     try:
         for request, failure in unusable:

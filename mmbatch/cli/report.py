@@ -1,0 +1,98 @@
+"""``mmbatch report OUT --html report.html``: the review gallery of a finished job."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mmbatch.cli.common import EXIT_OK
+
+DEFAULT_MAX_ITEMS = 2000
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "report",
+        help="write a self-contained HTML gallery of a job's output",
+        description="Write one HTML page showing each item of OUT (JSONL, Parquet or a "
+        "datasets folder) with its thumbnail and its text or error, the job summary from "
+        "OUT.summary.json, and a filter for errors.",
+    )
+    parser.add_argument("out", metavar="OUT", help="the output of a job")
+    parser.add_argument("--html", required=True, help="the page to write")
+    parser.add_argument(
+        "--max-items",
+        type=int,
+        default=DEFAULT_MAX_ITEMS,
+        help="cards on the page: every error, then ok items up to this many in all",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mmbatch.gallery import render
+    from mmbatch.outputs import read_rows, read_summary
+
+    rows = read_rows(args.out)
+    summary = read_summary(args.out)
+    shown = _select(rows, args.max_items)
+    preview = _previews(summary)
+    page = render(shown, summary, preview, title=f"mmbatch report: {args.out}")
+    target = Path(args.html)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(page, encoding="utf-8")
+    left_out = len(rows) - len(shown)
+    print(
+        f"wrote {target}: {len(shown)} items"
+        + (f" ({left_out} ok items left out, see --max-items)" if left_out else ""),
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _select(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """Every error row, then ok rows in order, up to ``limit``; the output's order kept."""
+    errors = sum(1 for row in rows if row.get("error"))
+    ok_room = max(0, limit - errors)
+    shown = []
+    for row in rows:
+        if row.get("error"):
+            shown.append(row)
+        elif ok_room > 0:
+            shown.append(row)
+            ok_room -= 1
+    return shown
+
+
+def _previews(summary: Mapping[str, Any] | None) -> Any:
+    """``preview(row)``: from the file the row names, or, for a job that read a local
+    dataset, from the dataset's row (reopened the way the job read it)."""
+    from mmbatch.thumbnails import VIDEO_SUFFIXES, NoPreview, thumbnail_uri
+    from mmbatch.types import MediaRef
+
+    dataset = (summary or {}).get("job", {}).get("dataset")
+    media: dict[str, MediaRef] = {}
+    if dataset:
+        from mmbatch.errors import SourceError
+        from mmbatch.integrations.hf_local import DatasetInput, media_by_id
+
+        try:
+            media = media_by_id(DatasetInput(**dataset))
+        except (SourceError, TypeError) as exc:
+            print(f"mmbatch: no previews from {dataset.get('path')}: {exc}", file=sys.stderr)
+
+    def preview(row: Mapping[str, Any]) -> str:
+        ref = media.get(str(row.get("id")))
+        if ref is None:
+            source = row.get("source")
+            source = source[0] if isinstance(source, list) and source else source
+            if not isinstance(source, str) or not source:
+                raise NoPreview("the row names no source")
+            is_video = Path(source).suffix.lower() in VIDEO_SUFFIXES
+            ref = MediaRef("video" if is_video else "image", source)
+        return thumbnail_uri(ref)
+
+    return preview

@@ -1,0 +1,108 @@
+"""Small JPEG previews as ``data:`` URIs, so the review gallery is one self-contained file.
+
+A picture becomes one thumbnail (EXIF orientation applied, transparency over white); a video
+becomes a strip of a few frames sampled across its length. Anything that cannot be previewed
+(a missing file, a corrupt picture, audio) raises ``NoPreview`` with the reason, which the
+gallery shows in its place: a preview must never stop the report.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mmbatch.types import MediaRef
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+THUMBNAIL_PIXELS = 192
+"""The longer side of a thumbnail, in pixels."""
+VIDEO_FRAMES = 4
+"""Frames sampled across a video for its strip."""
+VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"})
+
+
+class NoPreview(Exception):
+    """Why an item has no thumbnail; the gallery shows the reason in its place."""
+
+
+def thumbnail_uri(ref: MediaRef) -> str:
+    """A ``data:image/jpeg;base64,...`` preview of ``ref``; ``NoPreview`` says why not."""
+    path = Path(ref.source)
+    if ref.image is None and ref.data is None and not path.is_file():
+        raise NoPreview(f"no file at {ref.source}")
+    if ref.modality == "audio":
+        raise NoPreview("audio has no picture")
+    try:
+        if ref.image is not None:
+            return _to_uri(_shrink(ref.image))
+        if ref.data is not None:
+            return _to_uri(_shrink(_open(ref.data)))
+        if ref.modality == "video" or path.suffix.lower() in VIDEO_SUFFIXES:
+            return _to_uri(_video_strip(path))
+        return _to_uri(_shrink(_open(path.read_bytes())))
+    except Exception as exc:  # Pillow and PyAV raise many types; each is a reason to show
+        raise NoPreview(f"{type(exc).__name__}: {exc}") from None
+
+
+def _open(data: bytes) -> Image.Image:
+    from PIL import Image, ImageOps
+
+    with Image.open(io.BytesIO(data)) as opened:
+        opened.draft("RGB", (THUMBNAIL_PIXELS * 2, THUMBNAIL_PIXELS * 2))  # JPEG: decode small
+        return ImageOps.exif_transpose(opened.copy())
+
+
+def _shrink(image: Image.Image) -> Image.Image:
+    from PIL import Image
+
+    picture = image.copy()
+    picture.thumbnail((THUMBNAIL_PIXELS, THUMBNAIL_PIXELS))
+    if picture.mode in ("RGBA", "LA", "PA", "P"):
+        rgba = picture.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    return picture.convert("RGB")
+
+
+def _video_strip(path: Path) -> Image.Image:
+    """Up to ``VIDEO_FRAMES`` frames spread over the video, side by side."""
+    import av
+    from PIL import Image
+
+    frames: list[Image.Image] = []
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        duration = (
+            float(stream.duration * stream.time_base)
+            if stream.duration is not None and stream.time_base is not None
+            else (container.duration or 0) / 1_000_000
+        )
+        for i in range(VIDEO_FRAMES):
+            target = duration * (i + 0.5) / VIDEO_FRAMES
+            if stream.time_base is not None:
+                container.seek(int(target / stream.time_base), stream=stream, backward=True)
+            frame = next(container.decode(stream), None)
+            if frame is not None:
+                frames.append(_shrink(frame.to_image()))
+    if not frames:
+        raise ValueError(f"{path}: no frame decoded")
+    strip = Image.new(
+        "RGB", (sum(f.width for f in frames), max(f.height for f in frames)), (255, 255, 255)
+    )
+    x = 0
+    for frame in frames:
+        strip.paste(frame, (x, 0))
+        x += frame.width
+    return strip
+
+
+def _to_uri(image: Image.Image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
