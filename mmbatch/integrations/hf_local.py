@@ -122,7 +122,8 @@ def _rows(
     for index, cell in enumerate(dataset[column]):
         row_id = str(ids[index]) if ids is not None else str(index)
         try:
-            rows.append((row_id, media_ref(_relative(cell, base), "image", f"row {index}")))
+            label = f"{spec.path}#{index}"
+            rows.append((row_id, media_ref(_relative(cell, base), "image", label)))
         except ItemFailure as exc:
             rows.append((row_id, exc))
     return rows

@@ -1,0 +1,120 @@
+"""Output formats: JSONL, Parquet and a datasets folder hold the same rows; the summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import pyarrow.parquet as pq
+import pytest
+from fakes import FakeEngine
+
+from mmbatch import table_sinks
+from mmbatch.config import ImageOptions, RunConfig
+from mmbatch.errors import ConfigError
+from mmbatch.media.loader import MediaLoader
+from mmbatch.outputs import (
+    open_sink,
+    output_format,
+    read_rows,
+    read_summary,
+    summary_path,
+    write_summary,
+)
+from mmbatch.pipeline import run_job
+from mmbatch.sources import image_requests
+from mmbatch.table_sinks import SPOOL_SUFFIX, TableSink
+from mmbatch.types import Sampling
+
+
+def test_the_format_follows_the_name_unless_asked() -> None:
+    assert output_format("x.parquet") == "parquet"
+    assert output_format("x.PARQUET") == "parquet"
+    assert output_format("x.jsonl") == "jsonl"
+    assert output_format("captions") == "jsonl"
+    assert output_format("captions", "datasets") == "datasets"
+    with pytest.raises(ConfigError, match="unknown output format 'csv'"):
+        output_format("x", "csv")
+
+
+def job_rows(samples: Path, out: Path, fmt: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    """A real job over the samples (a fake engine): ok rows and a decode error row."""
+    sink = open_sink(out, fmt)  # type: ignore[arg-type]
+    requests = image_requests([str(samples)], "Describe.")
+    run_job(
+        requests,
+        FakeEngine(),
+        MediaLoader(ImageOptions()),
+        sink,
+        Sampling(),
+        RunConfig(window=2, progress=False),
+    )
+    sink.close()
+    return read_rows(out)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "datasets"])
+def test_columnar_outputs_hold_the_jsonl_rows(samples: Path, tmp_path: Path, fmt: str) -> None:
+    reference = job_rows(samples, tmp_path / "rows.jsonl", "jsonl")
+    target = tmp_path / ("rows.parquet" if fmt == "parquet" else "rows")
+    rows = job_rows(samples, target, fmt)
+    assert sorted(rows, key=lambda r: r["id"]) == sorted(reference, key=lambda r: r["id"])
+    errors = [r for r in rows if r["error"]]
+    assert [Path(r["id"]).name for r in errors] == ["truncated.jpg"]
+    assert errors[0]["error"]["stage"] == "decode"
+    assert not Path(str(target) + SPOOL_SUFFIX).exists()  # the spool is gone once converted
+    if fmt == "parquet":
+        assert pq.read_schema(target).field("text").type == "string"
+    else:
+        loaded = datasets.load_from_disk(str(target))
+        assert loaded.num_rows == len(reference)
+        assert loaded.features["error"]["stage"] == datasets.Value("string")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "datasets"])
+def test_columns_null_in_early_rows_keep_their_later_type(
+    tmp_path: Path, fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Several conversion chunks, the first ones all without an error, the last without text.
+    monkeypatch.setattr(table_sinks, "ROWS_PER_CHUNK", 100)
+    target = tmp_path / ("big.parquet" if fmt == "parquet" else "big")
+    count = 350
+    with TableSink(target, fmt) as sink:  # type: ignore[arg-type]
+        for i in range(count):
+            late = i >= count - 2
+            sink.write(
+                {
+                    "id": str(i),
+                    "text": None if late else f"t{i}",
+                    "error": {"stage": "decode", "message": "bad"} if late else None,
+                }
+            )
+    rows = read_rows(target)
+    assert len(rows) == count
+    assert rows[0] == {"id": "0", "text": "t0", "error": None}
+    assert rows[-1] == {
+        "id": str(count - 1),
+        "text": None,
+        "error": {"stage": "decode", "message": "bad"},
+    }
+
+
+def test_a_columnar_output_replaces_an_older_one(tmp_path: Path) -> None:
+    for text in ("first", "second"):
+        with TableSink(tmp_path / "out", "datasets") as sink:
+            sink.write({"id": "a", "text": text})
+    assert read_rows(tmp_path / "out") == [{"id": "a", "text": "second"}]
+
+
+def test_summary_sits_beside_the_output(tmp_path: Path) -> None:
+    out = tmp_path / "captions.jsonl"
+    assert read_summary(out) is None
+    written = write_summary(out, {"total": 3, "ok": 2}, {"model": "m"})
+    assert written == summary_path(out) == tmp_path / "captions.jsonl.summary.json"
+    summary = read_summary(out)
+    assert summary is not None
+    assert summary["stats"] == {"total": 3, "ok": 2}
+    assert summary["job"] == {"model": "m"}
+    assert json.loads(written.read_text())["output"] == str(out)
+    assert summary_path(tmp_path / "folder") == tmp_path / "folder.summary.json"
