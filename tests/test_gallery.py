@@ -1,0 +1,147 @@
+"""The review gallery, rendered by a real headless Chromium (Debian's ``chromium``).
+
+In CI (``CI`` set) a missing chromium fails these tests: .ci/run installs it. Elsewhere they
+are skipped with the reason, so a laptop without chromium can still run the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from html import escape
+from pathlib import Path
+
+import pytest
+from fakes import FakeEngine
+from PIL import Image
+
+from mmbatch.cli import main
+from mmbatch.config import ImageOptions, RunConfig
+from mmbatch.gallery import render
+from mmbatch.media.loader import MediaLoader
+from mmbatch.outputs import open_sink, read_rows, write_summary
+from mmbatch.pipeline import run_job
+from mmbatch.sources import image_requests
+from mmbatch.thumbnails import NoPreview
+from mmbatch.types import Sampling
+
+HOSTILE = '<script>document.title="owned"</script> & <b>bold</b>'
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        message = "chromium is not installed (apt-get install -y chromium; .ci/run does)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def browse(page: Path, profile: Path, *args: str, fragment: str = "") -> str:
+    """Run headless Chromium on ``page``; the stdout (the DOM, with --dump-dom)."""
+    proc = subprocess.run(
+        [
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            *args,
+            page.resolve().as_uri() + fragment,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+@pytest.fixture
+def job_output(samples: Path, tmp_path: Path) -> Path:
+    """A finished job over the samples (fake engine): rows, one decode error, a summary."""
+    out = tmp_path / "captions.jsonl"
+    requests = image_requests([str(samples)], "Describe.")
+    requests[0] = type(requests[0])(requests[0].id, HOSTILE, requests[0].media)
+    sink = open_sink(out, "jsonl")
+    stats = run_job(
+        requests,
+        FakeEngine(),
+        MediaLoader(ImageOptions()),
+        sink,
+        Sampling(),
+        RunConfig(progress=False),
+    )
+    sink.close()
+    write_summary(out, stats.to_dict(), {"model": "tiny-test-model", "prompt": "Describe."})
+    return out
+
+
+def test_chromium_renders_every_caption_and_filters_errors(
+    job_output: Path, tmp_path: Path
+) -> None:
+    page = tmp_path / "report.html"
+    assert main(["report", str(job_output), "--html", str(page)]) == 0
+    rows = read_rows(job_output)
+    ok = [r for r in rows if not r["error"]]
+    assert len(ok) == 5
+    assert len(rows) == 6
+
+    dom = browse(page, tmp_path / "profile-1", "--dump-dom")
+    for row in ok:
+        # The fake engine's text echoes the prompt, so one caption carries HOSTILE markup:
+        # it must arrive as text, never as elements.
+        assert f'<p class="text">{escape(row["text"], quote=False)}</p>' in dom
+    assert 'document.title="owned"' not in dom.split("<title>")[1].split("</title>")[0]
+    assert "<b>bold</b>" not in dom
+    assert dom.count('src="data:image/jpeg;base64,') == 5
+    assert "no preview: " in dom  # the truncated JPEG
+    assert "decode</span>" in dom
+    assert "showing 6 of 6" in dom  # written by the page's script: it ran
+    # The summary: counts, throughput and cache hit rates from captions.jsonl.summary.json.
+    assert "6: 5 ok, 1 failed (1 at decode)" in dom
+    assert "output tok/s" in dom
+    assert "prefix n/a, multimodal n/a" in dom  # the fake engine has no caches
+    assert "tiny-test-model" in dom
+
+    filtered = browse(page, tmp_path / "profile-2", "--dump-dom", fragment="#errors")
+    assert 'data-filter="errors"' in filtered
+    assert "showing 1 of 6" in filtered
+
+    shot = tmp_path / "report.png"
+    browse(page, tmp_path / "profile-3", f"--screenshot={shot}", "--window-size=1280,900")
+    with Image.open(shot) as image:
+        assert image.size == (1280, 900)
+        # Not a blank page: the thumbnails put many colours on it.
+        assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 500
+
+
+def test_rows_from_a_dataset_map_and_unknown_fields_render(tmp_path: Path) -> None:
+    rows = [
+        {"id": "0", "source": "x.jpg", "text": "a cat", "error": "", "score": 0.5},
+        {"id": "1", "source": None, "text": "", "error": "decode: corrupt <image>"},
+    ]
+
+    def no_preview(row: object) -> str:
+        raise NoPreview("not on disk")
+
+    page = render(rows, None, no_preview, "t")
+    assert '<p class="text">a cat</p>' in page
+    assert '<span class="stage">decode</span> corrupt &lt;image&gt;' in page
+    assert "&quot;score&quot;: 0.5" in page  # under "more"
+    assert "2 items: 1 ok, 1 failed" in page
+    assert page.count("no preview: not on disk") == 2
+
+
+def test_max_items_keeps_every_error(job_output: Path, tmp_path: Path) -> None:
+    page = tmp_path / "small.html"
+    assert main(["report", str(job_output), "--html", str(page), "--max-items", "2"]) == 0
+    html = page.read_text()
+    assert html.count('<article class="item') == 2
+    assert html.count('<article class="item error"') == 1
