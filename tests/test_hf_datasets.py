@@ -1,0 +1,178 @@
+"""``Dataset.map(DatasetMap(...), batched=True)`` on a real datasets.Dataset.
+
+The fast tests cover the callable's contract without an engine (pickling, fingerprint,
+GPU choice); the slow ones run the tiny model and check each row's text against the same
+picture captioned from its file.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import datasets
+import pytest
+from conftest import TINY_ENGINE_KWARGS
+from datasets.fingerprint import Hasher
+
+from mmbatch.config import ImageOptions, RunConfig
+from mmbatch.engine.shared import built_engines
+from mmbatch.integrations.hf_datasets import DatasetMap, model_identity, select_gpu
+from mmbatch.media.loader import MediaLoader
+from mmbatch.pipeline import run_job
+from mmbatch.sinks import MemorySink
+from mmbatch.types import MediaRef, Request, Sampling
+
+PROMPT = "Describe this image."
+SAMPLING = Sampling(max_tokens=12)
+GOOD = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
+
+
+def fingerprints_in_a_new_process(model: Path, prompt: str) -> list[str]:
+    code = (
+        "import sys\nfrom datasets.fingerprint import Hasher\n"
+        "from mmbatch.integrations.hf_datasets import DatasetMap\n"
+        "fn = DatasetMap(sys.argv[1], sys.argv[2], engine_kwargs={'dtype': 'float32'})\n"
+        "print(Hasher.hash(fn), fn.fingerprint)"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, str(model), prompt],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ | {"PYTHONHASHSEED": "random"},
+    ).stdout.split()
+
+
+def fingerprints(model: Path, prompt: str) -> list[str]:
+    fn = DatasetMap(str(model), prompt, engine_kwargs={"dtype": "float32"})
+    return [Hasher.hash(fn), fn.fingerprint]
+
+
+def test_datasets_fingerprint_is_the_same_in_every_run(tmp_path: Path) -> None:
+    # datasets hashes the pickled callable into the cache key; it must not vary by process.
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": 1}')
+    first = fingerprints(model, PROMPT)
+    assert fingerprints_in_a_new_process(model, PROMPT) == first
+    assert fingerprints(model, "Another prompt.")[0] != first[0]
+    assert fingerprints(model, "Another prompt.")[1] != first[1]
+    (model / "config.json").write_text('{"a": 2}')  # the model changed: so must the key
+    assert fingerprints(model, PROMPT)[0] != first[0]
+    assert fingerprints(model, PROMPT)[1] != first[1]
+
+
+def test_the_callable_pickles_small_and_builds_nothing(tmp_path: Path) -> None:
+    fn = DatasetMap(str(tmp_path), PROMPT)
+    clone = pickle.loads(pickle.dumps(fn))
+    assert clone.fingerprint == fn.fingerprint
+    assert len(pickle.dumps(fn)) < 4000
+    assert model_identity("org/name") == "hub:org/name"
+
+
+def test_rank_picks_one_gpu_round_robin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    select_gpu(None)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,5"
+    select_gpu(3)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    select_gpu(3)  # again, as every later batch does: stays on its GPU
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    select_gpu(2)  # no GPU: nothing to pick
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_missing_column_is_a_job_error(tmp_path: Path) -> None:
+    from mmbatch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no column 'image' \\(it has photo\\)"):
+        DatasetMap(str(tmp_path), PROMPT)({"photo": [None]})
+
+
+def mapper(model: Path, prompt: str = PROMPT) -> DatasetMap:
+    return DatasetMap(str(model), prompt, engine_kwargs=TINY_ENGINE_KWARGS, sampling=SAMPLING)
+
+
+def texts_from_files(engine, samples: Path) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Each good sample captioned from its file: the reference the map must agree with."""
+    requests = [Request(n, PROMPT, (MediaRef("image", str(samples / n)),)) for n in GOOD]
+    sink = MemorySink()
+    run_job(
+        requests, engine, MediaLoader(ImageOptions()), sink, SAMPLING, RunConfig(progress=False)
+    )
+    return {row["id"]: row["text"] for row in sink.rows}
+
+
+@pytest.mark.slow
+def test_map_over_raw_bytes_gives_each_row_its_own_caption(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+) -> None:
+    reference = texts_from_files(vl_engine, samples)
+    assert len(set(reference.values())) >= 3  # or a swapped caption could not be seen
+    names = [*GOOD, "truncated.jpg", "empty", "sunset.jpg", *reversed(GOOD)]
+    cells = [
+        None if n == "empty" else {"bytes": (samples / n).read_bytes(), "path": n} for n in names
+    ]
+    ds = datasets.Dataset.from_dict({"image": cells, "name": names})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    engines = built_engines()
+    out = ds.map(mapper(tiny_vl_model), batched=True, batch_size=4, with_rank=True)
+    assert built_engines() == engines  # the process's engine, not a second one
+    assert out.num_rows == ds.num_rows
+    assert out["name"] == names  # the input columns stay, in order
+    for name, text, error in zip(out["name"], out["text"], out["error"], strict=True):
+        if name == "truncated.jpg":
+            assert error.startswith("decode: corrupt or unsupported image")
+            assert text == ""
+        elif name == "empty":
+            assert error == "source: batch row 1: no image (the cell is empty)"
+        else:
+            assert error == ""
+            assert text == reference[name], name
+
+
+@pytest.mark.slow
+def test_decoded_pictures_get_the_same_captions(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+) -> None:
+    reference = texts_from_files(vl_engine, samples)
+    ds = datasets.Dataset.from_dict({"image": [str(samples / n) for n in GOOD]})
+    ds = ds.cast_column("image", datasets.Image())  # decoded: the map gets PIL images
+    out = ds.map(mapper(tiny_vl_model), batched=True, batch_size=8)
+    assert out["error"] == [""] * len(GOOD)
+    assert out["text"] == [reference[n] for n in GOOD]
+
+
+@pytest.mark.slow
+def test_datasets_cache_holds_across_instances(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    tmp_path: Path,
+) -> None:
+    cells = [{"bytes": (samples / n).read_bytes(), "path": n} for n in GOOD]
+    datasets.Dataset.from_dict({"image": cells}).cast_column(
+        "image", datasets.Image(decode=False)
+    ).save_to_disk(str(tmp_path / "ds"))
+    ds = datasets.load_from_disk(str(tmp_path / "ds"))  # on disk: datasets caches maps
+    first = ds.map(mapper(tiny_vl_model), batched=True)
+    [cache] = first.cache_files
+    written = os.stat(cache["filename"]).st_mtime_ns
+    # A new callable with the same settings, as the next run would build: cache hit.
+    again = ds.map(mapper(tiny_vl_model), batched=True)
+    assert again._fingerprint == first._fingerprint
+    assert again.cache_files == first.cache_files
+    assert os.stat(cache["filename"]).st_mtime_ns == written
+    assert again["text"] == first["text"]
+    # Other settings: another fingerprint, another file.
+    other = ds.map(mapper(tiny_vl_model, "List three tags."), batched=True)
+    assert other.cache_files != first.cache_files
