@@ -24,6 +24,7 @@ from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampl
 
 if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
+    from mmbatch.integrations.hf_datasets import DatasetMap
     from mmbatch.media.loader import MediaLoader
     from mmbatch.media.store import MediaStore
     from mmbatch.pipeline import run_job
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
+    "DatasetMap": "mmbatch.integrations.hf_datasets",
     "VLLMEngine": "mmbatch.engine.vllm",
     "MediaLoader": "mmbatch.media.loader",
     "MediaStore": "mmbatch.media.store",
@@ -44,6 +46,7 @@ _LAZY = {
 __all__ = [
     "CacheStats",
     "ConfigError",
+    "DatasetMap",
     "Engine",
     "EngineConfig",
     "FatalEngineError",
