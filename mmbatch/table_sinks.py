@@ -15,7 +15,6 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from mmbatch.sinks import JsonlSink
@@ -58,17 +57,6 @@ class TableSink:
         _WRITERS[self.format]([t.cast(schema) for t in tables], schema, temporary)
         _replace(temporary, self.path)
         self.spool_path.unlink()
-
-    def __enter__(self) -> TableSink:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _write_parquet(tables: list[pa.Table], schema: pa.Schema, target: Path) -> None:

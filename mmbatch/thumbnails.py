@@ -13,13 +13,18 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mmbatch.config import ImageOptions
+from mmbatch.media.image import decode_image, prepare_decoded
 from mmbatch.types import MediaRef
 
 if TYPE_CHECKING:
     from PIL import Image
 
-THUMBNAIL_PIXELS = 192
-"""The longer side of a thumbnail, in pixels."""
+THUMBNAIL_SIDE = 192
+"""Thumbnails hold at most this side squared in pixels (the page shows them within it)."""
+THUMBNAIL_OPTIONS = ImageOptions(max_pixels=THUMBNAIL_SIDE * THUMBNAIL_SIDE)
+"""Decoded the way the model's input is (EXIF applied, transparency over white, size capped
+before decoding), then shrunk."""
 VIDEO_FRAMES = 4
 """Frames sampled across a video for its strip."""
 VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"})
@@ -38,35 +43,14 @@ def thumbnail_uri(ref: MediaRef) -> str:
         raise NoPreview("audio has no picture")
     try:
         if ref.image is not None:
-            return _to_uri(_shrink(ref.image))
+            return _to_uri(prepare_decoded(ref.image, THUMBNAIL_OPTIONS))
         if ref.data is not None:
-            return _to_uri(_shrink(_open(ref.data)))
+            return _to_uri(decode_image(ref.data, THUMBNAIL_OPTIONS))
         if ref.modality == "video" or path.suffix.lower() in VIDEO_SUFFIXES:
             return _to_uri(_video_strip(path))
-        return _to_uri(_shrink(_open(path.read_bytes())))
+        return _to_uri(decode_image(path.read_bytes(), THUMBNAIL_OPTIONS))
     except Exception as exc:  # Pillow and PyAV raise many types; each is a reason to show
         raise NoPreview(f"{type(exc).__name__}: {exc}") from None
-
-
-def _open(data: bytes) -> Image.Image:
-    from PIL import Image, ImageOps
-
-    with Image.open(io.BytesIO(data)) as opened:
-        opened.draft("RGB", (THUMBNAIL_PIXELS * 2, THUMBNAIL_PIXELS * 2))  # JPEG: decode small
-        return ImageOps.exif_transpose(opened.copy())
-
-
-def _shrink(image: Image.Image) -> Image.Image:
-    from PIL import Image
-
-    picture = image.copy()
-    picture.thumbnail((THUMBNAIL_PIXELS, THUMBNAIL_PIXELS))
-    if picture.mode in ("RGBA", "LA", "PA", "P"):
-        rgba = picture.convert("RGBA")
-        background = Image.new("RGB", rgba.size, (255, 255, 255))
-        background.paste(rgba, mask=rgba.getchannel("A"))
-        return background
-    return picture.convert("RGB")
 
 
 def _video_strip(path: Path) -> Image.Image:
@@ -89,7 +73,7 @@ def _video_strip(path: Path) -> Image.Image:
                 container.seek(int(target / stream.time_base), stream=stream, backward=True)
             frame = next(container.decode(stream), None)
             if frame is not None:
-                frames.append(_shrink(frame.to_image()))
+                frames.append(prepare_decoded(frame.to_image(), THUMBNAIL_OPTIONS))
     if not frames:
         raise ValueError(f"{path}: no frame decoded")
     strip = Image.new(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from pathlib import Path
 
 import datasets
@@ -80,7 +81,7 @@ def test_columns_null_in_early_rows_keep_their_later_type(
     monkeypatch.setattr(table_sinks, "ROWS_PER_CHUNK", 100)
     target = tmp_path / ("big.parquet" if fmt == "parquet" else "big")
     count = 350
-    with TableSink(target, fmt) as sink:  # type: ignore[arg-type]
+    with closing(TableSink(target, fmt)) as sink:  # type: ignore[arg-type]
         for i in range(count):
             late = i >= count - 2
             sink.write(
@@ -102,7 +103,7 @@ def test_columns_null_in_early_rows_keep_their_later_type(
 
 def test_a_columnar_output_replaces_an_older_one(tmp_path: Path) -> None:
     for text in ("first", "second"):
-        with TableSink(tmp_path / "out", "datasets") as sink:
+        with closing(TableSink(tmp_path / "out", "datasets")) as sink:
             sink.write({"id": "a", "text": text})
     assert read_rows(tmp_path / "out") == [{"id": "a", "text": "second"}]
 
