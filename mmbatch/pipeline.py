@@ -49,11 +49,15 @@ def run_job(
                 busy = engine.num_unfinished()
                 # Top up when the queue runs low, but never stall a busy engine on decoding.
                 if upcoming is not None and busy < low_water and (upcoming.done() or not busy):
-                    window = upcoming.result()
+                    with job.stats.timed("load_wait"):
+                        window = upcoming.result()
                     upcoming = _load_next(pool, loader, windows)
-                    job.add_window(window, sampling)
+                    with job.stats.timed("add"):
+                        job.add_window(window, sampling)
                 elif busy:
-                    for result in engine.step():
+                    with job.stats.timed("step"):
+                        results = engine.step()
+                    for result in results:
                         job.emit(result)
                 elif upcoming is None:
                     break

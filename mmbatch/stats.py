@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from mmbatch.engine.base import CacheStats
@@ -24,8 +26,19 @@ class JobStats:
     decodes: int = 0
     bytes_read: int = 0
     cache: CacheStats = field(default_factory=CacheStats)
+    host_seconds: dict[str, float] = field(default_factory=dict)
+    """Where the driving thread spent its time: waiting for the loader, adding, stepping."""
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self.host_seconds[phase] = self.host_seconds.get(phase, 0.0) + elapsed
 
     def record(self, result: Result) -> None:
         if result.error is None:
@@ -63,10 +76,13 @@ class JobStats:
             f"tokens: {self.prompt_tokens} prompt ({self.cached_tokens} from prefix cache), "
             f"{self.output_tokens} output",
             f"time: {wall:.1f} s, {rate:.2f} items/s, {tok_rate:.1f} output tok/s",
-            f"media: {self.decodes} decoded, {self.bytes_read / 1e6:.1f} MB read; "
+            f"media: {self.decodes} decoded, {_size(self.bytes_read)} read; "
             f"cache hit rates: prefix {_pct(self.cache.prefix_hit_rate)}, "
             f"multimodal {_pct(self.cache.mm_hit_rate)}",
         ]
+        if self.host_seconds:
+            phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.host_seconds.items()))
+            lines.append(f"driver thread: {phases}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, object]:
@@ -79,6 +95,7 @@ class JobStats:
             "output_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens,
             "decodes": self.decodes,
+            "host_seconds": {k: round(v, 3) for k, v in self.host_seconds.items()},
             "wall_seconds": round(self.wall_seconds, 3),
             "items_per_second": _rate(self.done, self.wall_seconds),
             "output_tokens_per_second": _rate(self.output_tokens, self.wall_seconds),
@@ -89,6 +106,15 @@ class JobStats:
 
 def _rate(count: int, seconds: float) -> float:
     return round(count / seconds, 3) if seconds > 0 else 0.0
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "kB", "MB"):
+        if value < 1000:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
 
 
 def _pct(rate: float | None) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 from mmbatch.bench.flops import minimal_flops
 from mmbatch.bench.workloads import make_images
+from mmbatch.engine.vllm import DEFAULT_RENDER_THREADS
 
 PEAK_BF16_FLOPS = 790e12
 """bf16 matrix-product rate measured on the H200 of this workplace (8192^3, random data)."""
@@ -42,8 +43,15 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     }
     sides = {}
     for mode in options["modes"]:
+        variant = options["variants"].get(mode, {})
         spec_path, result_path = work / f"spec-{mode}.json", work / f"result-{mode}.json"
-        spec_path.write_text(json.dumps({**spec, "mode": mode}))
+        side_spec = {
+            **spec,
+            "mode": "naive" if mode == "naive" else "mmbatch",
+            "render_threads": variant.get("render_threads", DEFAULT_RENDER_THREADS),
+            "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **variant.get("engine", {})},
+        }
+        spec_path.write_text(json.dumps(side_spec))
         print(f"bench: running the {mode} side", file=sys.stderr, flush=True)
         subprocess.run(
             [sys.executable, "-m", "mmbatch.bench.worker", str(spec_path), str(result_path)],
@@ -80,10 +88,12 @@ def _report(
             r["compute_bound_images_per_s"] = r["images"] / (flops / PEAK_BF16_FLOPS)
             r["share_of_compute_bound"] = r["images_per_s"] / r["compute_bound_images_per_s"]
             entry[mode] = r
-        if "naive" in entry and "mmbatch" in entry:
-            entry["ratio_mmbatch_over_naive"] = (
-                entry["mmbatch"]["requests_per_s"] / entry["naive"]["requests_per_s"]
-            )
+        if "naive" in entry:
+            for mode in entry.copy():
+                if mode != "naive":
+                    entry[f"ratio_{mode}_over_naive"] = (
+                        entry[mode]["requests_per_s"] / entry["naive"]["requests_per_s"]
+                    )
         workloads[workload] = entry
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -99,6 +109,7 @@ def _report(
             "common_engine_args": options["common_engine_args"],
             "mmbatch_engine_args": options["mmbatch_engine_args"],
             "window": options["window"],
+            "variants": options["variants"],
         },
         "flops_model": {
             "peak_bf16_flops": PEAK_BF16_FLOPS,
@@ -145,18 +156,19 @@ def table(report: dict[str, Any]) -> str:
         f"{'gpu busy':>8} {'prefix hit':>10} {'mm hit':>7} {'of bound':>8}"
     ]
     for workload, entry in report["workloads"].items():
-        for mode in ("naive", "mmbatch"):
-            r = entry.get(mode)
-            if r is None:
+        for mode, r in entry.items():
+            if mode.startswith("ratio_"):
                 continue
             lines.append(
-                f"{workload:8} {mode:8} {r['requests_per_s']:8.1f} {r['images_per_s']:8.1f} "
+                f"{workload:8} {mode:12} {r['requests_per_s']:8.1f} {r['images_per_s']:8.1f} "
                 f"{r['output_tok_per_s']:10.0f} {_pct(r['gpu_busy']):>8} "
                 f"{_pct(r['prefix_hit_rate']):>10} {_pct(r['mm_hit_rate']):>7} "
                 f"{_pct(r['share_of_compute_bound']):>8}"
             )
-        if "ratio_mmbatch_over_naive" in entry:
-            lines.append(f"{workload:8} mmbatch / naive = {entry['ratio_mmbatch_over_naive']:.2f}x")
+        for key, ratio in entry.items():
+            if key.startswith("ratio_"):
+                mode = key.removeprefix("ratio_").removesuffix("_over_naive")
+                lines.append(f"{workload:8} {mode} / naive = {ratio:.2f}x")
     return "\n".join(lines)
 
 

@@ -125,7 +125,9 @@ class _Mmbatch:
 
         start = time.perf_counter()
         kwargs = {**spec["common_engine_args"], **spec["mmbatch_engine_args"]}
-        self.engine = VLLMEngine(EngineConfig(spec["model"], kwargs), {"image": 1})
+        self.engine = VLLMEngine(
+            EngineConfig(spec["model"], kwargs), {"image": 1}, render_threads=spec["render_threads"]
+        )
         self.start_s = time.perf_counter() - start
         self.spec = spec
         self.vllm_version = vllm.__version__

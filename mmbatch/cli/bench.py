@@ -47,6 +47,14 @@ def register(commands: Any) -> None:
         metavar="KEY=VALUE",
         help="for the mmbatch side only (its tuning)",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help='an extra mmbatch side, e.g. r8=\'{"render_threads": 8, "engine": '
+        '{"max_num_batched_tokens": 32768}}\'; name it in --modes',
+    )
     parser.set_defaults(handler=run)
 
 
@@ -66,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         "work_dir": args.work_dir,
         "common_engine_args": parse_engine_args(args.engine_arg),
         "mmbatch_engine_args": parse_engine_args(args.mmbatch_engine_arg),
+        "variants": parse_engine_args(args.variant),
     }
     report = run_bench(options, sys.argv[1:])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

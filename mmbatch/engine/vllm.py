@@ -17,7 +17,10 @@ an image share the prefix that the prefix cache can reuse.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,18 @@ from mmbatch.types import LoadedRequest, MediaItem, Modality, Result, Sampling, 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
 
+DEFAULT_RENDER_THREADS = 1
+"""One background renderer: overlaps preprocessing with the engine, keeps the processor cache."""
+
+
+@dataclass
+class _Rendering:
+    engine_id: str
+    request_id: str
+    future: Future[Any]
+    params: Any
+
+
 _METRICS = {
     "vllm:prefix_cache_queries": "prefix_queries",
     "vllm:prefix_cache_hits": "prefix_hits",
@@ -38,9 +53,22 @@ _METRICS = {
 
 
 class VLLMEngine:
-    """An ``Engine`` over ``vllm.LLM``, built once and fed request by request."""
+    """An ``Engine`` over ``vllm.LLM``, built once and fed request by request.
 
-    def __init__(self, config: EngineConfig, media_per_prompt: dict[Modality, int]) -> None:
+    ``render_threads`` moves vLLM's host-side preprocessing (tokenising, the HF image
+    processor) off the thread that drives the engine, so it overlaps the GPU instead of
+    stalling it: 0 renders inside ``add``; 1 renders in one background thread, keeping
+    vLLM's multimodal processor cache (which is not thread-safe); more threads render in
+    parallel with that cache off (repeated media are then re-processed on the host, but
+    the engine's encoder cache still reuses their encoder outputs by our keys).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        media_per_prompt: dict[Modality, int],
+        render_threads: int = DEFAULT_RENDER_THREADS,
+    ) -> None:
         from vllm import LLM
 
         kwargs = config.llm_kwargs()
@@ -49,32 +77,46 @@ class VLLMEngine:
         kwargs.setdefault(
             "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
         )
+        if render_threads > 1:
+            if kwargs.get("mm_processor_cache_gb", 0):
+                render_threads = 1  # the user asked for the cache, which needs one renderer
+            else:
+                kwargs["mm_processor_cache_gb"] = 0
         self.config = config
+        self.render_threads = render_threads
         self.llm: LLM = LLM(**kwargs)
         self._engine = self.llm.llm_engine
         self._template = _ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
         self._ids = itertools.count()
+        self._rendering: deque[_Rendering] = deque()
         self._pending: dict[str, str] = {}  # engine request id -> our request id
+        self._pool = (
+            ThreadPoolExecutor(render_threads, thread_name_prefix="mmbatch-render")
+            if render_threads
+            else None
+        )
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
-        from vllm.v1.engine.exceptions import EngineDeadError
-
         prompt = self._prompt(request, media)
+        params = _sampling_params(sampling)
         engine_id = str(next(self._ids))
-        try:
-            self._engine.add_request(engine_id, prompt, _sampling_params(sampling))
-        except EngineDeadError as exc:
-            raise FatalEngineError(f"the vLLM engine died: {exc}") from exc
-        except Exception as exc:  # vLLM raises ValueError, TypeError, RuntimeError... per prompt
-            raise RequestRejected(f"vLLM refused the request: {type(exc).__name__}: {exc}") from exc
-        self._pending[engine_id] = request.id
+        if self._pool is None:
+            self._submit(engine_id, request.id, self._render(prompt), params)
+        else:
+            future = self._pool.submit(self._render, prompt)
+            self._rendering.append(_Rendering(engine_id, request.id, future, params))
 
     def step(self) -> list[Result]:
+        # Hand finished renders to the engine in the order they were added; wait for one
+        # only when the engine has nothing else to do.
+        failures = self._submit_rendered(wait=not self._pending)
+        if not self._pending:
+            return failures
         try:
             outputs = self._engine.step()
         except Exception as exc:
             raise FatalEngineError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
-        results = []
+        results = failures
         for output in outputs:
             if not output.finished:
                 continue
@@ -94,8 +136,41 @@ class VLLMEngine:
             )
         return results
 
+    def _render(self, prompt: dict[str, Any]) -> Any:
+        """vLLM's own preprocessing of one prompt (tokens, processed media): the host work."""
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        try:
+            parsed = parse_model_prompt(self._engine.model_config, prompt)
+            (engine_input,) = self._engine.renderer.render_cmpl([parsed])
+        except Exception as exc:  # the HF processor raises anything for bad media
+            raise RequestRejected(f"vLLM refused the request: {type(exc).__name__}: {exc}") from exc
+        return engine_input
+
+    def _submit(self, engine_id: str, request_id: str, engine_input: Any, params: Any) -> None:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            self._engine.add_request(engine_id, engine_input, params)
+        except EngineDeadError as exc:
+            raise FatalEngineError(f"the vLLM engine died: {exc}") from exc
+        except Exception as exc:  # vLLM raises ValueError, TypeError... per prompt
+            raise RequestRejected(f"vLLM refused the request: {type(exc).__name__}: {exc}") from exc
+        self._pending[engine_id] = request_id
+
+    def _submit_rendered(self, wait: bool) -> list[Result]:
+        failures = []
+        while self._rendering and (wait or self._rendering[0].future.done()):
+            wait = False
+            item = self._rendering.popleft()
+            try:
+                self._submit(item.engine_id, item.request_id, item.future.result(), item.params)
+            except RequestRejected as exc:
+                failures.append(Result.failure(item.request_id, exc.stage, str(exc)))
+        return failures
+
     def num_unfinished(self) -> int:
-        return len(self._pending)
+        return len(self._rendering) + len(self._pending)
 
     def cache_stats(self) -> CacheStats:
         counts = dict.fromkeys(_METRICS.values(), 0)
