@@ -87,6 +87,7 @@ class VLLMEngine:
         self.llm: LLM = LLM(**kwargs)
         self._engine = self.llm.llm_engine
         self._template = _ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
+        self._tokenizer = self.llm.get_tokenizer()
         self._ids = itertools.count()
         self._rendering: deque[_Rendering] = deque()
         self._pending: dict[str, str] = {}  # engine request id -> our request id
@@ -125,7 +126,7 @@ class VLLMEngine:
             results.append(
                 Result(
                     request_id=request_id,
-                    text=completion.text,
+                    text=self._tokenizer.decode(completion.token_ids, skip_special_tokens=True),
                     finish_reason=completion.finish_reason,
                     usage=Usage(
                         prompt_tokens=len(output.prompt_token_ids or ()),
@@ -205,8 +206,11 @@ def _sampling_params(sampling: Sampling) -> SamplingParams:
         top_p=sampling.top_p,
         seed=sampling.seed,
         ignore_eos=sampling.ignore_eos,
-        # Only the finished output: the pipeline never looks at partial text.
+        # Only the finished output: the pipeline never looks at partial text. And no
+        # incremental detokenising on every engine step for every running request, which
+        # costs the driving process more than decoding each finished output once.
         output_kind=RequestOutputKind.FINAL_ONLY,
+        detokenize=False,
     )
 
 
