@@ -152,6 +152,7 @@ class _Mmbatch:
             "failed": stats.failed,
             "decodes": stats.decodes,
             "decode_per_s": stats.decodes / decode_s if decode_s else None,
+            "driver_seconds": stats.host_seconds,
         }
 
     def metrics(self) -> dict[str, float]:
