@@ -36,12 +36,14 @@ class Engine(Protocol):
     """What the pipeline needs from an inference engine."""
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
-        """Queue one request; raise ``RequestRejected`` if this request alone is unusable
-        and ``FatalEngineError`` if the engine cannot go on."""
+        """Queue one request. A request unusable on its own is refused alone: either here,
+        by raising ``RequestRejected``, or later, as a failure ``Result`` from ``step`` (an
+        engine that prepares requests in the background finds out only then). Raise
+        ``FatalEngineError`` if the engine cannot go on."""
         ...
 
     def step(self) -> list[Result]:
-        """Advance the engine; return the requests that finished during this step."""
+        """Advance the engine; return the requests that finished (or were refused) since."""
         ...
 
     def num_unfinished(self) -> int:
