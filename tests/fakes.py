@@ -19,16 +19,26 @@ def expected_text(media_keys: Sequence[str], prompt: str) -> str:
 
 
 class FakeEngine:
-    def __init__(self, per_step: int = 3, reject_prompts: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        per_step: int = 3,
+        reject_prompts: frozenset[str] = frozenset(),
+        reject_in_step: bool = False,
+    ) -> None:
         self.per_step = per_step
         self.reject_prompts = reject_prompts
+        self.reject_in_step = reject_in_step  # refuse from step(), as a background renderer does
         self.added: list[str] = []
         self._queue: list[Result] = []
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
         assert [m.key for m in media] == list(request.media_keys)
         if request.request.prompt in self.reject_prompts:
-            raise RequestRejected(f"prompt {request.request.prompt!r} refused")
+            message = f"prompt {request.request.prompt!r} refused"
+            if not self.reject_in_step:
+                raise RequestRejected(message)
+            self._queue.append(Result.failure(request.id, "validate", message))
+            return
         self.added.append(request.id)
         text = expected_text(request.media_keys, request.request.prompt)
         self._queue.append(

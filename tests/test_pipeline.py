@@ -99,12 +99,18 @@ def test_out_of_order_completion_never_swaps_captions(samples: Path, tmp_path: P
     assert engine.added != [r.id for r in requests]  # the planner did reorder
 
 
-def test_a_refused_request_fails_alone(samples: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("reject_in_step", [False, True])
+def test_a_refused_request_fails_alone(samples: Path, tmp_path: Path, reject_in_step: bool) -> None:
     path = str(samples / "sunset.jpg")
     requests = [
         Request(str(i), "bad" if i == 2 else "good", (MediaRef("image", path),)) for i in range(5)
     ]
-    stats, rows, _, _ = run(requests, tmp_path / "o.jsonl", reject_prompts=frozenset({"bad"}))
+    stats, rows, _, _ = run(
+        requests,
+        tmp_path / "o.jsonl",
+        reject_prompts=frozenset({"bad"}),
+        reject_in_step=reject_in_step,
+    )
     failed = [r for r in rows if r["error"]]
     assert [r["id"] for r in failed] == ["2"]
     assert failed[0]["error"]["stage"] == "validate"
