@@ -23,7 +23,8 @@ from mmbatch.config import RunConfig
 from mmbatch.engine.base import Engine
 from mmbatch.errors import RequestRejected
 from mmbatch.media.loader import LoadedWindow, MediaLoader
-from mmbatch.sinks import Sink, output_row
+from mmbatch.rows import FlatRows, RowBuilder
+from mmbatch.sinks import Sink
 from mmbatch.stats import JobStats
 from mmbatch.types import Request, Result, Sampling
 
@@ -35,13 +36,17 @@ def run_job(
     sink: Sink,
     sampling: Sampling,
     run: RunConfig | None = None,
+    rows: RowBuilder | None = None,
 ) -> JobStats:
-    """Process every request through ``engine`` and write one row per request to ``sink``."""
+    """Process every request through ``engine`` and write one row per item to ``sink``.
+
+    An item is a request, or the requests sharing an ``item_id`` (assembled by ``rows``,
+    by default ``FlatRows``: one flat row per request)."""
     run = run or RunConfig()
-    job = _Job(requests, engine, sink)
+    job = _Job(requests, engine, sink, rows or FlatRows())
     low_water = max(1, run.window // 2)
     windows = _chunks(requests, run.window)
-    bar = tqdm(total=len(requests), unit="item", disable=not run.progress, dynamic_ncols=True)
+    bar = tqdm(total=job.stats.total, unit="item", disable=not run.progress, dynamic_ncols=True)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmbatch-load") as pool:
         upcoming: Future[LoadedWindow] | None = _load_next(pool, loader, windows)
         try:
@@ -76,15 +81,19 @@ def run_job(
 class _Job:
     """The bookkeeping of one run: which requests are open, and the stats."""
 
-    def __init__(self, requests: Sequence[Request], engine: Engine, sink: Sink) -> None:
+    def __init__(
+        self, requests: Sequence[Request], engine: Engine, sink: Sink, rows: RowBuilder
+    ) -> None:
         self.engine = engine
         self.sink = sink
+        self.rows = rows
         self.requests = {r.id: r for r in requests}
         if len(self.requests) != len(requests):
             raise ValueError("request ids must be unique")
         self.media_keys: dict[str, tuple[str, ...]] = {}
         self.emitted: set[str] = set()
-        self.stats = JobStats(total=len(requests))
+        self.written = 0
+        self.stats = JobStats(total=len({r.row_id for r in requests}))
         self._shown = 0
 
     def add_window(self, window: LoadedWindow, sampling: Sampling) -> None:
@@ -95,7 +104,7 @@ class _Job:
             self.media_keys[loaded.id] = loaded.media_keys
             media = [window.media[key] for key in loaded.media_keys]
             try:
-                self.engine.add(loaded, media, sampling)
+                self.engine.add(loaded, media, loaded.request.sampling or sampling)
             except RequestRejected as exc:
                 self.emit(Result.failure(loaded.id, exc.stage, str(exc)))
 
@@ -105,8 +114,11 @@ class _Job:
             raise RuntimeError(f"bug: a second result for request {request_id!r}")
         request = self.requests[request_id]
         self.emitted.add(request_id)
-        self.stats.record(result)
-        self.sink.write(output_row(request, self.media_keys.get(request_id, ()), result))
+        row = self.rows.add(request, self.media_keys.get(request_id, ()), result)
+        if row is not None:
+            self.written += 1
+            self.stats.record(row.outcome)
+            self.sink.write(row.data)
 
     def update_progress(self, bar: tqdm[Any]) -> None:
         done = self.stats.done
@@ -128,11 +140,20 @@ class _Job:
             raise RuntimeError(
                 f"bug: {len(missing)} requests produced no row, e.g. {min(missing)!r}"
             )
+        if self.written != self.stats.total:
+            raise RuntimeError(f"bug: {self.written} rows written for {self.stats.total} items")
 
 
 def _chunks(requests: Sequence[Request], size: int) -> Iterator[Sequence[Request]]:
-    for start in range(0, len(requests), size):
-        yield requests[start : start + size]
+    start = 0
+    while start < len(requests):
+        end = min(start + size, len(requests))
+        # An item's requests stay in one window: its media is read once and its questions
+        # reach the engine together, sharing the prefix and the encoder output.
+        while end < len(requests) and requests[end].row_id == requests[end - 1].row_id:
+            end += 1
+        yield requests[start:end]
+        start = end
 
 
 def _load_next(

@@ -17,6 +17,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from mmbatch.errors import SourceError
 from mmbatch.types import MediaRef, Request
@@ -98,19 +99,30 @@ def _read_manifest(manifest: Path) -> Iterator[tuple[str, str, str | None]]:
         yield str(item_id), str(base / raw_path), prompt or None
 
 
-def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, object]]]:
+def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    if manifest.suffix.lower() != ".csv":
+        yield from jsonl_objects(manifest)
+        return
     with manifest.open(newline="", encoding="utf-8") as handle:
-        if manifest.suffix.lower() == ".csv":
-            for line_no, row in enumerate(csv.DictReader(handle), start=2):
-                yield line_no, {k: v for k, v in row.items() if v not in (None, "")}
-            return
+        for line_no, row in enumerate(csv.DictReader(handle), start=2):
+            yield line_no, {k: v for k, v in row.items() if v not in (None, "")}
+
+
+def jsonl_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The JSON object on each non-blank line of ``path``, with its line number; a file that
+    cannot be read or a line that is not an object is a ``SourceError`` naming the line."""
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise SourceError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    with handle:
         for line_no, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise SourceError(f"{manifest}:{line_no}: not valid JSON ({exc})") from None
+                raise SourceError(f"{path}:{line_no}: not valid JSON ({exc})") from None
             if not isinstance(row, dict):
-                raise SourceError(f"{manifest}:{line_no}: expected a JSON object, got {row!r}")
+                raise SourceError(f"{path}:{line_no}: expected a JSON object, got {row!r}")
             yield line_no, row

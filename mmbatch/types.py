@@ -15,9 +15,9 @@ from typing import Any, Literal
 Modality = Literal["image", "video", "audio"]
 """The kinds of media a request can carry; the names match vLLM's ``multi_modal_data`` keys."""
 
-Stage = Literal["source", "load", "decode", "validate", "engine", "sink"]
+Stage = Literal["source", "load", "decode", "validate", "engine", "parse", "sink"]
 """Where in the pipeline an item failed; error rows carry it so users can tell bad input
-from a bad configuration."""
+from a bad configuration. ``parse``: the text came back but is not the JSON the job asked for."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,9 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    json_schema: str | None = None
+    """A JSON schema (as canonical JSON text) the output must follow, enforced while decoding
+    through the engine's structured outputs; None: free text."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -75,12 +78,27 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Request:
-    """One prompt over zero or more media references, identified by a job-unique ``id``."""
+    """One prompt over zero or more media references, identified by a job-unique ``id``.
+
+    A job that asks several questions about one item makes one request per question, all
+    with the item's ``item_id`` and each with its ``output`` name; the item still gets one
+    output row, written when all of its requests have finished.
+    """
 
     id: str
     prompt: str
     media: tuple[MediaRef, ...] = ()
     system: str | None = None
+    item_id: str | None = None
+    """The output row this request is part of; None: its own row, named by ``id``."""
+    output: str | None = None
+    """The name of this request's answer within its item's row (multi-output jobs)."""
+    sampling: Sampling | None = None
+    """This request's own sampling settings (OpenAI batch lines carry them); None: the job's."""
+
+    @property
+    def row_id(self) -> str:
+        return self.item_id if self.item_id is not None else self.id
 
 
 @dataclass(frozen=True)

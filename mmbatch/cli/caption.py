@@ -11,6 +11,7 @@ from mmbatch.cli.common import (
     engine_config_from,
     report,
     run_config_from,
+    run_into,
     sampling_from,
 )
 
@@ -51,10 +52,9 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from mmbatch.config import ImageOptions
     from mmbatch.engine.shared import shared_engine
-    from mmbatch.errors import FatalEngineError
     from mmbatch.media.loader import MediaLoader
     from mmbatch.outputs import open_sink, output_format
-    from mmbatch.pipeline import run_job
+    from mmbatch.rows import Row
     from mmbatch.sinks import output_row
 
     # Everything that can be checked without the engine is checked before it starts.
@@ -66,18 +66,11 @@ def run(args: argparse.Namespace) -> int:
     total = len(requests) + len(unusable)
     print(f"mmbatch: {total} items, model {args.model}", file=sys.stderr)
     engine = shared_engine(engine_config, {"image": 1})
+    refused = [Row(failure, output_row(request, (), failure)) for request, failure in unusable]
     sink = open_sink(args.out, out_format)
-    try:
-        for request, failure in unusable:
-            sink.write(output_row(request, (), failure))
-        stats = run_job(requests, engine, loader, sink, sampling, run_config)
-    except FatalEngineError as exc:
-        sink.close()
-        raise FatalEngineError(f"{exc}; rows finished so far are in {args.out}") from exc
-    sink.close()
-    stats.total += len(unusable)
-    for _, failure in unusable:
-        stats.record(failure)
+    stats = run_into(
+        sink, args.out, requests, engine, loader, sampling, run_config, refused=refused
+    )
     job |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
     return report(stats, args.out, job)
 

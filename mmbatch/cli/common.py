@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
@@ -26,12 +27,20 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    add_engine_options(parser)
+
+
+def add_engine_options(
+    parser: argparse.ArgumentParser,
+    engine_help: str = "passed to vllm.LLM untouched (VALUE parsed as JSON when it is JSON)",
+) -> None:
+    """--engine-arg, --window and --no-progress: how any job command drives the engine."""
     parser.add_argument(
         "--engine-arg",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="passed to vllm.LLM untouched (VALUE parsed as JSON when it is JSON); repeatable",
+        help=f"{engine_help}; repeatable",
     )
     parser.add_argument("--window", type=int, default=None, help="requests prepared together")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -54,6 +63,39 @@ def engine_config_from(args: argparse.Namespace) -> Any:
     from mmbatch.config import EngineConfig, parse_engine_args
 
     return EngineConfig(args.model, parse_engine_args(args.engine_arg))
+
+
+def run_into(
+    sink: Any,
+    out: str,
+    requests: Any,
+    engine: Any,
+    loader: Any,
+    sampling: Any,
+    run: Any,
+    rows: Any = None,
+    refused: Sequence[Any] = (),
+) -> Any:
+    """Run the job into ``sink`` (writing ``out``) and close it; a fatal engine error says
+    where the rows finished so far are.
+
+    ``refused`` rows (``Row``s of inputs turned down while reading, before the job) are
+    written first and counted in the stats like every other row."""
+    from mmbatch.errors import FatalEngineError
+    from mmbatch.pipeline import run_job
+
+    try:
+        for row in refused:
+            sink.write(row.data)
+        stats = run_job(requests, engine, loader, sink, sampling, run, rows)
+    except FatalEngineError as exc:
+        sink.close()
+        raise FatalEngineError(f"{exc}; rows finished so far are in {out}") from exc
+    sink.close()
+    stats.total += len(refused)
+    for row in refused:
+        stats.record(row.outcome)
+    return stats
 
 
 def report(stats: Any, out: str, job: dict[str, Any] | None = None) -> int:

@@ -17,6 +17,7 @@ an image share the prefix that the prefix cache can reuse.
 from __future__ import annotations
 
 import itertools
+import json
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -123,6 +124,12 @@ class VLLMEngine:
                 continue
             request_id = self._pending.pop(output.request_id)
             completion = output.outputs[0]
+            if completion.finish_reason == "error":
+                # vLLM fails one request alone this way (a JSON schema whose grammar did not
+                # compile, for one); its text is empty, never an answer.
+                message = "vLLM failed this request (finish_reason 'error'; see its log)"
+                results.append(Result.failure(request_id, "engine", message))
+                continue
             results.append(
                 Result(
                     request_id=request_id,
@@ -198,7 +205,7 @@ class VLLMEngine:
 
 def _sampling_params(sampling: Sampling) -> SamplingParams:
     from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     return SamplingParams(
         max_tokens=sampling.max_tokens,
@@ -206,6 +213,11 @@ def _sampling_params(sampling: Sampling) -> SamplingParams:
         top_p=sampling.top_p,
         seed=sampling.seed,
         ignore_eos=sampling.ignore_eos,
+        # A JSON schema is enforced token by token by vLLM's structured-outputs backend
+        # (xgrammar or guidance, chosen by vLLM; both run on the CPU build).
+        structured_outputs=StructuredOutputsParams(json=json.loads(sampling.json_schema))
+        if sampling.json_schema is not None
+        else None,
         # Only the finished output: the pipeline never looks at partial text. And no
         # incremental detokenising on every engine step for every running request, which
         # costs the driving process more than decoding each finished output once.

@@ -1,0 +1,64 @@
+"""``mmbatch run RECIPE --input ... --out ...``: a job described by a recipe file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from mmbatch.cli.common import add_engine_options, report, run_config_from, run_into
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "run",
+        help="run a recipe (recipes/*.toml) over inputs: one JSON row per item",
+        description="Run the job a recipe describes over INPUT (files, folders, globs, "
+        ".jsonl/.csv manifests). Each item's row holds every answer the recipe asks for.",
+    )
+    parser.add_argument("recipe", metavar="RECIPE", help="a recipe TOML file")
+    parser.add_argument("--input", nargs="+", required=True, metavar="INPUT", dest="inputs")
+    parser.add_argument("--out", required=True, help="output JSONL file")
+    parser.add_argument("--model", default=None, help="overrides the recipe's [engine] model")
+    add_engine_options(parser, "added to (and over) the recipe's [engine] table for vllm.LLM")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from mmbatch.config import EngineConfig, parse_engine_args
+    from mmbatch.engine.shared import shared_engine
+    from mmbatch.errors import ConfigError
+    from mmbatch.recipe import load_recipe
+    from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
+    from mmbatch.sinks import JsonlSink
+
+    # Everything that can be checked without the engine is checked before it starts.
+    recipe = load_recipe(args.recipe)
+    model = args.model or recipe.model
+    if not model:
+        raise ConfigError(f"{args.recipe} names no model: set [engine] model or pass --model")
+    requests = recipe_requests(args.inputs, recipe)
+    rows = recipe_rows(recipe, requests)
+    loader = recipe_loader(recipe)
+    engine_config = EngineConfig(
+        model, {**recipe.engine_kwargs(), **parse_engine_args(args.engine_arg)}
+    )
+    items = len({r.row_id for r in requests})
+    print(
+        f"mmbatch: recipe {recipe.name}, {items} items x {len(recipe.questions)} "
+        f"question(s), model {model}",
+        file=sys.stderr,
+    )
+    engine = shared_engine(engine_config, {recipe.media.kind: 1})
+    stats = run_into(
+        JsonlSink(args.out),
+        args.out,
+        requests,
+        engine,
+        loader,
+        recipe.sampling,
+        run_config_from(args),
+        rows,
+    )
+    job = {"inputs": list(args.inputs), "model": model, "recipe": recipe.path}
+    return report(stats, args.out, job)

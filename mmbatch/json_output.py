@@ -1,0 +1,52 @@
+"""Answers that must be JSON following a schema: checked twice, for different reasons.
+
+The engine enforces the schema while decoding (vLLM's structured outputs), so a finished
+answer follows it. But an answer cut off at ``max_tokens`` is a prefix of valid JSON, not
+JSON, and a backend may support only part of JSON Schema (formats, patterns) and let the
+rest through. So every answer is parsed and validated again here, and one that fails gets
+an error saying why instead of a ``parsed`` value that looks right and is not.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mmbatch.errors import ConfigError
+
+
+def canonical_schema(schema: Any, where: str) -> str:
+    """``schema`` as canonical JSON text, after checking it is a valid JSON Schema."""
+    if not isinstance(schema, dict):
+        raise ConfigError(f"{where}: a JSON schema must be a table/object, got {schema!r}")
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConfigError(f"{where}: not a valid JSON schema: {exc.message}") from None
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+class JsonParser:
+    """Parses an answer's text as JSON and validates it against the schema."""
+
+    def __init__(self, schema_text: str) -> None:
+        import jsonschema
+
+        schema = json.loads(schema_text)
+        self._validator = jsonschema.validators.validator_for(schema)(schema)
+
+    def __call__(self, text: str) -> Any:
+        try:
+            # strict=False admits raw control characters inside strings: xgrammar's JSON
+            # grammar lets them through (seen with vLLM 0.32), and the value is still whole.
+            value = json.loads(text, strict=False)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+        problems = sorted(self._validator.iter_errors(value), key=lambda e: list(e.path))
+        if problems:
+            first = problems[0]
+            at = "/".join(map(str, first.path)) or "(root)"
+            raise ValueError(f"JSON does not match the schema at {at}: {first.message}")
+        return value

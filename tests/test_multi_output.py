@@ -1,0 +1,195 @@
+"""Multi-output jobs against the fake engine: one row per item holding every answer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from fakes import FakeEngine, expected_text
+
+from mmbatch.config import ImageOptions, RunConfig
+from mmbatch.errors import ConfigError, SourceError
+from mmbatch.json_output import JsonParser, canonical_schema
+from mmbatch.media.loader import MediaLoader
+from mmbatch.pipeline import run_job
+from mmbatch.recipe import load_recipe
+from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
+from mmbatch.rows import ItemRows
+from mmbatch.sinks import MemorySink
+from mmbatch.types import MediaRef, Request, Result, Sampling, Usage
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+@pytest.fixture
+def corpus(tmp_path: Path, samples: Path) -> Path:
+    folder = tmp_path / "corpus"
+    shutil.copytree(samples, folder)
+    (folder / "empty.jpg").write_bytes(b"")
+    return folder
+
+
+def run(requests: list[Request], rows: ItemRows, window: int, **engine_kwargs: object) -> tuple:
+    engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
+    loader = MediaLoader(ImageOptions())
+    sink = MemorySink()
+    stats = run_job(
+        requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False), rows
+    )
+    return stats, sink.rows, loader, engine
+
+
+def test_every_item_gets_one_row_with_every_answer(corpus: Path) -> None:
+    recipe = load_recipe(RECIPES / "multi_question.toml")
+    names = [q.name for q in recipe.questions]
+    requests = recipe_requests([str(corpus)], recipe)
+    assert len(requests) == len(names) * 7
+    # A window of 3 is smaller than an item's 4 questions: windows grow to whole items.
+    stats, rows, loader, engine = run(requests, recipe_rows(recipe, requests), window=3)
+    assert sorted(r["id"] for r in rows) == sorted({r.item_id for r in requests})
+    assert stats.total == stats.done == 7
+    for row in rows:
+        assert list(row["outputs"]) == names  # the recipe's order, not the finish order
+        if row["error"] is not None:
+            continue
+        for question in recipe.questions:
+            answer = row["outputs"][question.name]
+            assert answer["prompt"] == question.text
+            assert answer["text"] == expected_text([row["media_hash"]], question.text)
+            assert answer["error"] is None
+        assert row["output_tokens"] == sum(a["output_tokens"] for a in row["outputs"].values())
+    # 7 files, 6 readable, 5 distinct pictures (two names for one), 4 of them decodable:
+    # each decoded once, though 4 questions ask about each.
+    assert loader.store.decodes == 4
+    # An item's questions reach the engine together (the planner groups them by image).
+    items = [request_id.rsplit("#", 1)[0] for request_id in engine.added]
+    runs = [items[i : i + 4] for i in range(0, len(items), 4)]
+    assert all(len(set(run)) == 1 for run in runs)
+    assert len(runs) == 5
+
+
+def test_a_bad_picture_fails_every_answer_with_one_reason(corpus: Path) -> None:
+    recipe = load_recipe(RECIPES / "multi_question.toml")
+    requests = recipe_requests([str(corpus)], recipe)
+    stats, rows, _, _ = run(requests, recipe_rows(recipe, requests), window=8)
+    by_name = {Path(r["id"]).name: r for r in rows}
+    empty = by_name["empty.jpg"]
+    assert empty["error"] == {"stage": "load", "message": "empty file (0 bytes)"}
+    assert all(a["error"] == empty["error"] for a in empty["outputs"].values())
+    assert by_name["truncated.jpg"]["error"]["stage"] == "decode"
+    assert stats.failed == 2
+    assert stats.failed_by_stage == {"load": 1, "decode": 1}
+
+
+def test_a_refused_question_fails_alone(samples: Path) -> None:
+    recipe = load_recipe(RECIPES / "multi_question.toml")
+    requests = recipe_requests([str(samples / "sunset.jpg")], recipe)
+    refused = recipe.questions[1].text
+    stats, rows, _, _ = run(
+        requests, recipe_rows(recipe, requests), window=8, reject_prompts=frozenset({refused})
+    )
+    (row,) = rows
+    outputs = row["outputs"]
+    assert outputs["setting"]["error"]["stage"] == "validate"
+    assert outputs["setting"]["text"] is None
+    for name in ("subject", "mood", "text"):
+        assert outputs[name]["error"] is None
+        assert outputs[name]["text"]
+    assert row["error"]["stage"] == "validate"
+    assert row["error"]["message"].startswith("1 of 4 outputs failed (setting: validate: ")
+    assert stats.failed == 1
+    assert stats.ok == 0
+
+
+def test_single_question_recipes_keep_a_manifest_prompt_and_multi_refuse_it(
+    tmp_path: Path, samples: Path
+) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text(
+        json.dumps({"path": str(samples / "sunset.jpg"), "id": "a", "prompt": "Own?"}) + "\n"
+    )
+    single = load_recipe(RECIPES / "short_caption.toml")
+    (request,) = recipe_requests([str(manifest)], single)
+    assert (request.id, request.item_id, request.output) == ("a#caption", "a", "caption")
+    assert request.prompt == "Own?"
+    with pytest.raises(SourceError, match="brings its own prompt"):
+        recipe_requests([str(manifest)], load_recipe(RECIPES / "multi_question.toml"))
+
+
+def test_video_and_audio_recipes_are_refused_by_run_until_their_loader_exists(
+    samples: Path,
+) -> None:
+    for name in ("video_frame_captions", "video_clip_summary", "audio_transcription"):
+        recipe = load_recipe(RECIPES / f"{name}.toml")
+        with pytest.raises(ConfigError, match=r"loader .* is not in this build"):
+            recipe_requests([str(samples)], recipe)
+        with pytest.raises(ConfigError, match="not in this build"):
+            recipe_loader(recipe)
+
+
+SCHEMA = canonical_schema(
+    {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "maximum": 5}},
+        "required": ["n"],
+    },
+    "test",
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed", "error"),
+    [
+        ('{"n": 3}', {"n": 3}, None),
+        ('{"n": 9}', None, "JSON does not match the schema at n: 9 is greater than the maximum"),
+        ('{"m": 1}', None, "at (root): 'n' is a required property"),
+        ('{"n": 3', None, "not valid JSON"),
+    ],
+)
+def test_json_answers_are_parsed_and_checked(text: str, parsed: object, error: str | None) -> None:
+    requests = [
+        Request("x#a", "p", item_id="x", output="a"),
+        Request("x#b", "q", item_id="x", output="b"),
+    ]
+    rows = ItemRows(requests, JsonParser(SCHEMA))
+    assert rows.add(requests[0], (), Result("x#a", '{"n": 1}', "stop", Usage(5, 4, 2))) is None
+    assert rows.unfinished() == ["x"]
+    row = rows.add(requests[1], (), Result("x#b", text, "length", Usage(5, 6, 3)))
+    assert row is not None
+    assert rows.unfinished() == []
+    answer = row.data["outputs"]["b"]
+    assert answer["parsed"] == parsed
+    assert answer["text"] == text  # the raw text is kept either way
+    assert row.data["outputs"]["a"]["parsed"] == {"n": 1}
+    assert (row.data["prompt_tokens"], row.data["output_tokens"]) == (10, 10)
+    assert row.data["cached_tokens"] == 5
+    if error is None:
+        assert answer["error"] is None
+        assert row.outcome.error is None
+    else:
+        assert answer["error"]["stage"] == "parse"
+        assert error in answer["error"]["message"]
+        assert row.outcome.error is not None
+        assert row.outcome.error.stage == "parse"
+
+
+def test_item_rows_refuse_ambiguous_requests() -> None:
+    with pytest.raises(ValueError, match="names no item_id"):
+        ItemRows([Request("a", "p")])
+    twice = [Request(f"a{i}", "p", item_id="a", output="o") for i in range(2)]
+    with pytest.raises(ValueError, match="asks 'o' twice"):
+        ItemRows(twice)
+
+
+def test_items_sharing_a_picture_still_get_their_own_rows(samples: Path) -> None:
+    ref = (MediaRef("image", str(samples / "sunset.jpg")),)
+    requests = [
+        Request(f"{item}#{q}", q, ref, item_id=item, output=q)
+        for item in ("one", "two")
+        for q in ("a", "b")
+    ]
+    _, rows, loader, _ = run(requests, ItemRows(requests), window=2, per_step=1)
+    assert sorted(r["id"] for r in rows) == ["one", "two"]
+    assert loader.store.decodes == 1

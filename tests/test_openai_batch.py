@@ -1,0 +1,207 @@
+"""OpenAI batch files: reading the input format, writing the output format (fake engine)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import FakeEngine, expected_text
+
+from mmbatch.config import ImageOptions, RunConfig
+from mmbatch.errors import SourceError
+from mmbatch.media.loader import MediaLoader
+from mmbatch.openai_batch import OpenAIBatchRows, read_batch
+from mmbatch.pipeline import run_job
+from mmbatch.sinks import MemorySink
+from mmbatch.types import Sampling
+
+
+def line(custom_id: str, *content: Any, **body: Any) -> dict[str, Any]:
+    parts = [{"type": "text", "text": c} if isinstance(c, str) else c for c in content]
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": parts}], **body},
+    }
+
+
+def image(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url, "detail": "low"}}
+
+
+def data_uri(path: Path) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def write(tmp_path: Path, *lines: dict[str, Any] | str) -> Path:
+    path = tmp_path / "requests.jsonl"
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    return path
+
+
+def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "s.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    system = {"role": "system", "content": "Be brief."}
+    first = line("c1", image(data_uri(samples / "sunset.jpg")), "What is it?", max_tokens=7)
+    first["body"]["messages"].insert(0, system)
+    batch = read_batch(
+        write(
+            tmp_path,
+            first,
+            line(
+                "c2",
+                "Describe",
+                image("pics/s.jpg"),
+                image(f"file://{samples / 'checkerboard.png'}"),
+                "as JSON.",
+                max_completion_tokens=9,
+                temperature=0,
+                seed=4,
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema},
+                },
+            ),
+            line("c3", "Just text.", response_format={"type": "json_object"}),
+        ),
+        default_max_tokens=33,
+    )
+    assert batch.refused == []
+    assert batch.max_images == 2
+    c1, c2, c3 = batch.requests
+    assert (c1.id, c1.system, c1.prompt) == ("c1", "Be brief.", "What is it?")
+    assert c1.media[0].data == (samples / "sunset.jpg").read_bytes()
+    assert c1.sampling == Sampling(max_tokens=7, temperature=1.0)  # the hosted API's default
+    assert c2.prompt == "Describe\nas JSON."
+    assert [m.source for m in c2.media] == [
+        str(tmp_path / "pics" / "s.jpg"),
+        str(samples / "checkerboard.png"),
+    ]
+    assert c2.sampling is not None
+    assert (c2.sampling.max_tokens, c2.sampling.temperature, c2.sampling.seed) == (9, 0, 4)
+    assert json.loads(c2.sampling.json_schema or "") == schema
+    assert c3.media == ()
+    assert c3.sampling is not None
+    assert c3.sampling.max_tokens == 33
+    assert json.loads(c3.sampling.json_schema or "") == {"type": "object"}
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ({**line("x", "hi"), "url": "/v1/embeddings"}, "url '/v1/embeddings' is not supported"),
+        ({**line("x", "hi"), "method": "GET"}, "method 'GET'"),
+        (line("x", "hi", n=2), "only n = 1"),
+        (line("x", "hi", stream=True), "streaming"),
+        (line("x", "hi", tools=[], stop=["\n"]), "unsupported parameter(s): 'stop', 'tools'"),
+        (line("x", "hi", temperature="warm"), "temperature must be a number"),
+        (line("x", "hi", max_tokens=1.5), "max_tokens must be an integer"),
+        (line("x", "hi", max_tokens=0), "max_tokens must be >= 1"),
+        (line("x", image("https://example.com/a.jpg")), "remote image URLs are not fetched"),
+        (line("x", image("data:image/png;base64,@@@")), "not valid base64"),
+        (line("x", image("data:image/png,raw")), "must be base64"),
+        (line("x", {"type": "input_audio"}), "is not supported (text, image_url)"),
+        (line("x"), "the user message is empty"),
+        (line("x", "hi", response_format={"type": "grammar"}), "response_format"),
+        (
+            line("x", "hi", response_format={"type": "json_schema", "json_schema": {}}),
+            "must be a table/object",
+        ),
+    ],
+)
+def test_lines_we_cannot_serve_get_a_400_row(
+    tmp_path: Path, entry: dict[str, Any], reason: str
+) -> None:
+    batch = read_batch(write(tmp_path, entry, line("ok", "fine")))
+    assert [r.id for r in batch.requests] == ["ok"]
+    (row,) = batch.refused
+    assert row.data["custom_id"] == "x"
+    assert row.data["error"] is None
+    response = row.data["response"]
+    assert response["status_code"] == 400
+    assert response["body"]["error"]["type"] == "invalid_request_error"
+    assert reason in response["body"]["error"]["message"]
+
+
+def test_multi_turn_is_refused(tmp_path: Path) -> None:
+    entry = line("x", "hi")
+    entry["body"]["messages"] += [
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "again"},
+    ]
+    (row,) = read_batch(write(tmp_path, entry, line("y", "z"))).refused
+    assert "role 'assistant' is not supported" in row.data["response"]["body"]["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (["{not json"], "not valid JSON"),
+        (["[1, 2]"], "expected a JSON object"),
+        ([{"method": "POST"}], "no 'custom_id'"),
+        ([line("a", "x"), line("a", "y")], "custom_id 'a' is used twice"),
+        (["", "  "], "holds no requests"),
+    ],
+)
+def test_a_malformed_file_is_refused_whole(tmp_path: Path, lines: list, message: str) -> None:
+    with pytest.raises(SourceError, match=message):
+        read_batch(write(tmp_path, *lines))
+
+
+def test_output_lines_through_the_pipeline(tmp_path: Path, samples: Path) -> None:
+    sunset = data_uri(samples / "sunset.jpg")
+    batch = read_batch(
+        write(
+            tmp_path,
+            line("a", image(sunset), "one", temperature=0),
+            line("b", image(str(samples / "sunset_copy.jpg")), "two", temperature=0),
+            line("c", image(str(samples / "truncated.jpg")), "three"),
+            line("d", image(str(samples / "missing.jpg")), "four"),
+        )
+    )
+    sink = MemorySink()
+    loader = MediaLoader(ImageOptions())
+    run_job(
+        batch.requests,
+        FakeEngine(per_step=1),
+        loader,
+        sink,
+        Sampling(),
+        RunConfig(window=10, progress=False),
+        OpenAIBatchRows("tiny"),
+    )
+    rows = {row["custom_id"]: row for row in sink.rows}
+    assert sorted(rows) == ["a", "b", "c", "d"]
+    assert loader.store.decodes == 1  # the inline sunset and the file copy share one key
+    for custom_id, prompt in (("a", "one"), ("b", "two")):
+        row = rows[custom_id]
+        assert row["id"].startswith("batch_req_")
+        assert row["error"] is None
+        response = row["response"]
+        assert response["status_code"] == 200
+        body = response["body"]
+        assert body["object"] == "chat.completion"
+        assert body["model"] == "tiny"
+        (choice,) = body["choices"]
+        assert choice["message"]["role"] == "assistant"
+        # The same picture inline and as a file has one media key, hence the same answer.
+        key = choice["message"]["content"].split("|")[0]
+        assert choice["message"]["content"] == expected_text([key], prompt)
+        assert choice["finish_reason"] == "stop"
+        usage = body["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert "cached_tokens" in usage["prompt_tokens_details"]
+    assert (
+        rows["a"]["response"]["body"]["choices"][0]["message"]["content"].split("|")[0]
+        == (rows["b"]["response"]["body"]["choices"][0]["message"]["content"].split("|")[0])
+    )
+    for custom_id, code in (("c", "decode"), ("d", "load")):
+        response = rows[custom_id]["response"]
+        assert response["status_code"] == 400
+        assert response["body"]["error"]["code"] == code

@@ -1,0 +1,241 @@
+"""Recipes: every shipped recipe validates, and every kind of mistake is named."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mmbatch.cli import main
+from mmbatch.errors import ConfigError
+from mmbatch.recipe import load_recipe
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+REQUIRED = {
+    "short_caption",
+    "detailed_caption",
+    "tags",
+    "ocr",
+    "structured_extraction",
+    "multi_question",
+    "video_frame_captions",
+    "video_clip_summary",
+    "audio_transcription",
+}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "recipe.toml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def problems(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load_recipe(write(tmp_path, text))
+    return str(caught.value)
+
+
+def test_the_required_recipes_ship_and_validate() -> None:
+    found = {p.stem: load_recipe(p) for p in RECIPES.glob("*.toml")}
+    assert set(found) >= REQUIRED
+    kinds = {name: recipe.media.kind for name, recipe in found.items()}
+    assert kinds["video_frame_captions"] == kinds["video_clip_summary"] == "video"
+    assert kinds["audio_transcription"] == "audio"
+    assert len(found["multi_question"].questions) >= 3
+    for name in ("tags", "structured_extraction"):
+        recipe = found[name]
+        assert recipe.output.format == "json"
+        assert recipe.sampling.json_schema == recipe.output.schema
+        assert json.loads(recipe.output.schema or "")["type"] == "object"
+    for recipe in found.values():
+        assert recipe.model, recipe.name  # each names the model it was written for
+
+
+def test_a_single_prompt_recipe(tmp_path: Path) -> None:
+    recipe = load_recipe(
+        write(
+            tmp_path,
+            """
+            [prompt]
+            text = "Describe."
+            system = "Be brief."
+            [sampling]
+            max_tokens = 20
+            temperature = 0.5
+            seed = 3
+            [engine]
+            model = "some/model"
+            max_model_len = 2048
+            limit_mm_per_prompt = { image = 2 }
+            [media]
+            max_pixels = 1000
+            """,
+        )
+    )
+    assert recipe.name == "recipe"  # the file's stem
+    assert [(q.name, q.text) for q in recipe.questions] == [("answer", "Describe.")]
+    assert recipe.system == "Be brief."
+    assert (recipe.sampling.max_tokens, recipe.sampling.temperature) == (20, 0.5)
+    assert recipe.sampling.seed == 3
+    assert recipe.sampling.json_schema is None
+    assert recipe.model == "some/model"
+    # [engine] goes to vllm.LLM untouched (minus the model, which EngineConfig carries).
+    assert recipe.engine_kwargs() == {"max_model_len": 2048, "limit_mm_per_prompt": {"image": 2}}
+    assert recipe.media.kind == "image"
+    assert dict(recipe.media.options) == {"max_pixels": 1000}
+
+
+def test_unknown_keys_are_named_in_every_table(tmp_path: Path) -> None:
+    message = problems(
+        tmp_path,
+        """
+        titel = "x"
+        [prompt]
+        text = "Describe."
+        sytem = "typo"
+        [sampling]
+        max_token = 20
+        [media]
+        kind = "image"
+        fps = 2.0
+        [output]
+        format = "text"
+        shema = {}
+        """,
+    )
+    assert "5 problems" in message
+    assert "unknown key in the recipe's top level: 'titel'" in message
+    assert "unknown key in [prompt]: 'sytem'" in message
+    assert "unknown key in [sampling]: 'max_token' (known: max_tokens," in message
+    assert "unknown key in [media] (kind 'image'): 'fps'" in message
+    assert "unknown key in [output]: 'shema'" in message
+
+
+def test_engine_keys_are_not_second_guessed(tmp_path: Path) -> None:
+    recipe = load_recipe(
+        write(
+            tmp_path,
+            """
+            [prompt]
+            text = "x"
+            [engine]
+            an_option_only_a_future_vllm_knows = 1
+            """,
+        )
+    )
+    assert recipe.engine_kwargs() == {"an_option_only_a_future_vllm_knows": 1}
+    assert recipe.model is None
+
+
+def test_questions(tmp_path: Path) -> None:
+    recipe = load_recipe(
+        write(
+            tmp_path,
+            """
+            [prompt]
+            [[prompt.questions]]
+            name = "subject"
+            text = "What?"
+            [[prompt.questions]]
+            name = "where"
+            text = "Where?"
+            """,
+        )
+    )
+    assert [q.name for q in recipe.questions] == ["subject", "where"]
+    message = problems(
+        tmp_path,
+        """
+        [prompt]
+        [[prompt.questions]]
+        name = "a"
+        text = "x"
+        [[prompt.questions]]
+        name = "a"
+        text = "y"
+        [[prompt.questions]]
+        name = "b#c"
+        text = "z"
+        extra = 1
+        """,
+    )
+    assert "the name 'a' is used twice" in message
+    assert "'b#c' must be letters" in message
+    assert "unknown key in [[prompt.questions]] #3: 'extra'" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", "missing the [prompt] table"),
+        ('[prompt]\ntext = "a"\n[[prompt.questions]]\nname="b"\ntext="c"', "exactly one of"),
+        ('[prompt]\ntext = "  "', "[prompt] text is empty"),
+        ("[prompt]\ntext = 3", "'text' must be a string, got 3"),
+        ('prompt = "x"', "'prompt' must be a table"),
+        ('[prompt]\ntext = "x"\n[sampling]\nmax_tokens = 0', "max_tokens must be >= 1"),
+        ('[prompt]\ntext = "x"\n[sampling]\ntemperature = "hot"', "must be a number"),
+        ('[prompt]\ntext = "x"\n[sampling]\nmax_tokens = 1.5', "must be an integer"),
+        ('[prompt]\ntext = "x"\n[media]\nkind = "smell"', "kind must be one of"),
+        ('[prompt]\ntext = "x"\n[media]\nmax_pixels = -4', "max_pixels must be > 0"),
+        ('[prompt]\ntext = "x"\n[output]\nformat = "yaml"', "format must be 'text' or 'json'"),
+        ('[prompt]\ntext = "x"\n[output]\nformat = "json"', "needs a schema"),
+        ('[prompt]\ntext = "x"\n[output]\nschema = {type = "object"}', "format is 'text'"),
+        (
+            '[prompt]\ntext = "x"\n[output]\nformat = "json"\nschema = {type = "objekt"}',
+            "not a valid JSON schema",
+        ),
+        ('[prompt\ntext = "x"', "not valid TOML"),
+    ],
+)
+def test_mistakes_are_reported(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in problems(tmp_path, text)
+
+
+def test_video_and_audio_options_are_checked(tmp_path: Path) -> None:
+    message = problems(
+        tmp_path,
+        """
+        [prompt]
+        text = "x"
+        [media]
+        kind = "video"
+        sampling = "num_frames"
+        fps = 2.0
+        as_clip = "yes"
+        sample_rate = 16000
+        """,
+    )
+    assert "'fps' is set but sampling is 'num_frames'" in message
+    assert "'as_clip' must be true or false" in message
+    assert "unknown key in [media] (kind 'video'): 'sample_rate'" in message
+    assert "timestamps' list" in problems(
+        tmp_path, '[prompt]\ntext = "x"\n[media]\nkind = "video"\nsampling = "timestamps"'
+    )
+    assert "overlap_s must be below window_s" in problems(
+        tmp_path, '[prompt]\ntext = "x"\n[media]\nkind = "audio"\nwindow_s = 5.0\noverlap_s = 5'
+    )
+
+
+def test_missing_recipe_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read recipe"):
+        load_recipe(tmp_path / "nope.toml")
+
+
+def test_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = RECIPES / "multi_question.toml"
+    assert main(["check", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "multi_question.toml: ok: multi-question: image input, 4 question(s)" in out
+    bad = write(tmp_path, '[prompt]\ntext = "x"\n[sampling]\nmax_token = 3\n')
+    assert main(["check", str(good), str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert "unknown key in [sampling]: 'max_token'" in captured.err
+    assert "multi_question.toml: ok" in captured.out  # the good one is still reported
+    video = RECIPES / "video_clip_summary.toml"
+    assert main(["check", str(video)]) == 0
+    captured = capsys.readouterr()
+    assert "video_clip_summary.toml: ok: video-clip-summary: video input" in captured.out
+    assert "note: recipe 'video-clip-summary' reads video" in captured.err
