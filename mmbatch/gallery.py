@@ -32,6 +32,7 @@ KNOWN_FIELDS = frozenset(
         "output_tokens",
         "cached_tokens",
         "error",
+        "outputs",
     }
 )
 """Fields shown in a card's body; any other field of a row is listed under "more"."""
@@ -72,6 +73,8 @@ def _card(index: int, row: Mapping[str, Any], preview: Callable[[Mapping[str, An
         )
     else:
         outcome = f'<p class="text">{escape(str(row.get("text") or ""))}</p>'
+    if isinstance(row.get("outputs"), Mapping):  # a recipe's row: every answer by name
+        outcome += "".join(_answer(name, answer) for name, answer in row["outputs"].items())
     tokens = (
         f"{row.get('prompt_tokens', 0)} prompt ({row.get('cached_tokens', 0)} cached), "
         f"{row.get('output_tokens', 0)} output tokens"
@@ -93,6 +96,18 @@ def _card(index: int, row: Mapping[str, Any], preview: Callable[[Mapping[str, An
         f'<p class="prompt">{escape(str(row.get("prompt") or ""))}</p>'
         f'{outcome}<p class="meta">{escape(tokens)}</p>{more}</div></article>'
     )
+
+
+def _answer(name: str, answer: Any) -> str:
+    """One answer of a multi-output row: its text (or parsed JSON), or its error."""
+    answer = answer if isinstance(answer, Mapping) else {"text": answer}
+    if answer.get("error"):
+        stage, message = _error_parts(answer["error"])
+        body = f'<span class="stage">{escape(stage)}</span> {escape(message)}'
+        return f'<p class="error"><b>{escape(name)}</b> {body}</p>'
+    value = answer.get("parsed")
+    text = json.dumps(value, ensure_ascii=False) if value is not None else answer.get("text")
+    return f'<p class="text"><b>{escape(name)}</b> {escape(str(text or ""))}</p>'
 
 
 def _error_parts(error: Any) -> tuple[str, str]:

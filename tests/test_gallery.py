@@ -139,6 +139,24 @@ def test_rows_from_a_dataset_map_and_unknown_fields_render(tmp_path: Path) -> No
     assert page.count("no preview: not on disk") == 2
 
 
+def test_a_recipe_row_shows_every_answer(tmp_path: Path) -> None:
+    outputs = {
+        "subject": {"prompt": "What?", "text": "a <boat>", "error": None},
+        "facts": {"text": '{"n": 1}', "parsed": {"n": 1}, "error": None},
+        "mood": {"text": None, "error": {"stage": "validate", "message": "too long"}},
+    }
+    rows = [{"id": "a", "source": "a.jpg", "outputs": outputs, "error": None}]
+
+    def no_preview(row: object) -> str:
+        raise NoPreview("not on disk")
+
+    page = render(rows, None, no_preview, "t")
+    assert '<p class="text"><b>subject</b> a &lt;boat&gt;</p>' in page
+    assert '<p class="text"><b>facts</b> {&quot;n&quot;: 1}</p>' in page
+    assert '<b>mood</b> <span class="stage">validate</span> too long' in page
+    assert "&quot;outputs&quot;" not in page  # shown as answers, not again under "more"
+
+
 def test_max_items_keeps_every_error(job_output: Path, tmp_path: Path) -> None:
     page = tmp_path / "small.html"
     assert main(["report", str(job_output), "--html", str(page), "--max-items", "2"]) == 0
