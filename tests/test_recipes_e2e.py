@@ -30,6 +30,7 @@ from mmbatch.pipeline import run_job
 from mmbatch.recipe import Recipe, load_recipe
 from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
 from mmbatch.sinks import MemorySink
+from mmbatch.sources import IMAGE_SUFFIXES
 from mmbatch.types import MediaRef, Request
 
 pytestmark = pytest.mark.slow
@@ -112,7 +113,8 @@ def test_every_image_recipe_runs_on_the_tiny_model(
         # Random weights never stop early; a few tokens show the path as well as 500 would.
         recipe = replace(recipe, sampling=replace(recipe.sampling, max_tokens=TEXT_TOKENS))
     rows, stats = run_recipe(recipe, recipe_engines["for"](recipe), [str(samples)])
-    assert sorted(Path(r["id"]).name for r in rows) == sorted(p.name for p in samples.iterdir())
+    pictures = [p.name for p in samples.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES]
+    assert sorted(Path(r["id"]).name for r in rows) == sorted(pictures)
     assert stats.total == len(rows) == stats.ok + stats.failed
     schema = json.loads(recipe.output.schema) if recipe.output.schema else None
     for row in rows:
