@@ -163,3 +163,40 @@ def test_max_items_keeps_every_error(job_output: Path, tmp_path: Path) -> None:
     html = page.read_text()
     assert html.count('<article class="item') == 2
     assert html.count('<article class="item error"') == 1
+
+
+def test_a_video_gets_a_strip_of_frames_from_across_it(tmp_path: Path) -> None:
+    import base64
+    import io
+
+    import av
+    import numpy as np
+
+    from mmbatch.thumbnails import VIDEO_FRAMES, thumbnail_uri
+    from mmbatch.types import MediaRef
+
+    # Four seconds at 10 fps, one solid colour per second.
+    path = tmp_path / "colours.mp4"
+    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220), (220, 220, 30)]
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for colour in colours:
+            for _ in range(10):
+                pixels = np.full((48, 64, 3), colour, dtype=np.uint8)
+                frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+                container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+
+    uri = thumbnail_uri(MediaRef("video", str(path)))
+    with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as strip:
+        assert strip.size == (64 * VIDEO_FRAMES, 48)
+        centres = [strip.getpixel((64 * i + 32, 24)) for i in range(VIDEO_FRAMES)]
+    # One frame from each second, in order: the strip spans the whole video.
+    for centre, colour in zip(centres, colours, strict=True):
+        assert max(abs(a - b) for a, b in zip(centre, colour, strict=True)) < 40, centres
+
+    with pytest.raises(NoPreview, match="no file at"):
+        thumbnail_uri(MediaRef("video", str(tmp_path / "missing.mp4")))
+    with pytest.raises(NoPreview, match="audio has no picture"):
+        thumbnail_uri(MediaRef("audio", str(path)))

@@ -90,8 +90,28 @@ def test_rank_picks_one_gpu_round_robin(monkeypatch: pytest.MonkeyPatch) -> None
 def test_a_missing_column_is_a_job_error(tmp_path: Path) -> None:
     from mmbatch.errors import ConfigError
 
+    fn = DatasetMap(str(tmp_path), PROMPT)
     with pytest.raises(ConfigError, match="no column 'image' \\(it has photo\\)"):
-        DatasetMap(str(tmp_path), PROMPT)({"photo": [None]})
+        fn({"photo": [None]})
+    with pytest.raises(ConfigError, match="batched=True"):
+        fn({"image": {"bytes": b"", "path": None}}, 3)  # what batched=False would pass
+
+
+def test_bad_rows_never_raise_and_keep_their_place(tmp_path: Path) -> None:
+    # Rows unusable before any engine work: no engine is built for them.
+    fn = DatasetMap(str(tmp_path), PROMPT)
+    engines = built_engines()
+    out = fn({"image": [None, 7, {"bytes": None, "path": None}]}, [10, 11, 12], None)
+    assert out == {
+        "text": ["", "", ""],
+        "error": [
+            "source: row 10: no image (the cell is empty)",
+            "source: row 11: cannot use a int as image; expected {'bytes', 'path'} "
+            "(decode=False), a path or a PIL image",
+            "source: row 12: the image cell has neither bytes nor a path",
+        ],
+    }
+    assert built_engines() == engines
 
 
 def mapper(model: Path, prompt: str = PROMPT) -> DatasetMap:
@@ -123,7 +143,9 @@ def test_map_over_raw_bytes_gives_each_row_its_own_caption(
     ds = datasets.Dataset.from_dict({"image": cells, "name": names})
     ds = ds.cast_column("image", datasets.Image(decode=False))
     engines = built_engines()
-    out = ds.map(mapper(tiny_vl_model), batched=True, batch_size=4, with_rank=True)
+    out = ds.map(
+        mapper(tiny_vl_model), batched=True, batch_size=4, with_indices=True, with_rank=True
+    )
     assert built_engines() == engines  # the process's engine, not a second one
     assert out.num_rows == ds.num_rows
     assert out["name"] == names  # the input columns stay, in order
@@ -132,7 +154,7 @@ def test_map_over_raw_bytes_gives_each_row_its_own_caption(
             assert error.startswith("decode: corrupt or unsupported image")
             assert text == ""
         elif name == "empty":
-            assert error == "source: batch row 1: no image (the cell is empty)"
+            assert error == "source: row 5: no image (the cell is empty)"
         else:
             assert error == ""
             assert text == reference[name], name

@@ -11,6 +11,7 @@ from pathlib import Path
 import datasets
 import pytest
 
+from mmbatch.cli import EXIT_JOB_FAILED, main
 from mmbatch.errors import SourceError
 from mmbatch.integrations.hf_local import DatasetInput, dataset_requests, detect_format
 
@@ -142,3 +143,27 @@ def test_bad_column_and_split_are_named(on_disk: Path, tmp_path: Path) -> None:
         dataset_requests(DatasetInput(str(tmp_path / "dict"), "disk"), "p")
     requests, _ = dataset_requests(DatasetInput(str(tmp_path / "dict"), "disk", split="b"), "p")
     assert len(requests) == 4
+
+
+def caption_argv(tmp_path: Path, *inputs: Path | str) -> list[str]:
+    return ["caption", *map(str, inputs), "--model", "no-such-model", "--out", str(tmp_path / "o")]
+
+
+def test_caption_checks_dataset_options_before_any_engine(
+    on_disk: Path, samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each fails with its own message, not with "cannot load no-such-model": the engine
+    # never started.
+    cases = [
+        ([*caption_argv(tmp_path, on_disk), "--image-column", "nope"], "no column 'nope'"),
+        (caption_argv(tmp_path, on_disk, samples), "a dataset is read one at a time"),
+        (
+            [*caption_argv(tmp_path, samples), "--image-column", "image"],
+            "apply to datasets only",
+        ),
+        ([*caption_argv(tmp_path, on_disk), "--split", "test"], "holds a single split"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == EXIT_JOB_FAILED, argv
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

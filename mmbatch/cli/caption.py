@@ -85,8 +85,11 @@ def _inputs(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, A
     from mmbatch.sources import image_requests
 
     fmt = args.input_format
-    if fmt is None and len(args.inputs) == 1:
-        fmt = detect_format(args.inputs[0])
+    if fmt is None:
+        detected = [found for found in map(detect_format, args.inputs) if found is not None]
+        if detected and len(args.inputs) > 1:
+            raise ConfigError("a dataset is read one at a time; name it alone as INPUT")
+        fmt = detected[0] if detected else None
     if fmt in (None, "files"):
         if args.image_column or args.split or args.id_column:
             raise ConfigError("--image-column, --split and --id-column apply to datasets only")

@@ -83,15 +83,20 @@ class DatasetMap:
         self.fingerprint = _fingerprint(self._settings(), model_identity(model))
 
     def __call__(
-        self, batch: Mapping[str, Sequence[Any]], rank: int | None = None
+        self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any
     ) -> dict[str, list[str]]:
+        """Caption one batch. datasets appends the rows' indices (``with_indices=True``, a
+        list) and the worker's rank (``with_rank=True``, an int or None), in that order."""
+        indices, rank = _indices_and_rank(indices_and_rank)
         if self.column not in batch:
             raise ConfigError(
                 f"the dataset has no column {self.column!r} (it has {', '.join(batch)})"
             )
         cells = batch[self.column]
+        if not isinstance(cells, (list, tuple)):
+            raise ConfigError("DatasetMap takes batches: call Dataset.map with batched=True")
         prompts = batch[self.prompt_column] if self.prompt_column else None
-        requests, outcomes = self._requests(cells, prompts)
+        requests, outcomes = self._requests(cells, prompts, indices)
         if requests:
             outcomes.update(self._run(requests, rank))
         # Exactly one (text, error) per input row, in input order; a missing one is a bug.
@@ -102,13 +107,13 @@ class DatasetMap:
         }
 
     def _requests(
-        self, cells: Sequence[Any], prompts: Sequence[Any] | None
+        self, cells: Sequence[Any], prompts: Sequence[Any] | None, indices: Sequence[int] | None
     ) -> tuple[list[Request], dict[str, tuple[str, str]]]:
         """The batch's requests, by position as id, and ``(text, error)`` for unusable rows."""
         requests: list[Request] = []
         failed: dict[str, tuple[str, str]] = {}
         for index, cell in enumerate(cells):
-            label = f"batch row {index}"
+            label = f"row {indices[index]}" if indices is not None else f"batch row {index}"
             prompt = self.prompt if prompts is None else prompts[index]
             try:
                 if not isinstance(prompt, str) or not prompt:
@@ -160,6 +165,22 @@ class DatasetMap:
 
     def __repr__(self) -> str:
         return f"DatasetMap({self.engine_config.model!r}, fingerprint={self.fingerprint!r})"
+
+
+def _indices_and_rank(extra: Sequence[Any]) -> tuple[Sequence[int] | None, int | None]:
+    indices: Sequence[int] | None = None
+    rank: int | None = None
+    for value in extra:
+        if isinstance(value, (list, range)):
+            indices = value
+        elif value is None or isinstance(value, int):
+            rank = value
+        else:
+            raise TypeError(
+                f"DatasetMap takes (batch, [indices], [rank]) from Dataset.map(batched=True), "
+                f"got a {type(value).__name__}; pass batched=True"
+            )
+    return indices, rank
 
 
 def select_gpu(rank: int | None) -> None:

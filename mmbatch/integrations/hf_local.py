@@ -70,6 +70,8 @@ def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
     loaded = _load(spec)
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded[_pick_split(spec, list(loaded))]
+    elif spec.split is not None:
+        raise SourceError(f"{spec.path} holds a single split, not {spec.split!r}: drop --split")
     column = spec.image_column or _pick_image_column(spec.path, loaded.features)
     if column not in loaded.column_names:
         raise SourceError(
