@@ -28,11 +28,13 @@ class MediaRef:
     With ``data`` (raw file bytes, e.g. a datasets ``Image(decode=False)`` cell) or ``image``
     (a picture some library already decoded, e.g. a PIL image from a datasets ``Image()``
     column), the loader reads nothing and ``source`` only names the item in output rows.
+    ``data`` may be a byte ``memoryview`` into a memory-mapped Arrow file, so that a dataset
+    larger than memory is not copied into it.
     """
 
     modality: Modality
     source: str
-    data: bytes | None = field(default=None, repr=False)
+    data: bytes | memoryview | None = field(default=None, repr=False)
     image: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

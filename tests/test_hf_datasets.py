@@ -107,7 +107,7 @@ def test_bad_rows_never_raise_and_keep_their_place(tmp_path: Path) -> None:
         "error": [
             "source: row 10: no image (the cell is empty)",
             "source: row 11: cannot use a int as image; expected {'bytes', 'path'} "
-            "(decode=False), a path or a PIL image",
+            "(decode=False), bytes, a path or a PIL image",
             "source: row 12: the image cell has neither bytes nor a path",
         ],
     }

@@ -81,6 +81,8 @@ def test_save_to_disk_folder(on_disk: Path, samples: Path) -> None:
     requests, unusable = dataset_requests(spec, "Describe.")
     assert [r.id for r in requests] == ["k0", "k1", "k2", "k3"]
     assert stored_bytes(requests) == [(samples / n).read_bytes() for n in NAMES]
+    # Views into the memory-mapped Arrow file, not copies of every picture.
+    assert all(isinstance(data, memoryview) for data in stored_bytes(requests))
     assert requests[0].media[0].source == f"{on_disk}#0 (sunset.jpg)"
     assert requests[3].media[0].source == f"{on_disk}#3 (truncated.jpg)"
     assert all(r.prompt == "Describe." for r in requests)
@@ -167,3 +169,26 @@ def test_caption_checks_dataset_options_before_any_engine(
         assert main(argv) == EXIT_JOB_FAILED, argv
         assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def anonymous_mib() -> int:
+    """This process's resident memory that is not file pages (copies, not mappings)."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("RssAnon:"))
+    return int(line.split()[1]) // 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_listing_a_dataset_does_not_copy_its_media(tmp_path: Path) -> None:
+    import os
+
+    cells = [{"bytes": os.urandom(400_000), "path": f"{i}.jpg"} for i in range(100)]
+    datasets.Dataset.from_dict({"image": cells}).cast_column(
+        "image", datasets.Image()
+    ).save_to_disk(str(tmp_path / "big"))
+    del cells
+    before = anonymous_mib()
+    requests, _ = dataset_requests(DatasetInput(str(tmp_path / "big"), "disk"), "p")
+    grown = anonymous_mib() - before
+    assert sum(len(r.media[0].data) for r in requests) == 100 * 400_000  # 38 MiB listed
+    assert grown < 10, f"{grown} MiB copied"

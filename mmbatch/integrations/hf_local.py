@@ -2,16 +2,17 @@
 ``save_to_disk`` folder, Parquet files, an ``imagefolder`` (with a metadata file) or
 WebDataset tars.
 
-The image column is read with ``Image(decode=False)``, so each row's raw bytes are hashed as
-they are stored and decoded once by the loader, like a file's. Row ids are the row's index
-in the split (or the ``id_column``'s value), which is what output rows, resume and the
-review gallery know an item by. The rows' media bytes are held in memory for the job; for a
-dataset larger than memory, run ``Dataset.map(DatasetMap(...))`` instead, which works batch
-by batch.
+The image column is read from the Arrow data as it is stored, undecoded and uncopied: each
+row's bytes are a view into the memory-mapped file, hashed as they are and decoded once by
+the loader, like a file's. Every format is read through datasets' Arrow files, which are
+memory-mapped, so a dataset larger than memory is paged in as the job reads it. Row ids are
+the row's index in the split (or the ``id_column``'s value), which is what output rows,
+resume and the review gallery know an item by.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 DatasetFormat = Literal["disk", "parquet", "imagefolder", "webdataset"]
 DATASET_FORMATS: tuple[DatasetFormat, ...] = ("disk", "parquet", "imagefolder", "webdataset")
 IMAGE_FOLDER_METADATA = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+ROWS_PER_READ = 1024
+"""Rows taken from the Arrow data at a time while listing a dataset's media."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def detect_format(path: str) -> DatasetFormat | None:
 
 
 def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
-    """The split ``spec`` names and its image column, the column cast to raw bytes."""
+    """The split ``spec`` names, and its image column."""
     import datasets
 
     loaded = _load(spec)
@@ -77,8 +80,6 @@ def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
         raise SourceError(
             f"{spec.path}: no column {column!r}; columns: {', '.join(loaded.column_names)}"
         )
-    if isinstance(loaded.features[column], datasets.Image):
-        loaded = loaded.cast_column(column, datasets.Image(decode=False))
     if spec.id_column is not None and spec.id_column not in loaded.column_names:
         raise SourceError(f"{spec.path}: no id column {spec.id_column!r}")
     return loaded, column
@@ -121,7 +122,7 @@ def _rows(
     ids = dataset[spec.id_column] if spec.id_column else None
     base = Path(spec.path) if Path(spec.path).is_dir() else Path(spec.path).parent
     rows: list[tuple[str, MediaRef | ItemFailure]] = []
-    for index, cell in enumerate(dataset[column]):
+    for index, cell in enumerate(_cells(dataset, column)):
         row_id = str(ids[index]) if ids is not None else str(index)
         try:
             label = f"{spec.path}#{index}"
@@ -129,6 +130,46 @@ def _rows(
         except ItemFailure as exc:
             rows.append((row_id, exc))
     return rows
+
+
+def _cells(dataset: datasets.Dataset, column: str) -> Iterator[Any]:
+    """The column's cells, read from the Arrow data without decoding or copying: media
+    bytes come as memoryviews into the (memory-mapped) Arrow buffers."""
+    import pyarrow as pa
+
+    for table in dataset.select_columns([column]).with_format("arrow").iter(ROWS_PER_READ):
+        for chunk in table.column(0).chunks:
+            kind = chunk.type
+            if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+                children = dict(zip([f.name for f in kind], chunk.flatten(), strict=True))
+                data = _binary_views(children["bytes"])
+                paths = children["path"].to_pylist() if "path" in children else [None] * len(chunk)
+                present = chunk.is_valid().to_pylist()
+                for cell_present, cell_data, path in zip(present, data, paths, strict=True):
+                    yield {"bytes": cell_data, "path": path} if cell_present else None
+            elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+                yield from _binary_views(chunk)
+            else:
+                yield from chunk.to_pylist()
+
+
+def _binary_views(array: Any) -> list[memoryview | None]:
+    """Each value of a binary Arrow array as a view into its data buffer (Arrow's scalars
+    would copy every value)."""
+    import numpy as np
+    import pyarrow as pa
+
+    _, offsets_buffer, data_buffer = array.buffers()[:3]
+    width = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    data = memoryview(data_buffer if data_buffer is not None else b"").cast("B")
+    present = array.is_valid().to_pylist()
+    return [
+        data[int(offsets[i]) : int(offsets[i + 1])] if present[i] else None
+        for i in range(len(array))
+    ]
 
 
 def _relative(cell: Any, base: Path) -> Any:

@@ -28,10 +28,12 @@ def media_ref(value: Any, modality: Modality, label: str) -> MediaRef:
         if data is not None:
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise BadCell(f"{label}: 'bytes' holds {type(data).__name__}, not bytes")
-            return MediaRef(modality, _name(label, path), data=bytes(data))
+            return MediaRef(modality, _name(label, path), data=_bytes(data))
         if isinstance(path, str) and path:
             return MediaRef(modality, path)
         raise BadCell(f"{label}: the {modality} cell has neither bytes nor a path")
+    if isinstance(value, (bytes, bytearray, memoryview)):  # a binary column
+        return MediaRef(modality, label, data=_bytes(value))
     if isinstance(value, str) and value:
         return MediaRef(modality, value)
     if value is None:
@@ -40,9 +42,16 @@ def media_ref(value: Any, modality: Modality, label: str) -> MediaRef:
         return MediaRef("image", label, image=value)
     raise BadCell(
         f"{label}: cannot use a {type(value).__name__} as {modality}; expected "
-        f"{{'bytes', 'path'}} (decode=False), a path"
+        f"{{'bytes', 'path'}} (decode=False), bytes, a path"
         + (" or a PIL image" if modality == "image" else "")
     )
+
+
+def _bytes(data: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """Bytes as they come (a memoryview stays a zero-copy view, as unsigned bytes)."""
+    if isinstance(data, memoryview):
+        return data.cast("B") if data.format != "B" else data
+    return bytes(data)
 
 
 def _name(label: str, path: Any) -> str:

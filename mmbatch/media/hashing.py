@@ -14,7 +14,7 @@ import xxhash
 from mmbatch.types import Modality
 
 
-def media_key(modality: Modality, data: bytes, options_token: str) -> str:
+def media_key(modality: Modality, data: bytes | memoryview, options_token: str) -> str:
     """The key of ``data`` decoded as ``modality`` with the options in ``options_token``."""
     h = xxhash.xxh3_128()
     for part in (modality.encode(), options_token.encode(), data):

@@ -23,7 +23,7 @@ from mmbatch.config import ImageOptions
 from mmbatch.errors import MediaError
 
 
-def decode_image(data: bytes, options: ImageOptions) -> Image.Image:
+def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image:
     """Decode ``data`` to an RGB image, or raise ``MediaError`` saying what is wrong."""
     if not data:
         raise MediaError("empty file (0 bytes)", stage="load")

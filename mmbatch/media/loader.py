@@ -94,6 +94,7 @@ class MediaLoader:
         if ref.modality != "image":
             raise MediaError(f"{ref.modality} input is not supported yet", stage="load")
         content: Any
+        data: bytes | memoryview
         if ref.image is not None:
             data = canonical_image_bytes(ref.image)
             content = ref.image
@@ -117,7 +118,7 @@ class MediaLoader:
         return key
 
     def _decode(self, key: str, content: Any) -> MediaItem:
-        if isinstance(content, bytes):
+        if isinstance(content, (bytes, memoryview)):
             image = decode_image(content, self.image_options)
         else:
             image = prepare_decoded(content, self.image_options)
