@@ -186,8 +186,9 @@ def _percent(value: Any) -> str:
 
 _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 0; background: #f4f4f5; color: #18181b; }
-header { background: #fff; padding: 12px 20px; border-bottom: 1px solid #ddd;
-         position: sticky; top: 0; z-index: 1; }
+header { background: #fff; padding: 12px 20px 0; }
+nav { background: #fff; padding: 8px 20px; border-bottom: 1px solid #ddd;
+      position: sticky; top: 0; z-index: 1; }
 h1 { font-size: 18px; margin: 0 0 6px; }
 dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 6px 0; }
 dt { color: #71717a; } dd { margin: 0; }
@@ -203,7 +204,7 @@ main { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr
 .body { min-width: 0; } .body h2 { font-size: 13px; margin: 0; word-break: break-all; }
 .source, .meta, .prompt { color: #71717a; font-size: 12px; margin: 2px 0; word-break: break-all; }
 .text { white-space: pre-wrap; margin: 6px 0; }
-.error { color: #b91c1c; white-space: pre-wrap; margin: 6px 0; }
+p.error { color: #b91c1c; white-space: pre-wrap; margin: 6px 0; }
 .stage { font-weight: 600; text-transform: uppercase; font-size: 11px; }
 body[data-filter="errors"] .item.ok, body[data-filter="ok"] .item.error { display: none; }
 """
@@ -245,13 +246,13 @@ _PAGE = """<!doctype html>
 <header>
 <h1>{title}</h1>
 <section id="summary">{summary}</section>
+</header>
 <nav id="filters">
 <label><input type="radio" name="filter" value="all" checked> all ({total})</label>
 <label><input type="radio" name="filter" value="errors"> errors only ({failed})</label>
 <label><input type="radio" name="filter" value="ok"> ok only ({ok})</label>
 <span id="showing"></span>
 </nav>
-</header>
 <main id="items">
 {cards}
 </main>
