@@ -20,7 +20,12 @@ from datasets.fingerprint import Hasher
 
 from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.engine.shared import built_engines
-from mmbatch.integrations.hf_datasets import DatasetMap, model_identity, select_gpu
+from mmbatch.integrations.hf_datasets import (
+    DatasetMap,
+    model_identity,
+    prepare_engine_process,
+    select_gpu,
+)
 from mmbatch.media.loader import MediaLoader
 from mmbatch.pipeline import run_job
 from mmbatch.sinks import MemorySink
@@ -85,6 +90,41 @@ def test_rank_picks_one_gpu_round_robin(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     select_gpu(2)  # no GPU: nothing to pick
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def engine_environment(batch: dict, rank: int | None, engine_kwargs: dict) -> dict:  # type: ignore[type-arg]
+    from mmbatch.errors import ConfigError
+
+    try:
+        prepare_engine_process(rank, engine_kwargs)
+        env = os.environ
+        outcome = f"{env.get('VLLM_ENABLE_V1_MULTIPROCESSING')}/{env.get('CUDA_VISIBLE_DEVICES')}"
+    except ConfigError as exc:
+        outcome = str(exc)
+    return {"outcome": [outcome] * len(batch["x"])}
+
+
+def test_num_proc_workers_get_a_gpu_each_and_an_in_process_engine(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Real datasets worker processes (daemonic): vLLM could not start its engine process
+    # there, so the engine must run in the worker, on the GPU its rank picks.
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    ds = datasets.Dataset.from_dict({"x": list(range(4))})
+
+    def run(engine_kwargs: dict, num_proc: int | None) -> list[str]:  # type: ignore[type-arg]
+        kwargs = {"engine_kwargs": engine_kwargs}
+        out = ds.map(
+            engine_environment, batched=True, with_rank=True, num_proc=num_proc, fn_kwargs=kwargs
+        )
+        return list(out["outcome"])
+
+    assert run({}, num_proc=2) == ["0/4", "0/4", "0/6", "0/6"]
+    [refusal] = set(run({"tensor_parallel_size": 2}, num_proc=2))
+    assert refusal.startswith("tensor_parallel_size > 1 needs worker processes")
+    # In the main process nothing changes: vLLM may start its processes there.
+    assert run({"tensor_parallel_size": 2}, num_proc=None) == ["None/4,6"] * 4
 
 
 def test_a_missing_column_is_a_job_error(tmp_path: Path) -> None:

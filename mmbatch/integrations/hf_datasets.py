@@ -11,7 +11,9 @@ What datasets' ``map`` asks of a function, and how this one answers:
   ``fingerprint`` is that identity as a string, covering the model directory's files too,
   for ``new_fingerprint=`` or your own bookkeeping.
 * With ``with_rank=True`` each worker gets a rank, which picks its GPU (round robin over
-  ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts.
+  ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts. ``num_proc``
+  workers are daemonic processes, which may not start processes of their own, so there the
+  engine runs in the worker (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one GPU each.
 * A batch is a dict of columns; the answer is two new columns of the same length, ``text``
   and ``error``. One bad row never raises: it gets ``text == ""`` and an ``error`` naming
   the stage and the cause. Both columns are strings, never None, because datasets cannot
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -147,7 +150,7 @@ class DatasetMap:
 
         # The engine is built on this process's first batch, so the GPU is chosen before CUDA
         # starts; later calls narrow CUDA_VISIBLE_DEVICES to the device it already names.
-        select_gpu(rank)
+        prepare_engine_process(rank, self.engine_config.engine_kwargs)
         return shared_engine(self.engine_config, {self.modality: 1})
 
     def _settings(self) -> dict[str, Any]:
@@ -181,6 +184,35 @@ def _indices_and_rank(extra: Sequence[Any]) -> tuple[Sequence[int] | None, int |
                 f"got a {type(value).__name__}; pass batched=True"
             )
     return indices, rank
+
+
+def prepare_engine_process(rank: int | None, engine_kwargs: Mapping[str, Any]) -> None:
+    """Ready this process to build its engine: its GPU by rank, and, in a ``num_proc``
+    worker, vLLM's engine core kept in-process (datasets' workers are daemonic, and a
+    daemonic process may not start the process vLLM would otherwise start)."""
+    select_gpu(rank)
+    if not _in_daemonic_worker():
+        return
+    parallel = [
+        k
+        for k in ("tensor_parallel_size", "pipeline_parallel_size")
+        if int(engine_kwargs.get(k, 1)) > 1
+    ]
+    if parallel:
+        raise ConfigError(
+            f"{', '.join(parallel)} > 1 needs worker processes, which a Dataset.map worker "
+            "(num_proc) cannot start: map with num_proc=None and let the engine use the GPUs"
+        )
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def _in_daemonic_worker() -> bool:
+    # datasets' pools come from ``multiprocess`` (dill's fork of multiprocessing), whose
+    # process bookkeeping the standard module does not see: ask both.
+    import multiprocessing
+
+    modules = [multiprocessing, sys.modules.get("multiprocess")]
+    return any(m is not None and m.current_process().daemon for m in modules)
 
 
 def select_gpu(rank: int | None) -> None:
