@@ -14,6 +14,7 @@ from mmbatch.cli.common import (
     run_into,
     sampling_from,
 )
+from mmbatch.cli.on_ray import add_ray_options, run_on_ray
 
 DEFAULT_PROMPT = "Describe this image in one sentence."
 
@@ -46,6 +47,7 @@ def register(commands: Any) -> None:
         "--max-pixels", type=int, default=None, help="downscale decoded images to at most this"
     )
     add_model_options(parser)
+    add_ray_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -62,9 +64,13 @@ def run(args: argparse.Namespace) -> int:
     sampling, run_config = sampling_from(args), run_config_from(args)
     engine_config = engine_config_from(args)
     out_format = output_format(args.out, args.out_format)
-    loader = MediaLoader(ImageOptions(max_pixels=args.max_pixels))
+    image_options = ImageOptions(max_pixels=args.max_pixels)
+    loader = MediaLoader(image_options)
     total = len(requests) + len(unusable)
     print(f"mmbatch: {total} items, model {args.model}", file=sys.stderr)
+    if args.ray is not None:
+        job |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
+        return run_on_ray(args, requests, unusable, image_options, out_format, job)
     engine = shared_engine(engine_config, {"image": 1})
     refused = [Row(failure, output_row(request, (), failure)) for request, failure in unusable]
     sink = open_sink(args.out, out_format)

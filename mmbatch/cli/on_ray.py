@@ -1,0 +1,101 @@
+"""``--ray``: run a job command's requests on a Ray cluster instead of in this process.
+
+The options are declared here so that every job command offers the same ones; ray itself
+is imported only when ``--ray`` is given, and its absence is a one-line error with the
+install hint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from mmbatch.cli.common import (
+    EXIT_ITEMS_FAILED,
+    EXIT_OK,
+    engine_config_from,
+    run_config_from,
+    sampling_from,
+)
+
+
+def add_ray_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Ray", "run on a Ray cluster (needs mmbatch[ray]); --out is then a folder"
+    )
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run on Ray: the cluster at ADDRESS (e.g. auto, ray://head:10001), or without "
+        "ADDRESS Ray's default (a running local cluster, else a new one)",
+    )
+    group.add_argument("--replicas", type=int, default=1, help="engines, one per Ray actor")
+    group.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        default=None,
+        help="GPUs per engine (default: tensor_parallel_size; 0 on vLLM's CPU build)",
+    )
+    group.add_argument(
+        "--ray-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="distinct pictures per actor batch (every request of each goes with it)",
+    )
+
+
+def run_on_ray(
+    args: argparse.Namespace,
+    requests: Sequence[Any],
+    unusable: Sequence[Any],
+    image_options: Any,
+    out_format: str,
+    job_info: dict[str, Any],
+) -> int:
+    """Run ``requests`` on Ray into the folder ``args.out``; resume there if it has rows."""
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations import ray_data
+    from mmbatch.integrations.row_files import ROW_FORMATS
+    from mmbatch.outputs import write_summary
+
+    try:
+        ray_data.import_ray()
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from exc
+    if unusable or any(
+        ref.data is not None or ref.image is not None for r in requests for ref in r.media
+    ):
+        raise ConfigError(
+            "on Ray the inputs are image files that every node can read; run local datasets "
+            "(--input-format) without --ray"
+        )
+    if out_format not in ROW_FORMATS:
+        raise ConfigError(f"on Ray, --out-format is one of {ROW_FORMATS}")
+    job = ray_data.RayJob(
+        engine_config_from(args),
+        sampling_from(args),
+        image_options,
+        window=run_config_from(args).window,
+    )
+    batch = {"batch_groups": args.ray_batch} if args.ray_batch else {}
+    resources = ray_data.RayResources(
+        replicas=args.replicas,
+        gpus_per_replica=args.gpus_per_replica,
+        env=ray_data.forwarded_env(),
+        **batch,
+    )
+    ray_data.connect(args.ray)
+    report = ray_data.run_on_ray(
+        ray_data.requests_dataset(requests), job, resources, args.out, out_format
+    )
+    print(report.summary(), file=sys.stderr)
+    job_info |= {"ray": {"address": args.ray, "replicas": args.replicas}}
+    summary = write_summary(args.out, report.to_dict(), job_info)
+    print(f"rows written to the folder {args.out}, summary to {summary}", file=sys.stderr)
+    return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED

@@ -1,0 +1,429 @@
+"""Run a captioning job on Ray Data, for when one machine is not enough.
+
+This is the only module that imports ray, and it does so inside the functions that use it,
+so the command line can offer ``--ray`` without ray installed and explain how to get it.
+
+The flow on the cluster::
+
+    input rows (id, path, prompt[, system])
+      -> drop the ids already in the output folder (resume)
+      -> media_group: each file's content key, in CPU tasks; only the key travels on
+      -> groupby(media_group).map_groups(pack): one row per distinct picture, holding every
+         request that uses it, so a picture's requests are never split across actor batches
+      -> map_batches(EngineReplica): one vLLM engine per actor running the local path's core
+         (loader, planner, engine through ``pipeline.run_job``), one row per request, checked
+      -> Ray's writer (JSON lines or Parquet) -> one row per input id, checked on the driver.
+
+Why hash before the shuffle, and read the file again in the actor: the shuffle then moves a
+32-character key per row instead of the picture's bytes. The key decides placement only;
+the actor's loader hashes the bytes it reads itself, so a result can never be attached to a
+key computed from a different file.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mmbatch.config import DEFAULT_WINDOW, EngineConfig, ImageOptions, RunConfig
+from mmbatch.errors import ConfigError, FatalEngineError
+from mmbatch.integrations.row_files import ROW_FORMATS, RowCounts, RowFormat, read_row_files
+from mmbatch.types import MediaRef, Request, Result, Sampling
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from ray.data import Dataset
+
+INSTALL_HINT = "pip install 'mmbatch[ray]'"
+INPUT_COLUMNS = ("id", "path", "prompt", "system")
+"""Columns of an input row; ``id`` and ``path`` are required, ``prompt`` falls back to the
+job's prompt, ``system`` to the model's default."""
+
+GROUP_COLUMN = "media_group"
+DEFAULT_BATCH_GROUPS = 64
+"""Distinct pictures per actor batch; a batch holds every request of each of them."""
+
+
+def import_ray() -> Any:
+    """``ray`` with Ray Data loaded, or an ImportError that says how to install it."""
+    try:
+        import ray
+        import ray.data  # Ray Data comes with the ray[data] extra's packages
+    except ImportError as exc:
+        raise ImportError(
+            f"running on Ray needs ray with Ray Data ({exc}); install it with: {INSTALL_HINT}"
+        ) from exc
+    return ray
+
+
+@dataclass(frozen=True)
+class RayJob:
+    """What every replica needs to rebuild the local path's core: picklable settings only."""
+
+    engine: EngineConfig
+    sampling: Sampling = field(default_factory=Sampling)
+    image_options: ImageOptions = field(default_factory=ImageOptions)
+    prompt: str | None = None
+    """The prompt of rows whose ``prompt`` is missing or null."""
+    window: int = DEFAULT_WINDOW
+
+
+@dataclass(frozen=True)
+class RayResources:
+    """How the job is spread over the cluster."""
+
+    replicas: int = 1
+    """Actors, each with its own engine (Ray Data's ``concurrency``)."""
+    gpus_per_replica: float | None = None
+    """GPUs per actor; None means the engine's tensor_parallel_size x pipeline_parallel_size.
+    0 runs on CPUs (vLLM's CPU build)."""
+    batch_groups: int = DEFAULT_BATCH_GROUPS
+    shuffle_partitions: int | None = None
+    """Partitions of the group-by shuffle; None: four per replica."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables of the replicas (Ray's ``runtime_env``), e.g. VLLM_* settings."""
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
+        if self.gpus_per_replica is not None and self.gpus_per_replica < 0:
+            raise ConfigError(f"gpus_per_replica must be >= 0, got {self.gpus_per_replica}")
+        if self.batch_groups < 1:
+            raise ConfigError(f"batch_groups must be >= 1, got {self.batch_groups}")
+
+    def num_gpus(self, engine: EngineConfig) -> float:
+        if self.gpus_per_replica is not None:
+            return self.gpus_per_replica
+        kwargs = engine.engine_kwargs
+        return float(
+            int(kwargs.get("tensor_parallel_size", 1))
+            * int(kwargs.get("pipeline_parallel_size", 1))
+        )
+
+
+@dataclass(frozen=True)
+class RayReport:
+    """What a run did, counted from the rows on disk (this run's and earlier ones')."""
+
+    out: Path
+    inputs: int
+    resumed: int
+    """Input ids whose rows were already on disk and were skipped."""
+    rows: RowCounts
+    wall_seconds: float
+
+    @property
+    def failed(self) -> int:
+        return self.rows.failed
+
+    def to_dict(self) -> dict[str, object]:
+        """The summary's numbers, named as the local path's ``JobStats.to_dict`` names them."""
+        rows = self.rows
+        return {
+            "total": self.inputs,
+            "ok": rows.ok,
+            "failed": rows.failed,
+            "failed_by_stage": dict(rows.failed_by_stage),
+            "prompt_tokens": rows.prompt_tokens,
+            "output_tokens": rows.output_tokens,
+            "resumed": self.resumed,
+            "wall_seconds": round(self.wall_seconds, 3),
+        }
+
+    def summary(self) -> str:
+        rows = self.rows
+        failed = ", ".join(f"{n} at {s}" for s, n in sorted(rows.failed_by_stage.items()))
+        wall = self.wall_seconds
+        made = self.inputs - self.resumed
+        return "\n".join(
+            [
+                f"{rows.rows} of {self.inputs} items: {rows.ok} ok, {rows.failed} failed"
+                + (f" ({failed})" if failed else ""),
+                f"this run: {made} items in {wall:.1f} s"
+                + (f" ({made / wall:.2f} items/s)" if wall > 0 and made else "")
+                + (f"; {self.resumed} already done, skipped" if self.resumed else ""),
+                f"tokens (all rows): {rows.prompt_tokens} prompt, {rows.output_tokens} output",
+            ]
+        )
+
+
+def connect(address: str | None) -> None:
+    """Join the Ray cluster at ``address`` (None: Ray's default, a running local cluster or
+    a new one)."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        ray.init(address=address or None)
+
+
+def requests_dataset(requests: Sequence[Request]) -> Dataset:
+    """A Dataset of input rows from ``Request``s (one picture each), built on the driver."""
+    ray = import_ray()
+    rows = []
+    for request in requests:
+        if len(request.media) != 1:
+            raise ConfigError(
+                f"the Ray runner takes requests with exactly one picture; {request.id!r} has "
+                f"{len(request.media)}"
+            )
+        rows.append(
+            {
+                "id": request.id,
+                "path": request.media[0].source,
+                "prompt": request.prompt,
+                "system": request.system,
+            }
+        )
+    return ray.data.from_items(rows)
+
+
+def caption_dataset(
+    ds: Dataset, job: RayJob, resources: RayResources, skip_ids: Iterable[str] = ()
+) -> Dataset:
+    """The lazy Dataset of output rows for the input rows of ``ds`` (minus ``skip_ids``):
+    one row per input row, a caption or an error."""
+    import_ray()
+    skip = sorted(set(skip_ids))
+    if skip:
+        ds = ds.map_batches(_drop_ids, fn_kwargs={"skip": skip}, batch_format="pyarrow")
+    partitions = resources.shuffle_partitions or 4 * resources.replicas
+    packed = media_groups(ds, job.image_options, partitions)
+    return packed.map_batches(
+        EngineReplica,
+        fn_constructor_args=(job,),
+        batch_size=resources.batch_groups,
+        batch_format="pyarrow",
+        concurrency=resources.replicas,
+        num_gpus=resources.num_gpus(job.engine),
+        runtime_env={"env_vars": dict(resources.env)} if resources.env else None,
+    )
+
+
+def media_groups(ds: Dataset, options: ImageOptions, partitions: int) -> Dataset:
+    """One row per distinct picture (by content key), holding list columns of every input
+    row that uses it, so that those requests reach the same actor in the same batch."""
+    keyed = ds.map_batches(_add_media_group, fn_kwargs={"options": options}, batch_format="pyarrow")
+    grouped = keyed.groupby(GROUP_COLUMN, num_partitions=partitions)
+    return grouped.map_groups(_pack_group, batch_format="pyarrow")
+
+
+def run_on_ray(
+    ds: Dataset,
+    job: RayJob,
+    resources: RayResources,
+    out: str | Path,
+    fmt: RowFormat = "jsonl",
+    resume: bool = True,
+) -> RayReport:
+    """Caption the rows of ``ds`` into ``out`` (a folder of ``fmt`` files), skipping ids
+    already there when ``resume``; check that every input id has exactly one row."""
+    ray = import_ray()
+    if fmt not in ROW_FORMATS:
+        raise ConfigError(f"output format must be one of {ROW_FORMATS}, got {fmt!r}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; on Ray the output is a folder of {fmt} files")
+    if not resume and out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} is not empty; resume there, or name a new folder")
+    _check_resources(ray, resources.num_gpus(job.engine))
+    started = time.perf_counter()
+    inputs = _input_ids(ds, job)
+    before = read_row_files(out, fmt)
+    done = inputs & before.ids.keys()
+    if len(done) < len(inputs):
+        rows = caption_dataset(ds, job, resources, skip_ids=done)
+        try:
+            if fmt == "parquet":
+                rows.write_parquet(str(out))
+            else:
+                rows.write_json(str(out), force_ascii=False)
+        except ray.exceptions.RayError as exc:
+            raise FatalEngineError(
+                f"the Ray job failed: {exc}; rows finished so far are in {out}, and running "
+                "the same command again resumes there"
+            ) from exc
+    after = read_row_files(out, fmt)
+    _check_one_row_per_input(inputs, after)
+    return RayReport(out, len(inputs), len(done), after, time.perf_counter() - started)
+
+
+class EngineReplica:
+    """One Ray actor: one engine, and the local path's core run over each batch of groups.
+
+    The loader (and its decoded-media store) and the engine live as long as the actor, so a
+    picture seen in an earlier batch is neither decoded nor encoded again.
+    """
+
+    def __init__(self, job: RayJob) -> None:
+        from mmbatch.engine.vllm import VLLMEngine
+        from mmbatch.media.loader import MediaLoader
+
+        self.job = job
+        self.engine = VLLMEngine(job.engine, {"image": 1})
+        self.loader = MediaLoader(job.image_options)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import pyarrow as pa
+
+        from mmbatch.pipeline import run_job
+        from mmbatch.sinks import MemorySink, output_row
+
+        requests = _unpack_groups(batch, self.job.prompt)
+        sink = MemorySink()
+        runnable = []
+        for request in requests:
+            if request.prompt:
+                runnable.append(request)
+            else:
+                failure = Result.failure(request.id, "source", "the row has no prompt")
+                sink.write(output_row(request, (), failure))
+        run = RunConfig(window=self.job.window, progress=False)
+        run_job(runnable, self.engine, self.loader, sink, self.job.sampling, run)
+        written = sorted(str(row["id"]) for row in sink.rows)
+        if written != sorted(r.id for r in requests):
+            raise RuntimeError(
+                f"bug: a batch of {len(requests)} requests gave {len(written)} rows "
+                "that do not match its ids one to one"
+            )
+        return pa.Table.from_pylist(sink.rows, schema=_output_schema())
+
+
+def _output_schema() -> pa.Schema:
+    """The rows of ``sinks.output_row`` for one-picture requests, as Arrow types (fixed, so
+    that every batch and every file agree, failed or not)."""
+    import pyarrow as pa
+
+    error = pa.struct([("stage", pa.string()), ("message", pa.string())])
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("media_hash", pa.string()),
+            ("prompt", pa.string()),
+            ("text", pa.string()),
+            ("finish_reason", pa.string()),
+            ("prompt_tokens", pa.int64()),
+            ("output_tokens", pa.int64()),
+            ("cached_tokens", pa.int64()),
+            ("error", error),
+        ]
+    )
+
+
+def _drop_ids(batch: pa.Table, skip: list[str]) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = pc.cast(batch["id"], pa.string())
+    return batch.filter(pc.invert(pc.is_in(ids, value_set=pa.array(skip, pa.string()))))
+
+
+def _add_media_group(batch: pa.Table, options: ImageOptions) -> pa.Table:
+    """Add each row's placement key: the content key of its file, as the loader computes it.
+
+    A file that cannot be read gets a key naming its path; the actor's loader then turns
+    it into the error row, exactly as on the local path.
+    """
+    from mmbatch.media.hashing import media_key
+
+    token = options.cache_token()
+    keys: dict[str, str] = {}
+    groups = []
+    for path in batch["path"].to_pylist():
+        source = str(path)
+        if source not in keys:
+            try:
+                with open(source, "rb") as handle:
+                    keys[source] = media_key("image", handle.read(), token)
+            except OSError:
+                keys[source] = f"unreadable:{source}"
+        groups.append(keys[source])
+    return batch.append_column(GROUP_COLUMN, _strings(groups))
+
+
+def _pack_group(group: pa.Table) -> pa.Table:
+    """One row for all the requests that share a picture: list columns, in input order."""
+    import pyarrow as pa
+
+    packed: dict[str, Any] = {GROUP_COLUMN: [group[GROUP_COLUMN][0].as_py()]}
+    for name in INPUT_COLUMNS:
+        values = group[name].to_pylist() if name in group.column_names else [None] * len(group)
+        packed[name] = [[None if v is None else str(v) for v in values]]
+    return pa.table(packed)
+
+
+def _unpack_groups(batch: pa.Table, default_prompt: str | None) -> list[Request]:
+    requests = []
+    columns = {name: batch[name].to_pylist() for name in INPUT_COLUMNS}
+    for g in range(batch.num_rows):
+        ids, paths, prompts, systems = (columns[name][g] for name in INPUT_COLUMNS)
+        for item_id, path, prompt, system in zip(ids, paths, prompts, systems, strict=True):
+            requests.append(
+                Request(
+                    id=item_id,
+                    prompt=prompt if prompt is not None else default_prompt or "",
+                    media=(MediaRef("image", path or ""),),
+                    system=system,
+                )
+            )
+    return requests
+
+
+def _strings(values: list[str]) -> pa.Array:
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
+
+
+def _input_ids(ds: Dataset, job: RayJob) -> set[str]:
+    """Every input id, once; the inputs must name each id once (they are the output's key)."""
+    import pyarrow.compute as pc
+
+    names = set(ds.schema().names)
+    missing = {"id", "path"} - names
+    if missing:
+        raise ConfigError(f"the input rows need the columns {sorted(missing)}")
+    if "prompt" not in names and job.prompt is None:
+        raise ConfigError("the input rows have no 'prompt' column and the job no default prompt")
+    seen: set[str] = set()
+    total = 0
+    for batch in ds.select_columns(["id"]).iter_batches(batch_format="pyarrow", batch_size=None):
+        if batch["id"].null_count:
+            raise ConfigError("every input row needs an id; an id names one output row")
+        ids = pc.cast(batch["id"], "string").to_pylist()
+        total += len(ids)
+        seen.update(ids)
+        if len(seen) != total:
+            raise ConfigError("input ids must be unique; an id names one output row")
+    return seen
+
+
+def _check_resources(ray: Any, gpus: float) -> None:
+    """Fail at once, not by hanging, when no replica could ever be placed."""
+    have = float(ray.cluster_resources().get("GPU", 0))
+    if gpus > have:
+        raise ConfigError(
+            f"each replica needs {gpus:g} GPU(s) (tensor_parallel_size) but the Ray cluster "
+            f"has {have:g}; on vLLM's CPU build pass --gpus-per-replica 0"
+        )
+
+
+def _check_one_row_per_input(inputs: set[str], rows: RowCounts) -> None:
+    repeated = sorted(i for i, n in rows.ids.items() if n > 1)
+    missing = sorted(inputs - rows.ids.keys())
+    if repeated or missing:
+        raise RuntimeError(
+            f"bug: the output is not one row per input: {len(missing)} ids have no row "
+            f"(e.g. {missing[:3]}), {len(repeated)} have several (e.g. {repeated[:3]})"
+        )
+
+
+def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's vLLM settings (``VLLM_*``) and hub location, for the replicas: a remote
+    worker does not inherit the driver's environment."""
+    environ = os.environ if environ is None else environ
+    keep = ("HF_HOME", "HF_HUB_OFFLINE")
+    return {k: v for k, v in environ.items() if k.startswith("VLLM_") or k in keep}

@@ -1,0 +1,235 @@
+"""The Ray Data runner on a real local Ray (``ray.init(num_cpus=2)``), and its pieces that
+need no cluster.
+
+The end-to-end test runs the command line with ``--ray`` and the tiny model on vLLM's CPU
+build in one Ray actor, over repeated media, a corrupt and a missing file, with rows of an
+earlier run already in the output folder, and checks every id's text against the local
+path's run of the same requests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_ENGINE_KWARGS
+
+from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
+from mmbatch.config import EngineConfig, ImageOptions, RunConfig
+from mmbatch.integrations.row_files import read_row_files
+from mmbatch.media.hashing import media_key
+from mmbatch.types import MediaRef, Request, Sampling
+
+
+@pytest.fixture(scope="module")
+def local_ray():  # type: ignore[no-untyped-def]
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def caption_requests(samples: Path, folder: Path) -> list[Request]:
+    """Each sample twice under two prompts (so pictures repeat, also under two file names),
+    plus a file that does not exist and an empty one; samples/ holds a truncated JPEG."""
+    (folder / "empty.jpg").write_bytes(b"")
+    paths = [*sorted(samples.iterdir()), folder / "missing.jpg", folder / "empty.jpg"]
+    prompts = ["Describe this image.", "List three tags."]
+    return [
+        Request(f"{p}-{copy}-{path.name}", prompt, (MediaRef("image", str(path)),))
+        for p, prompt in enumerate(prompts)
+        for copy in range(2)
+        for path in paths
+    ]
+
+
+def write_manifest(requests: list[Request], path: Path) -> None:
+    rows = [{"id": r.id, "path": r.media[0].source, "prompt": r.prompt} for r in requests]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def rows_on_disk(folder: Path) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for file in sorted(folder.glob("*.json")):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            assert row["id"] not in rows, f"two rows for {row['id']}"
+            rows[row["id"]] = row
+    return rows
+
+
+SAMPLING = Sampling(max_tokens=8)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_run_gives_the_local_runs_rows_and_resumes(
+    local_ray, samples: Path, tiny_vl_model: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:  # type: ignore[no-untyped-def]
+    requests = caption_requests(samples, tmp_path)
+    manifest = tmp_path / "items.jsonl"
+    write_manifest(requests, manifest)
+    out = tmp_path / "ray-out"
+    out.mkdir()
+    # An earlier run wrote two rows, then died while writing a third file.
+    earlier = [r.id for r in requests[:2]]
+    (out / "earlier_000000.json").write_text(
+        "".join(
+            json.dumps({"id": i, "text": "from the earlier run", "error": None}) + "\n"
+            for i in earlier
+        )
+    )
+    (out / "earlier_000001.json").write_text('{"id": "1-0-sunset.jpg", "text": "cut sh')
+
+    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+    code = main(
+        [
+            "caption",
+            str(manifest),
+            "--model",
+            str(tiny_vl_model),
+            "--out",
+            str(out),
+            "--max-tokens",
+            str(SAMPLING.max_tokens),
+            *engine_args,
+            "--ray",
+            "--replicas",
+            "1",
+            "--gpus-per-replica",
+            "0",
+            "--ray-batch",
+            "2",
+        ]
+    )
+    assert code == EXIT_ITEMS_FAILED  # the truncated, missing and empty files
+    ray_rows = rows_on_disk(out)
+    assert sorted(ray_rows) == sorted(r.id for r in requests)  # one row per input, no more
+    assert (out / ".partial-earlier_000001.json").exists()
+    summary = json.loads((tmp_path / "ray-out.summary.json").read_text())
+    assert summary["stats"]["total"] == len(requests)
+    assert summary["stats"]["resumed"] == 2
+    for item_id in earlier:
+        assert ray_rows[item_id]["text"] == "from the earlier run"  # skipped, not redone
+
+    local = local_rows(request.getfixturevalue("vl_engine"), requests)
+    for item_id, row in ray_rows.items():
+        if item_id in earlier:
+            continue
+        mine = local[item_id]
+        assert row["text"] == mine["text"], item_id
+        assert row["error"] == mine["error"], item_id
+        assert row["media_hash"] == mine["media_hash"], item_id
+        assert row["output_tokens"] == mine["output_tokens"], item_id
+    stages = {row["error"]["stage"] for row in ray_rows.values() if row["error"]}
+    assert stages == {"load", "decode"}
+    texts = {row["text"] for row in ray_rows.values() if row["error"] is None}
+    assert len(texts) >= 4  # distinct pictures and prompts do not collapse to one caption
+
+
+def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
+    from mmbatch.media.loader import MediaLoader
+    from mmbatch.pipeline import run_job
+    from mmbatch.sinks import MemorySink
+
+    sink = MemorySink()
+    run = RunConfig(window=5, progress=False)
+    run_job(requests, engine, MediaLoader(ImageOptions()), sink, SAMPLING, run)
+    return {row["id"]: row for row in sink.rows}
+
+
+@pytest.mark.ray
+def test_requests_sharing_a_picture_are_packed_into_one_group(
+    local_ray, samples: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from mmbatch.integrations.ray_data import media_groups, requests_dataset
+
+    requests = caption_requests(samples, tmp_path)
+    options = ImageOptions()
+    packed = media_groups(requests_dataset(requests), options, partitions=3).take_all()
+    ids_seen = [i for group in packed for i in group["id"]]
+    assert sorted(ids_seen) == sorted(r.id for r in requests)  # each request exactly once
+    by_group = {group["media_group"]: group for group in packed}
+    sunset = media_key("image", (samples / "sunset.jpg").read_bytes(), options.cache_token())
+    # Two file names with the same bytes, two copies, two prompts: one group of eight.
+    assert (
+        sorted(Path(p).name for p in by_group[sunset]["path"])
+        == ["sunset.jpg"] * 4 + ["sunset_copy.jpg"] * 4
+    )
+    assert f"unreadable:{tmp_path / 'missing.jpg'}" in by_group
+    assert len(packed) == 7  # 5 distinct sample pictures, the missing file, the empty file
+
+
+def test_row_files_count_rows_and_set_partial_files_aside(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.json").write_text(
+        '{"id": "x", "error": null, "output_tokens": 3}\n'
+        '{"id": "y", "error": {"stage": "decode", "message": "truncated"}}\n'
+    )
+    (tmp_path / "b.json").write_text('{"id": "z", "error": nu')
+    counts = read_row_files(tmp_path, "jsonl")
+    assert dict(counts.ids) == {"x": 1, "y": 1}
+    assert (counts.ok, counts.failed, dict(counts.failed_by_stage)) == (1, 1, {"decode": 1})
+    assert counts.output_tokens == 3
+    assert counts.set_aside == [tmp_path / ".partial-b.json"]
+    assert not (tmp_path / "b.json").exists()
+
+    parquet = tmp_path / "pq"
+    parquet.mkdir()
+    table = pa.table(
+        {
+            "id": ["p"],
+            "error": pa.array(
+                [None], pa.struct([("stage", pa.string()), ("message", pa.string())])
+            ),
+            "prompt_tokens": [5],
+            "output_tokens": [2],
+        }
+    )
+    pq.write_table(table, parquet / "good.parquet")
+    (parquet / "cut.parquet").write_bytes((parquet / "good.parquet").read_bytes()[:40])
+    counts = read_row_files(parquet, "parquet")
+    assert (dict(counts.ids), counts.ok, counts.prompt_tokens) == ({"p": 1}, 1, 5)
+    assert counts.set_aside == [parquet / ".partial-cut.parquet"]
+    with pytest.raises(ValueError, match="must hold only"):
+        read_row_files(tmp_path, "parquet")
+
+
+def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:
+    from mmbatch.integrations.ray_data import RayResources
+
+    engine = EngineConfig("m", {"tensor_parallel_size": 2, "pipeline_parallel_size": 2})
+    assert RayResources().num_gpus(engine) == 4
+    assert RayResources(gpus_per_replica=0).num_gpus(engine) == 0
+    assert RayResources().num_gpus(EngineConfig("m")) == 1
+
+
+def test_without_ray_the_error_says_how_to_install_it(samples: Path, tmp_path: Path) -> None:
+    # ray hidden from this process only: None in sys.modules makes `import ray` fail.
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from mmbatch.cli import main\n"
+        f"sys.exit(main(['caption', {str(samples)!r}, '--model', 'm', '--out', "
+        f"{str(tmp_path / 'o')!r}, '--ray']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == EXIT_JOB_FAILED, proc.stderr
+    assert "pip install 'mmbatch[ray]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_forwarded_env_keeps_vllm_settings_only() -> None:
+    from mmbatch.integrations.ray_data import forwarded_env
+
+    environ = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HOME": "/root", "X": "y"}
+    assert forwarded_env(environ) == {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # set by conftest
+    assert forwarded_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
