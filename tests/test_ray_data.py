@@ -36,15 +36,14 @@ def local_ray():  # type: ignore[no-untyped-def]
 
 
 def caption_requests(samples: Path, folder: Path) -> list[Request]:
-    """Each sample twice under two prompts (so pictures repeat, also under two file names),
-    plus a file that does not exist and an empty one; samples/ holds a truncated JPEG."""
+    """Each sample under two prompts (so pictures repeat, also under two file names), plus
+    a file that does not exist and an empty one; samples/ holds a truncated JPEG."""
     (folder / "empty.jpg").write_bytes(b"")
     paths = [*sorted(samples.iterdir()), folder / "missing.jpg", folder / "empty.jpg"]
     prompts = ["Describe this image.", "List three tags."]
     return [
-        Request(f"{p}-{copy}-{path.name}", prompt, (MediaRef("image", str(path)),))
+        Request(f"{p}-{path.name}", prompt, (MediaRef("image", str(path)),))
         for p, prompt in enumerate(prompts)
-        for copy in range(2)
         for path in paths
     ]
 
@@ -56,7 +55,7 @@ def write_manifest(requests: list[Request], path: Path) -> None:
 
 def rows_on_disk(folder: Path) -> dict[str, dict[str, Any]]:
     rows: dict[str, dict[str, Any]] = {}
-    for file in sorted(folder.glob("*.json")):
+    for file in sorted(folder.glob("[!.]*.json")):
         for line in file.read_text().splitlines():
             row = json.loads(line)
             assert row["id"] not in rows, f"two rows for {row['id']}"
@@ -85,7 +84,7 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
             for i in earlier
         )
     )
-    (out / "earlier_000001.json").write_text('{"id": "1-0-sunset.jpg", "text": "cut sh')
+    (out / "earlier_000001.json").write_text('{"id": "1-sunset.jpg", "text": "cut sh')
 
     engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
     code = main(
@@ -157,11 +156,9 @@ def test_requests_sharing_a_picture_are_packed_into_one_group(
     assert sorted(ids_seen) == sorted(r.id for r in requests)  # each request exactly once
     by_group = {group["media_group"]: group for group in packed}
     sunset = media_key("image", (samples / "sunset.jpg").read_bytes(), options.cache_token())
-    # Two file names with the same bytes, two copies, two prompts: one group of eight.
-    assert (
-        sorted(Path(p).name for p in by_group[sunset]["path"])
-        == ["sunset.jpg"] * 4 + ["sunset_copy.jpg"] * 4
-    )
+    # Two file names with the same bytes, two prompts: one group of four.
+    names = sorted(Path(p).name for p in by_group[sunset]["path"])
+    assert names == ["sunset.jpg", "sunset.jpg", "sunset_copy.jpg", "sunset_copy.jpg"]
     assert f"unreadable:{tmp_path / 'missing.jpg'}" in by_group
     assert len(packed) == 7  # 5 distinct sample pictures, the missing file, the empty file
 

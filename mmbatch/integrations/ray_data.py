@@ -205,6 +205,14 @@ def caption_dataset(
 def media_groups(ds: Dataset, options: ImageOptions, partitions: int) -> Dataset:
     """One row per distinct picture (by content key), holding list columns of every input
     row that uses it, so that those requests reach the same actor in the same batch."""
+    from ray.data import Dataset
+    from ray.data.context import ShuffleStrategy
+
+    # Ray Data 2.60's default shuffle (SHUFFLE_V2) fails in its reduce step when a partition
+    # gets only empty blocks, which a resume's filter makes; its sort-based shuffle does not,
+    # and it runs as plain tasks. Set on a copy, so that the caller's dataset is unchanged.
+    ds = Dataset.copy(ds, _deep_copy=True)
+    ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     keyed = ds.map_batches(_add_media_group, fn_kwargs={"options": options}, batch_format="pyarrow")
     grouped = keyed.groupby(GROUP_COLUMN, num_partitions=partitions)
     return grouped.map_groups(_pack_group, batch_format="pyarrow")
