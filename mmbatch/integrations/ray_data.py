@@ -353,7 +353,8 @@ def _add_media_group(batch: pa.Table, options: ImageOptions) -> pa.Table:
 
 
 def _pack_group(group: pa.Table) -> pa.Table:
-    """One row for all the requests that share a picture: list columns, in input order."""
+    """One row for all the requests that share a picture, as list columns (the shuffle
+    does not keep input order; the planner orders them in the actor)."""
     import pyarrow as pa
 
     packed: dict[str, Any] = {GROUP_COLUMN: [group[GROUP_COLUMN][0].as_py()]}
