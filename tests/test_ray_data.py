@@ -163,6 +163,48 @@ def test_requests_sharing_a_picture_are_packed_into_one_group(
     assert len(packed) == 7  # 5 distinct sample pictures, the missing file, the empty file
 
 
+def test_a_replica_batch_gives_one_row_per_request_failures_included(
+    samples: Path, tmp_path: Path
+) -> None:
+    """The actor's bookkeeping, in-process on a fake engine (the real engine runs on Ray
+    above): keying, packing, unpacking, error rows and the fixed output schema."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from fakes import FakeEngine, expected_text
+
+    from mmbatch.integrations import ray_data
+
+    rows = [
+        {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": "p"},
+        {"id": "b", "path": str(samples / "sunset_copy.jpg"), "prompt": None},
+        {"id": "c", "path": str(samples / "truncated.jpg"), "prompt": "p"},
+        {"id": "d", "path": str(tmp_path / "missing.jpg"), "prompt": "q"},
+        {"id": "e", "path": str(samples / "checkerboard.png"), "prompt": "q"},
+        {"id": "f", "path": str(samples / "sunset.jpg"), "prompt": "q"},
+    ]
+    keyed = ray_data._add_media_group(pa.Table.from_pylist(rows), ImageOptions())
+    keys = keyed[ray_data.GROUP_COLUMN]
+    groups = [
+        ray_data._pack_group(keyed.filter(pc.equal(keys, key)))
+        for key in pc.unique(keys).to_pylist()
+    ]
+    assert len(groups) == 4  # a, b and f share one picture
+    job = ray_data.RayJob(EngineConfig("unused"))
+    out = ray_data.EngineReplica(job, engine=FakeEngine())(pa.concat_tables(groups))
+
+    assert out.schema == ray_data._output_schema()
+    by_id = {row["id"]: row for row in out.to_pylist()}
+    assert sorted(by_id) == ["a", "b", "c", "d", "e", "f"]
+    assert by_id["b"]["error"] == {"stage": "source", "message": "the row has no prompt"}
+    assert by_id["c"]["error"]["stage"] == "decode"
+    assert by_id["d"]["error"]["stage"] == "load"
+    for item_id in "aef":
+        row = by_id[item_id]
+        assert row["error"] is None
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+    assert by_id["a"]["media_hash"] == by_id["f"]["media_hash"] == keys[0].as_py()
+
+
 def test_row_files_count_rows_and_set_partial_files_aside(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq

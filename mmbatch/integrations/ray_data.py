@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.config import DEFAULT_WINDOW, EngineConfig, ImageOptions, RunConfig
+from mmbatch.engine.base import Engine
 from mmbatch.errors import ConfigError, FatalEngineError
 from mmbatch.integrations.row_files import ROW_FORMATS, RowCounts, RowFormat, read_row_files
 from mmbatch.types import MediaRef, Request, Result, Sampling
@@ -44,6 +45,9 @@ INPUT_COLUMNS = ("id", "path", "prompt", "system")
 job's prompt, ``system`` to the model's default."""
 
 GROUP_COLUMN = "media_group"
+ROWS_PER_INPUT_BLOCK = 512
+"""Rows per block of a Dataset built from requests: enough files per hashing task that a
+small job is not hundreds of tiny tasks, few enough that a large one spreads out."""
 DEFAULT_BATCH_GROUPS = 64
 """Distinct pictures per actor batch; a batch holds every request of each of them."""
 
@@ -177,7 +181,8 @@ def requests_dataset(requests: Sequence[Request]) -> Dataset:
                 "system": request.system,
             }
         )
-    return ray.data.from_items(rows)
+    blocks = max(1, -(-len(rows) // ROWS_PER_INPUT_BLOCK))
+    return ray.data.from_items(rows, override_num_blocks=blocks)
 
 
 def caption_dataset(
@@ -265,12 +270,16 @@ class EngineReplica:
     picture seen in an earlier batch is neither decoded nor encoded again.
     """
 
-    def __init__(self, job: RayJob) -> None:
-        from mmbatch.engine.vllm import VLLMEngine
+    def __init__(self, job: RayJob, engine: Engine | None = None) -> None:
+        """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process."""
         from mmbatch.media.loader import MediaLoader
 
+        if engine is None:
+            from mmbatch.engine.vllm import VLLMEngine
+
+            engine = VLLMEngine(job.engine, {"image": 1})
         self.job = job
-        self.engine = VLLMEngine(job.engine, {"image": 1})
+        self.engine = engine
         self.loader = MediaLoader(job.image_options)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
