@@ -272,3 +272,16 @@ def test_forwarded_env_keeps_vllm_settings_only() -> None:
     assert forwarded_env(environ) == {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # set by conftest
     assert forwarded_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_on_ray_the_output_is_a_folder(tmp_path: Path) -> None:
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations.ray_data import RayJob, RayResources, run_on_ray
+
+    out = tmp_path / "captions.jsonl"
+    out.write_text("")
+    job = RayJob(EngineConfig("m"))
+    with pytest.raises(ConfigError, match="is a file"):
+        run_on_ray(None, job, RayResources(), out)
+    with pytest.raises(ConfigError, match="output format"):
+        run_on_ray(None, job, RayResources(), tmp_path / "o", fmt="datasets")  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="ADDRESS",
         help="run on Ray: the cluster at ADDRESS (e.g. auto, ray://head:10001), or without "
-        "ADDRESS Ray's default (a running local cluster, else a new one)",
+        "ADDRESS Ray's default (a running local cluster, else a new one); put it after INPUT",
     )
     group.add_argument("--replicas", type=int, default=1, help="engines, one per Ray actor")
     group.add_argument(

@@ -23,6 +23,7 @@ key computed from a different file.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -244,7 +245,7 @@ def run_on_ray(
     _check_resources(ray, resources.num_gpus(job.engine))
     started = time.perf_counter()
     inputs = _input_ids(ds, job)
-    before = read_row_files(out, fmt)
+    before = _read_out(out, fmt)
     done = inputs & before.ids.keys()
     if len(done) < len(inputs):
         rows = caption_dataset(ds, job, resources, skip_ids=done)
@@ -258,7 +259,7 @@ def run_on_ray(
                 f"the Ray job failed: {exc}; rows finished so far are in {out}, and running "
                 "the same command again resumes there"
             ) from exc
-    after = read_row_files(out, fmt)
+    after = _read_out(out, fmt)
     _check_one_row_per_input(inputs, after)
     return RayReport(out, len(inputs), len(done), after, time.perf_counter() - started)
 
@@ -419,13 +420,23 @@ def _input_ids(ds: Dataset, job: RayJob) -> set[str]:
     return seen
 
 
+def _read_out(out: Path, fmt: RowFormat) -> RowCounts:
+    try:
+        return read_row_files(out, fmt)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _check_resources(ray: Any, gpus: float) -> None:
-    """Fail at once, not by hanging, when no replica could ever be placed."""
+    """Say so when no replica fits the cluster as it is now, rather than wait silently
+    (an autoscaler may still add GPU nodes, so this is not an error)."""
     have = float(ray.cluster_resources().get("GPU", 0))
     if gpus > have:
-        raise ConfigError(
-            f"each replica needs {gpus:g} GPU(s) (tensor_parallel_size) but the Ray cluster "
-            f"has {have:g}; on vLLM's CPU build pass --gpus-per-replica 0"
+        print(
+            f"mmbatch: warning: each replica needs {gpus:g} GPU(s) (tensor_parallel_size) and "
+            f"the Ray cluster has {have:g} now; the job waits until GPUs join (on vLLM's CPU "
+            "build pass --gpus-per-replica 0)",
+            file=sys.stderr,
         )
 
 
