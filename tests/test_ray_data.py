@@ -10,7 +10,6 @@ path's run of the same requests.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -265,13 +264,13 @@ def test_without_ray_the_error_says_how_to_install_it(samples: Path, tmp_path: P
     assert "Traceback" not in proc.stderr
 
 
-def test_forwarded_env_keeps_vllm_settings_only() -> None:
+def test_forwarded_env_keeps_vllm_settings_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from mmbatch.integrations.ray_data import forwarded_env
 
     environ = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HOME": "/root", "X": "y"}
     assert forwarded_env(environ) == {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # set by conftest
-    assert forwarded_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    assert forwarded_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # read from os.environ
 
 
 def test_on_ray_the_output_is_a_folder(tmp_path: Path) -> None:
