@@ -23,8 +23,14 @@ from mmbatch.types import Request
 def recipe_requests(inputs: Sequence[str], recipe: Recipe) -> list[Request]:
     """One request per (item, question), items in input order, an item's questions together."""
     require_loader(recipe)
+    return item_requests(image_requests(inputs, recipe.questions[0].text, recipe.system), recipe)
+
+
+def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
+    """The requests of ``items`` already listed (one request each, asking the manifest's
+    prompt or the recipe's first question): one per (item, question). The Ray runner calls
+    this in its actors, on the items that reach them."""
     first = recipe.questions[0].text
-    items = image_requests(inputs, first, recipe.system)
     single = len(recipe.questions) == 1
     requests = []
     for item in items:

@@ -22,6 +22,9 @@ from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
 from mmbatch.config import EngineConfig, ImageOptions, RunConfig
 from mmbatch.integrations.row_files import read_row_files
 from mmbatch.media.hashing import media_key
+from mmbatch.media.loader import MediaLoader
+from mmbatch.pipeline import run_job
+from mmbatch.sinks import MemorySink
 from mmbatch.types import MediaRef, Request, Sampling
 
 
@@ -131,11 +134,73 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     assert len(texts) >= 4  # distinct pictures and prompts do not collapse to one caption
 
 
-def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
-    from mmbatch.media.loader import MediaLoader
-    from mmbatch.pipeline import run_job
-    from mmbatch.sinks import MemorySink
+TWO_QUESTIONS = """
+name = "two-questions"
+[prompt]
+system = "Answer briefly."
+[[prompt.questions]]
+name = "subject"
+text = "What is the main subject?"
+[[prompt.questions]]
+name = "colour"
+text = "Which colour dominates?"
+[sampling]
+max_tokens = 6
+[media]
+kind = "image"
+[output]
+format = "text"
+"""
 
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_recipe_run_gives_the_local_runs_item_rows(
+    local_ray, samples: Path, tiny_vl_model: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:  # type: ignore[no-untyped-def]
+    from mmbatch.recipe import load_recipe
+    from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
+
+    recipe_file = tmp_path / "two.toml"
+    recipe_file.write_text(TWO_QUESTIONS)
+    names = ["sunset.jpg", "sunset_copy.jpg", "truncated.jpg", "checkerboard.png"]
+    inputs = [str(samples / name) for name in names]
+    out = tmp_path / "recipe-out"
+    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+    argv = ["run", str(recipe_file), "--input", *inputs, "--model", str(tiny_vl_model)]
+    argv += ["--out", str(out), *engine_args, "--ray", "--gpus-per-replica", "0"]
+    code = main(argv)
+    assert code == EXIT_ITEMS_FAILED  # truncated.jpg
+    ray_rows = rows_on_disk(out)
+    assert sorted(ray_rows) == sorted(inputs)  # one row per item, not per question
+
+    recipe = load_recipe(recipe_file)
+    requests = recipe_requests(inputs, recipe)
+    sink = MemorySink()
+    run = RunConfig(window=16, progress=False)
+    engine = request.getfixturevalue("vl_engine")
+    run_job(
+        requests,
+        engine,
+        recipe_loader(recipe),
+        sink,
+        recipe.sampling,
+        run,
+        recipe_rows(recipe, requests),
+    )
+    local = {row["id"]: row for row in sink.rows}
+    for item_id, row in ray_rows.items():
+        assert row["error"] == local[item_id]["error"], item_id
+        assert row["media_hash"] == local[item_id]["media_hash"], item_id
+        for name in ("subject", "colour"):
+            mine, theirs = row["outputs"][name], local[item_id]["outputs"][name]
+            assert mine["text"] == theirs["text"], (item_id, name)
+            assert mine["prompt"] == theirs["prompt"], (item_id, name)
+    assert ray_rows[inputs[2]]["error"]["stage"] == "decode"
+    assert ray_rows[inputs[0]]["outputs"]["subject"]["text"]
+
+
+def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
     sink = MemorySink()
     run = RunConfig(window=5, progress=False)
     run_job(requests, engine, MediaLoader(ImageOptions()), sink, SAMPLING, run)
@@ -202,6 +267,35 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
         assert row["error"] is None
         assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
     assert by_id["a"]["media_hash"] == by_id["f"]["media_hash"] == keys[0].as_py()
+
+
+def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    from fakes import FakeEngine, expected_text
+
+    from mmbatch.integrations import ray_data
+    from mmbatch.recipe import load_recipe
+
+    recipe_file = tmp_path / "two.toml"
+    recipe_file.write_text(TWO_QUESTIONS)
+    recipe = load_recipe(recipe_file)
+    rows = [
+        {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": None},
+        {"id": "b", "path": str(samples / "truncated.jpg"), "prompt": None},
+    ]
+    keyed = ray_data._add_media_group(pa.Table.from_pylist(rows), ImageOptions())
+    groups = [ray_data._pack_group(keyed.slice(i, 1)) for i in range(keyed.num_rows)]
+    job = ray_data.RayJob(EngineConfig("unused"), prompt=recipe.questions[0].text, recipe=recipe)
+    out = ray_data.EngineReplica(job, engine=FakeEngine())(pa.concat_tables(groups))
+    by_id = {row["id"]: row for row in out.to_pylist()}
+    assert sorted(by_id) == ["a", "b"]
+    assert by_id["b"]["error"]["stage"] == "decode"
+    a = by_id["a"]
+    assert a["error"] is None
+    for question in recipe.questions:
+        answer = a["outputs"][question.name]
+        assert answer["prompt"] == question.text
+        assert answer["text"] == expected_text([a["media_hash"]], question.text)
 
 
 def test_row_files_count_rows_and_set_partial_files_aside(tmp_path: Path) -> None:

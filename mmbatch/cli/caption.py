@@ -70,7 +70,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"mmbatch: {total} items, model {args.model}", file=sys.stderr)
     if args.ray is not None:
         job |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
-        return run_on_ray(args, requests, unusable, image_options, out_format, job)
+        return run_on_ray(
+            args,
+            requests,
+            job,
+            engine_config=engine_config,
+            sampling=sampling,
+            image_options=image_options,
+            out_format=out_format,
+            unusable=unusable,
+        )
     engine = shared_engine(engine_config, {"image": 1})
     refused = [Row(failure, output_row(request, (), failure)) for request, failure in unusable]
     sink = open_sink(args.out, out_format)

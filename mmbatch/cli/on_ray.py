@@ -12,13 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mmbatch.cli.common import (
-    EXIT_ITEMS_FAILED,
-    EXIT_OK,
-    engine_config_from,
-    run_config_from,
-    sampling_from,
-)
+from mmbatch.cli.common import EXIT_ITEMS_FAILED, EXIT_OK, run_config_from
 
 
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
@@ -52,13 +46,18 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
 
 def run_on_ray(
     args: argparse.Namespace,
-    requests: Sequence[Any],
-    unusable: Sequence[Any],
-    image_options: Any,
-    out_format: str,
+    items: Sequence[Any],
     job_info: dict[str, Any],
+    *,
+    engine_config: Any,
+    sampling: Any,
+    image_options: Any,
+    out_format: str = "jsonl",
+    recipe: Any = None,
+    unusable: Sequence[Any] = (),
 ) -> int:
-    """Run ``requests`` on Ray into the folder ``args.out``; resume there if it has rows."""
+    """Run ``items`` (one request each: a caption, or a recipe's item) on Ray into the
+    folder ``args.out``; resume there if it has rows."""
     from mmbatch.errors import ConfigError
     from mmbatch.integrations import ray_data
     from mmbatch.integrations.row_files import ROW_FORMATS
@@ -68,9 +67,8 @@ def run_on_ray(
         ray_data.import_ray()
     except ImportError as exc:
         raise ConfigError(str(exc)) from exc
-    if unusable or any(
-        ref.data is not None or ref.image is not None for r in requests for ref in r.media
-    ):
+    in_memory = any(ref.data is not None or ref.image is not None for r in items for ref in r.media)
+    if unusable or in_memory:
         raise ConfigError(
             "on Ray the inputs are image files that every node can read; run local datasets "
             "(--input-format) without --ray"
@@ -78,10 +76,12 @@ def run_on_ray(
     if out_format not in ROW_FORMATS:
         raise ConfigError(f"on Ray, --out-format is one of {ROW_FORMATS}")
     job = ray_data.RayJob(
-        engine_config_from(args),
-        sampling_from(args),
+        engine_config,
+        sampling,
         image_options,
+        prompt=recipe.questions[0].text if recipe is not None else None,
         window=run_config_from(args).window,
+        recipe=recipe,
     )
     batch = {"batch_groups": args.ray_batch} if args.ray_batch else {}
     resources = ray_data.RayResources(
@@ -91,9 +91,8 @@ def run_on_ray(
         **batch,
     )
     ray_data.connect(args.ray)
-    report = ray_data.run_on_ray(
-        ray_data.requests_dataset(requests), job, resources, args.out, out_format
-    )
+    dataset = ray_data.requests_dataset(items)
+    report = ray_data.run_on_ray(dataset, job, resources, args.out, out_format)
     print(report.summary(), file=sys.stderr)
     job_info |= {"ray": {"address": args.ray, "replicas": args.replicas}}
     summary = write_summary(args.out, report.to_dict(), job_info)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 from mmbatch.cli.common import add_engine_options, report, run_config_from, run_into
+from mmbatch.cli.on_ray import add_ray_options, run_on_ray
 
 
 def register(commands: Any) -> None:
@@ -21,6 +23,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--out", required=True, help="output JSONL file")
     parser.add_argument("--model", default=None, help="overrides the recipe's [engine] model")
     add_engine_options(parser, "added to (and over) the recipe's [engine] table for vllm.LLM")
+    add_ray_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -49,6 +52,26 @@ def run(args: argparse.Namespace) -> int:
         f"question(s), model {model}",
         file=sys.stderr,
     )
+    if args.ray is not None:
+        from mmbatch.config import ImageOptions
+
+        # One input row per item on Ray: each actor asks the item's questions itself.
+        first_asks: dict[str, Any] = {}
+        for request in requests:
+            first_asks.setdefault(request.row_id, request)
+        item_rows = [
+            replace(r, id=r.row_id, item_id=None, output=None) for r in first_asks.values()
+        ]
+        job = {"inputs": list(args.inputs), "model": model, "recipe": recipe.path}
+        return run_on_ray(
+            args,
+            item_rows,
+            job,
+            engine_config=engine_config,
+            sampling=recipe.sampling,
+            image_options=ImageOptions(**recipe.media.options),
+            recipe=recipe,
+        )
     engine = shared_engine(engine_config, {recipe.media.kind: 1})
     stats = run_into(
         JsonlSink(args.out),

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from ray.data import Dataset
 
+    from mmbatch.recipe import Recipe
+
 INSTALL_HINT = "pip install 'mmbatch[ray]'"
 INPUT_COLUMNS = ("id", "path", "prompt", "system")
 """Columns of an input row; ``id`` and ``path`` are required, ``prompt`` falls back to the
@@ -75,6 +77,9 @@ class RayJob:
     prompt: str | None = None
     """The prompt of rows whose ``prompt`` is missing or null."""
     window: int = DEFAULT_WINDOW
+    recipe: Recipe | None = None
+    """A recipe job (``mmbatch run``): each input row is an item, asked every question of
+    the recipe, with its sampling and [media] options; its row holds every answer."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +242,10 @@ def run_on_ray(
     ray = import_ray()
     if fmt not in ROW_FORMATS:
         raise ConfigError(f"output format must be one of {ROW_FORMATS}, got {fmt!r}")
+    if job.recipe is not None and fmt != "jsonl":
+        raise ConfigError(
+            "on Ray a recipe's rows are written as jsonl (their shape follows the recipe)"
+        )
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; on Ray the output is a folder of {fmt} files")
@@ -275,13 +284,19 @@ class EngineReplica:
         """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process."""
         from mmbatch.media.loader import MediaLoader
 
+        recipe = job.recipe
         if engine is None:
             from mmbatch.engine.vllm import VLLMEngine
 
-            engine = VLLMEngine(job.engine, {"image": 1})
+            engine = VLLMEngine(job.engine, {recipe.media.kind if recipe else "image": 1})
         self.job = job
         self.engine = engine
-        self.loader = MediaLoader(job.image_options)
+        if recipe is None:
+            self.loader = MediaLoader(job.image_options)
+        else:
+            from mmbatch.recipe_job import recipe_loader
+
+            self.loader = recipe_loader(recipe)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import pyarrow as pa
@@ -289,23 +304,34 @@ class EngineReplica:
         from mmbatch.pipeline import run_job
         from mmbatch.sinks import MemorySink, output_row
 
-        requests = _unpack_groups(batch, self.job.prompt)
+        items = _unpack_groups(batch, self.job.prompt)
         sink = MemorySink()
         runnable = []
-        for request in requests:
-            if request.prompt:
-                runnable.append(request)
+        for item in items:
+            if item.prompt:
+                runnable.append(item)
             else:
-                failure = Result.failure(request.id, "source", "the row has no prompt")
-                sink.write(output_row(request, (), failure))
+                failure = Result.failure(item.id, "source", "the row has no prompt")
+                sink.write(output_row(item, (), failure))
         run = RunConfig(window=self.job.window, progress=False)
-        run_job(runnable, self.engine, self.loader, sink, self.job.sampling, run)
+        recipe = self.job.recipe
+        if recipe is None:
+            run_job(runnable, self.engine, self.loader, sink, self.job.sampling, run)
+        else:
+            from mmbatch.recipe_job import item_requests, recipe_rows
+
+            requests = item_requests(runnable, recipe)
+            rows = recipe_rows(recipe, requests)
+            run_job(requests, self.engine, self.loader, sink, recipe.sampling, run, rows)
         written = sorted(str(row["id"]) for row in sink.rows)
-        if written != sorted(r.id for r in requests):
+        if written != sorted(item.id for item in items):
             raise RuntimeError(
-                f"bug: a batch of {len(requests)} requests gave {len(written)} rows "
+                f"bug: a batch of {len(items)} items gave {len(written)} rows "
                 "that do not match its ids one to one"
             )
+        if recipe is not None:
+            # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
+            return pa.Table.from_pylist(sink.rows)
         return pa.Table.from_pylist(sink.rows, schema=_output_schema())
 
 
