@@ -64,6 +64,9 @@ class EngineConfig:
             # Bigger scheduler steps: more image prefills per step (measured on an H200,
             # mmbatch/bench/results/); the user's value wins.
             "max_num_batched_tokens": 32768,
+            # A model repository's own Python runs only when the user asks for it
+            # (--trust-remote-code): a hub name is not a reason to execute its code.
+            "trust_remote_code": False,
         }
         if int(self.engine_kwargs.get("tensor_parallel_size", 1)) > 1:
             # Shard the vision encoder by data, not weights: it is small, and all-reduces

@@ -8,12 +8,14 @@
     │   └── RequestRejected  the engine refused this one request (stage "validate")
     └── FatalEngineError     the engine itself is gone: stop the job loudly, progress saved
 
-Only ``ItemFailure`` is ever turned into data; everything else propagates.
+Only ``ItemFailure`` is ever turned into data; everything else propagates. Each item failure
+carries a ``kind`` (see ``mmbatch.types.FailureKind``) besides its stage, so that the summary
+and the quarantine file can say *what* went wrong across thousands of rows at a glance.
 """
 
 from __future__ import annotations
 
-from mmbatch.types import Stage
+from mmbatch.types import FailureKind, Stage
 
 
 class MmbatchError(Exception):
@@ -32,20 +34,29 @@ class ItemFailure(MmbatchError):
     """One item failed; the pipeline records it as an error row and carries on."""
 
     stage: Stage = "load"
+    kind: FailureKind = "other"
 
 
 class MediaError(ItemFailure):
     """Media that cannot be read or decoded."""
 
-    def __init__(self, message: str, stage: Stage = "decode") -> None:
+    def __init__(
+        self, message: str, stage: Stage = "decode", kind: FailureKind = "corrupt"
+    ) -> None:
         super().__init__(message)
         self.stage = stage
+        self.kind = kind
 
 
 class RequestRejected(ItemFailure):
     """The engine refused one request (too long, malformed media) without harm to others."""
 
     stage: Stage = "validate"
+    kind: FailureKind = "rejected"
+
+    def __init__(self, message: str, kind: FailureKind = "rejected") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class FatalEngineError(MmbatchError):

@@ -31,13 +31,13 @@ def output_format(out: str | Path, requested: str | None = None) -> OutputFormat
     return "parquet" if Path(out).suffix.lower() == ".parquet" else "jsonl"
 
 
-def open_sink(out: str | Path, format: OutputFormat) -> Sink:
-    """A sink writing ``format`` to ``out``."""
+def open_sink(out: str | Path, format: OutputFormat, append: bool = False) -> Sink:
+    """A sink writing ``format`` to ``out``; ``append`` continues a stopped job's rows."""
     if format == "jsonl":
-        return JsonlSink(out)
+        return JsonlSink(out, append=append)
     from mmbatch.table_sinks import TableSink
 
-    return TableSink(out, format)
+    return TableSink(out, format, append=append)
 
 
 def read_rows(out: str | Path) -> list[dict[str, Any]]:

@@ -97,6 +97,9 @@ class _Job:
         self._shown = 0
 
     def add_window(self, window: LoadedWindow, sampling: Sampling) -> None:
+        # Once per window, the rows written so far are made durable (fsync): cheap at this
+        # rate, and a power cut then costs at most about a window of rows, redone on resume.
+        self.sink.flush()
         self.stats.bytes_read += window.bytes_read
         for failure in window.failures:
             self.emit(failure)
@@ -106,7 +109,7 @@ class _Job:
             try:
                 self.engine.add(loaded, media, loaded.request.sampling or sampling)
             except RequestRejected as exc:
-                self.emit(Result.failure(loaded.id, exc.stage, str(exc)))
+                self.emit(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
 
     def emit(self, result: Result) -> None:
         request_id = result.request_id

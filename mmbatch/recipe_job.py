@@ -13,17 +13,22 @@ from collections.abc import Sequence
 
 from mmbatch.config import ImageOptions
 from mmbatch.errors import ConfigError, SourceError
+from mmbatch.media.fetch import UrlPolicy
 from mmbatch.media.loader import MediaLoader
 from mmbatch.recipe import Recipe
 from mmbatch.rows import ItemRows
-from mmbatch.sources import image_requests
+from mmbatch.sources import SourcePolicy, image_requests
 from mmbatch.types import Request
 
 
-def recipe_requests(inputs: Sequence[str], recipe: Recipe) -> list[Request]:
-    """One request per (item, question), items in input order, an item's questions together."""
+def recipe_requests(
+    inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None = None
+) -> list[Request]:
+    """One request per (item, question), items in input order, an item's questions together;
+    ``policy`` says what the inputs may point at (see ``mmbatch.sources``)."""
     require_loader(recipe)
-    return item_requests(image_requests(inputs, recipe.questions[0].text, recipe.system), recipe)
+    items = image_requests(inputs, recipe.questions[0].text, recipe.system, policy)
+    return item_requests(items, recipe)
 
 
 def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
@@ -54,10 +59,11 @@ def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
     return requests
 
 
-def recipe_loader(recipe: Recipe) -> MediaLoader:
-    """The loader that decodes the recipe's media with its [media] options."""
+def recipe_loader(recipe: Recipe, urls: UrlPolicy | None = None) -> MediaLoader:
+    """The loader that decodes the recipe's media with its [media] options (and fetches
+    URLs within ``urls``'s limits, when given)."""
     require_loader(recipe)
-    return MediaLoader(ImageOptions(**recipe.media.options))
+    return MediaLoader(ImageOptions(**recipe.media.options), urls=urls)
 
 
 def recipe_rows(recipe: Recipe, requests: Sequence[Request]) -> ItemRows:

@@ -7,6 +7,11 @@ the manifest's folder.
 
 Ids are the identity of a row in the output and on resume, so they must be unique: a file
 named twice is one item; two manifest rows with one id are an error, raised before any work.
+
+A manifest is data from elsewhere, read as JSON or CSV and nothing else, and it is not
+trusted with the file system: its paths must resolve (symlinks followed) inside the input
+root, the manifest's own folder unless ``SourcePolicy.root`` names another, and URLs are
+refused unless ``SourcePolicy.allow_urls``. Both are checked here, before any work starts.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import glob
 import json
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmbatch.errors import SourceError
+from mmbatch.media.fetch import is_url
 from mmbatch.types import MediaRef, Request
 
 IMAGE_SUFFIXES = frozenset(
@@ -28,12 +35,27 @@ IMAGE_SUFFIXES = frozenset(
 MANIFEST_SUFFIXES = frozenset({".jsonl", ".csv"})
 
 
-def image_requests(inputs: Sequence[str], prompt: str, system: str | None = None) -> list[Request]:
+@dataclass(frozen=True)
+class SourcePolicy:
+    """What the inputs may point at."""
+
+    root: str | None = None
+    """Manifest paths must resolve inside this folder; None means each manifest's folder."""
+    allow_outside_root: bool = False
+    allow_urls: bool = False
+
+
+def image_requests(
+    inputs: Sequence[str],
+    prompt: str,
+    system: str | None = None,
+    policy: SourcePolicy | None = None,
+) -> list[Request]:
     """One request per image found in ``inputs``, each asking ``prompt`` (unless its
     manifest row brings its own)."""
     requests: list[Request] = []
     seen: set[str] = set()
-    for item_id, path, row_prompt in _expand(inputs):
+    for item_id, path, row_prompt in _expand(inputs, policy or SourcePolicy()):
         if item_id in seen:
             if item_id == path:
                 continue  # the same file reached twice (named and inside a folder): one item
@@ -52,15 +74,18 @@ def image_requests(inputs: Sequence[str], prompt: str, system: str | None = None
     return requests
 
 
-def _expand(inputs: Sequence[str]) -> Iterator[tuple[str, str, str | None]]:
+def _expand(inputs: Sequence[str], policy: SourcePolicy) -> Iterator[tuple[str, str, str | None]]:
     """Yield ``(id, path, prompt-or-None)`` for every input, in a deterministic order."""
     for raw in inputs:
         path = Path(raw)
-        if path.is_dir():
+        if is_url(raw):
+            _check_url(raw, "input", policy)
+            yield raw, raw, None
+        elif path.is_dir():
             for found in _walk_images(path):
                 yield str(found), str(found), None
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
-            yield from _read_manifest(path)
+            yield from _read_manifest(path, policy)
         elif path.exists() or path.is_symlink():
             # Named explicitly: taken whatever its suffix, so a bad file yields an error row.
             yield raw, raw, None
@@ -85,8 +110,9 @@ def _walk_images(root: Path) -> list[Path]:
     return found
 
 
-def _read_manifest(manifest: Path) -> Iterator[tuple[str, str, str | None]]:
+def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[str, str, str | None]]:
     base = manifest.parent
+    root = os.path.realpath(policy.root if policy.root is not None else base)
     for line_no, row in _manifest_rows(manifest):
         where = f"{manifest}:{line_no}"
         raw_path = row.get("path")
@@ -96,7 +122,30 @@ def _read_manifest(manifest: Path) -> Iterator[tuple[str, str, str | None]]:
         prompt = row.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
-        yield str(item_id), str(base / raw_path), prompt or None
+        if is_url(raw_path):
+            _check_url(raw_path, where, policy)
+            yield str(item_id), raw_path, prompt or None
+            continue
+        path = base / raw_path
+        if not policy.allow_outside_root and not _inside(os.path.realpath(path), root):
+            raise SourceError(
+                f"{where}: {raw_path!r} resolves outside the input root {root}; manifest "
+                "paths must stay inside it (pass --input-root DIR to declare a wider root, "
+                "or --allow-outside-root)"
+            )
+        yield str(item_id), str(path), prompt or None
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _check_url(url: str, where: str, policy: SourcePolicy) -> None:
+    if not policy.allow_urls:
+        raise SourceError(
+            f"{where}: {url!r} is a URL; URLs are fetched only with --allow-urls "
+            "(which bounds each download in size and time)"
+        )
 
 
 def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -20,6 +20,7 @@ class JobStats:
     ok: int = 0
     failed: int = 0
     failed_by_stage: Counter[str] = field(default_factory=Counter)
+    failed_by_kind: Counter[str] = field(default_factory=Counter)
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
@@ -46,6 +47,7 @@ class JobStats:
         else:
             self.failed += 1
             self.failed_by_stage[result.error.stage] += 1
+            self.failed_by_kind[result.error.kind] += 1
         self.prompt_tokens += result.usage.prompt_tokens
         self.output_tokens += result.usage.output_tokens
         self.cached_tokens += result.usage.cached_tokens
@@ -83,6 +85,8 @@ class JobStats:
         if self.host_seconds:
             phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.host_seconds.items()))
             lines.append(f"driver thread: {phases}")
+        if self.failed:
+            lines.insert(1, f"failures by kind: {format_counts(self.failed_by_kind)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, object]:
@@ -91,6 +95,7 @@ class JobStats:
             "ok": self.ok,
             "failed": self.failed,
             "failed_by_stage": dict(self.failed_by_stage),
+            "failed_by_kind": dict(self.failed_by_kind),
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens,
             "cached_tokens": self.cached_tokens,
@@ -115,6 +120,12 @@ def _size(count: int) -> str:
             return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1000
     return f"{value:.1f} GB"
+
+
+def format_counts(counts: Counter[str]) -> str:
+    """``3 corrupt, 1 empty``: most frequent first, ties by name."""
+    ranked = sorted(counts.items(), key=lambda c: (-c[1], c[0]))
+    return ", ".join(f"{n} {name}" for name, n in ranked)
 
 
 def _pct(rate: float | None) -> str:

@@ -34,17 +34,21 @@ class TableSink:
     """Rows to a Parquet file (``"parquet"``) or a datasets folder (``"datasets"``, opened by
     ``datasets.load_from_disk``), through a JSONL spool converted on ``close``."""
 
-    def __init__(self, path: str | Path, format: TableFormat) -> None:
+    def __init__(self, path: str | Path, format: TableFormat, append: bool = False) -> None:
         if format not in _WRITERS:
             raise ValueError(f"unknown table format {format!r}; expected one of {list(_WRITERS)}")
         self.path = Path(path)
         self.format: TableFormat = format
         self.spool_path = self.path.with_name(self.path.name + SPOOL_SUFFIX)
-        self._spool = JsonlSink(self.spool_path)
+        # append=True continues the spool of a stopped job (``mmbatch.resume`` reads it).
+        self._spool = JsonlSink(self.spool_path, append=append)
         self._closed = False
 
     def write(self, row: dict[str, Any]) -> None:
         self._spool.write(row)
+
+    def flush(self) -> None:
+        self._spool.flush()
 
     def close(self) -> None:
         if self._closed:

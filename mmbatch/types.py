@@ -19,6 +19,21 @@ Stage = Literal["source", "load", "decode", "validate", "engine", "parse", "sink
 """Where in the pipeline an item failed; error rows carry it so users can tell bad input
 from a bad configuration. ``parse``: the text came back but is not the JSON the job asked for."""
 
+FailureKind = Literal[
+    "unreadable",  # the path or URL could not be read (missing, permissions, network)
+    "empty",  # zero bytes
+    "not_media",  # no decoder recognises the bytes (a text file named .jpg)
+    "corrupt",  # recognised but broken (truncated, bad chunks)
+    "too_large",  # over a size cap (pixels, bytes): refused before decoding
+    "unsupported",  # a modality or format this job cannot handle
+    "too_long",  # the prompt with its media does not fit the model's context
+    "rejected",  # the engine refused the request for another reason
+    "engine",  # the engine accepted the request, then failed or dropped it
+    "other",
+]
+"""What went wrong with an item, coarser than the message and finer than the stage: the
+summary and the quarantine file count failures by it."""
+
 
 @dataclass(frozen=True)
 class MediaRef:
@@ -121,9 +136,10 @@ class ItemError:
 
     stage: Stage
     message: str
+    kind: FailureKind = "other"
 
     def to_dict(self) -> dict[str, str]:
-        return {"stage": self.stage, "message": self.message}
+        return {"stage": self.stage, "kind": self.kind, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -150,5 +166,7 @@ class Result:
         return self.error is None
 
     @classmethod
-    def failure(cls, request_id: str, stage: Stage, message: str) -> Result:
-        return cls(request_id=request_id, error=ItemError(stage, message))
+    def failure(
+        cls, request_id: str, stage: Stage, message: str, kind: FailureKind = "other"
+    ) -> Result:
+        return cls(request_id=request_id, error=ItemError(stage, message, kind))

@@ -7,10 +7,11 @@ first, a few per step) to catch any code that matches results by position.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from mmbatch.engine.base import CacheStats
-from mmbatch.errors import RequestRejected
+from mmbatch.errors import FatalEngineError, RequestRejected
 from mmbatch.types import LoadedRequest, MediaItem, Result, Sampling, Usage
 
 
@@ -19,15 +20,23 @@ def expected_text(media_keys: Sequence[str], prompt: str) -> str:
 
 
 class FakeEngine:
+    """``step_seconds`` makes each step take that long (so a job lasts long enough to be
+    killed mid-way); ``die_after_steps`` raises ``FatalEngineError`` on that step."""
+
     def __init__(
         self,
         per_step: int = 3,
         reject_prompts: frozenset[str] = frozenset(),
         reject_in_step: bool = False,
+        step_seconds: float = 0.0,
+        die_after_steps: int | None = None,
     ) -> None:
         self.per_step = per_step
         self.reject_prompts = reject_prompts
         self.reject_in_step = reject_in_step  # refuse from step(), as a background renderer does
+        self.step_seconds = step_seconds
+        self.die_after_steps = die_after_steps
+        self.steps = 0
         self.added: list[str] = []
         self._queue: list[Result] = []
 
@@ -46,6 +55,11 @@ class FakeEngine:
         )
 
     def step(self) -> list[Result]:
+        self.steps += 1
+        if self.die_after_steps is not None and self.steps > self.die_after_steps:
+            raise FatalEngineError("the fake engine died")
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         done, self._queue = self._queue[-self.per_step :], self._queue[: -self.per_step]
         return done[::-1]
 

@@ -81,6 +81,7 @@ def test_a_parquet_dataset_to_parquet_and_datasets_then_the_gallery(
     assert rows["2"]["error"]["stage"] == "decode"
     assert rows["3"]["error"] == {
         "stage": "source",
+        "kind": "other",
         "message": f"{parquet_dataset}#3: no image (the cell is empty)",
     }
     summary = read_summary(out)

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,71 @@ TINY_ENGINE_ARGS = [
     "--engine-arg",
     "enforce_eager=true",
 ]
+
+
+def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    tmp_path: Path,
+) -> None:
+    """The real command on vLLM, SIGKILLed while the engine is generating (a random moment
+    after its first row), then resumed by the same command in this process on the session's
+    engine. An engine start costs ~20-40 s here, so the 20 random kills are in
+    test_kill_resume.py with the fake engine; this one proves the same on the real engine."""
+    import random
+    import signal
+
+    from mmbatch.cli import build_parser, caption
+    from mmbatch.sinks import MemorySink
+    from mmbatch.sources import image_requests
+
+    shutil.copytree(samples, tmp_path / "media")
+    manifest = tmp_path / "items.jsonl"
+    prompts = ["Describe.", "Tags?", "Colors?", "Objects?", "Mood?", "Text?"]
+    names = sorted(p.name for p in samples.iterdir())
+    with manifest.open("w") as handle:
+        for name in names:
+            for i, prompt in enumerate(prompts if name != "truncated.jpg" else prompts[:1]):
+                row = {"id": f"{name}#{i}", "path": f"media/{name}", "prompt": prompt}
+                handle.write(json.dumps(row) + "\n")
+    requests = image_requests([str(manifest)], "unused")
+    reference = MemorySink()
+    run_job(
+        requests,
+        vl_engine,
+        MediaLoader(ImageOptions()),
+        reference,
+        Sampling(max_tokens=16),
+        RunConfig(window=4, progress=False),
+    )
+    expected = {r["id"]: (r["text"], r["error"]) for r in reference.rows}
+
+    out = tmp_path / "out.jsonl"
+    argv = [sys.executable, "-m", "mmbatch", "caption", str(manifest), "--model"]
+    argv += [str(tiny_vl_model), "--out", str(out), "--max-tokens", "16", "--window", "4"]
+    argv += [*TINY_ENGINE_ARGS, "--engine-arg", "block_size=32", "--no-progress"]
+
+    def whole_rows() -> list[dict]:  # type: ignore[type-arg]
+        data = out.read_bytes() if out.exists() else b""
+        return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
+
+    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while job.poll() is None and not whole_rows():
+        assert time.monotonic() < deadline, "no row within 300 s"
+        time.sleep(0.01)
+    time.sleep(random.uniform(0, 0.3))
+    job.send_signal(signal.SIGKILL)
+    assert job.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill"
+    rows = whole_rows()
+    assert 0 < len(rows) < len(requests)
+    assert len({r["id"] for r in rows}) == len(rows)
+    for row in rows:
+        assert (row["text"], row["error"]) == expected[row["id"]], row["id"]
+
+    args = build_parser().parse_args(argv[3:])
+    assert caption.run(args, make_engine=lambda: vl_engine) == 1  # truncated.jpg
+    rows = whole_rows()
+    assert sorted(r["id"] for r in rows) == sorted(expected)
+    assert {r["id"]: (r["text"], r["error"]) for r in rows} == expected

@@ -54,7 +54,7 @@ def test_corrupt_bytes_fail_only_their_row(samples: Path) -> None:
     assert [loaded.id for loaded in window.requests] == ["0"]
     failures = {f.request_id: f.error.to_dict() for f in window.failures if f.error}
     assert failures["1"]["stage"] == "decode"
-    assert failures["2"] == {"stage": "load", "message": "empty file (0 bytes)"}
+    assert failures["2"] == {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"}
 
 
 def test_decoded_picture_is_prepared_like_its_file(samples: Path) -> None:

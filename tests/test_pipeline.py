@@ -53,9 +53,17 @@ def test_bad_files_become_error_rows_naming_stage_and_cause(corpus: Path, tmp_pa
     _, rows, _, _ = run(image_requests([str(corpus)], "p"), tmp_path / "out.jsonl")
     errors = {Path(r["id"]).name: r["error"] for r in rows if r["error"]}
     assert errors == {
-        "empty.jpg": {"stage": "load", "message": "empty file (0 bytes)"},
-        "text.jpg": {"stage": "decode", "message": "not an image Pillow can identify"},
-        "truncated.jpg": {"stage": "decode", "message": errors["truncated.jpg"]["message"]},
+        "empty.jpg": {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"},
+        "text.jpg": {
+            "stage": "decode",
+            "kind": "not_media",
+            "message": "not an image Pillow can identify",
+        },
+        "truncated.jpg": {
+            "stage": "decode",
+            "kind": "corrupt",
+            "message": errors["truncated.jpg"]["message"],
+        },
     }
     assert "truncated" in errors["truncated.jpg"]["message"]
     assert all(r["text"] is None for r in rows if r["error"])
@@ -131,3 +139,4 @@ def test_summary_counts(corpus: Path, tmp_path: Path) -> None:
     assert f"{stats.total} of {stats.total} items: {stats.ok} ok, 3 failed" in text
     assert "1 at load" in text
     assert "2 at decode" in text
+    assert "failures by kind: 1 corrupt, 1 empty, 1 not_media" in text

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from mmbatch.cli.common import (
+    add_input_options,
     add_model_options,
+    add_resume_options,
     engine_config_from,
-    report,
-    run_config_from,
-    run_into,
     sampling_from,
+    source_policy_from,
+    url_policy_from,
 )
+from mmbatch.cli.jobs import Job, job_fingerprint, run_resumable
 from mmbatch.cli.on_ray import add_ray_options, run_on_ray
+from mmbatch.engine.base import Engine
 
 DEFAULT_PROMPT = "Describe this image in one sentence."
 
@@ -48,53 +53,67 @@ def register(commands: Any) -> None:
     )
     add_model_options(parser)
     add_ray_options(parser)
+    add_resume_options(parser)
+    add_input_options(parser)
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = None) -> int:
+    """Caption ``args.inputs`` into ``args.out``. ``make_engine`` replaces the vLLM engine
+    (the tests' fake engine goes through the same command this way)."""
     from mmbatch.config import ImageOptions
-    from mmbatch.engine.shared import shared_engine
     from mmbatch.media.loader import MediaLoader
-    from mmbatch.outputs import open_sink, output_format
-    from mmbatch.rows import Row
-    from mmbatch.sinks import output_row
+    from mmbatch.outputs import output_format
 
     # Everything that can be checked without the engine is checked before it starts.
-    requests, unusable, job = _inputs(args)
-    sampling, run_config = sampling_from(args), run_config_from(args)
+    requests, unusable, summary = _inputs(args)
     engine_config = engine_config_from(args)
     out_format = output_format(args.out, args.out_format)
     image_options = ImageOptions(max_pixels=args.max_pixels)
-    loader = MediaLoader(image_options)
-    total = len(requests) + len(unusable)
-    print(f"mmbatch: {total} items, model {args.model}", file=sys.stderr)
+    loader = MediaLoader(image_options, urls=url_policy_from(args))
+    sampling = sampling_from(args)
+    print(f"mmbatch: {len(requests) + len(unusable)} items, model {args.model}", file=sys.stderr)
     if args.ray is not None:
-        job |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
+        summary |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
+        # The Ray path writes its own output folder; it is not resumable (yet).
         return run_on_ray(
             args,
             requests,
-            job,
+            summary,
             engine_config=engine_config,
             sampling=sampling,
             image_options=image_options,
             out_format=out_format,
             unusable=unusable,
         )
-    engine = shared_engine(engine_config, {"image": 1})
-    refused = [Row(failure, output_row(request, (), failure)) for request, failure in unusable]
-    sink = open_sink(args.out, out_format)
-    stats = run_into(
-        sink, args.out, requests, engine, loader, sampling, run_config, refused=refused
+
+    def make_vllm_engine() -> Engine:
+        from mmbatch.engine.shared import shared_engine
+
+        return shared_engine(engine_config, {"image": 1})
+
+    job = Job(
+        requests=requests,
+        unusable=unusable,
+        loader=loader,
+        make_engine=make_engine or make_vllm_engine,
+        sampling=sampling,
+        fingerprint=job_fingerprint(
+            "caption",
+            args.model,
+            sampling,
+            prompt=args.prompt,
+            system=args.system,
+            image_options=asdict(image_options),
+        ),
+        summary=summary | {"model": args.model, "prompt": args.prompt, "output_format": out_format},
     )
-    job |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
-    return report(stats, args.out, job)
+    return run_resumable(args, job, out_format)
 
 
 def _inputs(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """The requests, the dataset rows that cannot become one (as error rows), and what the
     summary records about the inputs (the gallery reopens a dataset from it)."""
-    from dataclasses import asdict
-
     from mmbatch.errors import ConfigError
     from mmbatch.integrations.hf_local import DatasetInput, dataset_requests, detect_format
     from mmbatch.sources import image_requests
@@ -108,7 +127,8 @@ def _inputs(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, A
     if fmt in (None, "files"):
         if args.image_column or args.split or args.id_column:
             raise ConfigError("--image-column, --split and --id-column apply to datasets only")
-        requests = image_requests(args.inputs, args.prompt, args.system)
+        policy = source_policy_from(args)
+        requests = image_requests(args.inputs, args.prompt, args.system, policy)
         return requests, [], {"inputs": list(args.inputs)}
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")

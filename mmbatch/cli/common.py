@@ -44,6 +44,67 @@ def add_engine_options(
     )
     parser.add_argument("--window", type=int, default=None, help="requests prepared together")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the model repository run its own Python code (off by default)",
+    )
+
+
+def add_resume_options(parser: argparse.ArgumentParser) -> None:
+    """--retry-errors and --force: how a rerun treats the rows already in --out."""
+    resume = parser.add_argument_group(
+        "resuming", "rerun the same command with the same --out to continue a stopped job"
+    )
+    resume.add_argument(
+        "--retry-errors", action="store_true", help="redo the items whose row is an error"
+    )
+    resume.add_argument(
+        "--force",
+        action="store_true",
+        help="append to an --out written with other settings (model, prompt, sampling, decode)",
+    )
+
+
+def add_input_options(parser: argparse.ArgumentParser) -> None:
+    """What inputs may point at: the manifest root and URLs."""
+    from mmbatch.media.fetch import DEFAULT_URL_MAX_BYTES, DEFAULT_URL_TIMEOUT_S
+
+    group = parser.add_argument_group("input safety")
+    group.add_argument(
+        "--input-root",
+        default=None,
+        metavar="DIR",
+        help="manifest paths must resolve inside DIR (default: the manifest's folder)",
+    )
+    group.add_argument(
+        "--allow-outside-root", action="store_true", help="let manifest paths leave the root"
+    )
+    group.add_argument("--allow-urls", action="store_true", help="fetch http(s) inputs")
+    group.add_argument(
+        "--url-max-bytes",
+        type=int,
+        default=DEFAULT_URL_MAX_BYTES,
+        help="largest download per URL (default %(default)s)",
+    )
+    group.add_argument(
+        "--url-timeout",
+        type=float,
+        default=DEFAULT_URL_TIMEOUT_S,
+        help="seconds allowed per URL (default %(default)s)",
+    )
+
+
+def source_policy_from(args: argparse.Namespace) -> Any:
+    from mmbatch.sources import SourcePolicy
+
+    return SourcePolicy(args.input_root, args.allow_outside_root, args.allow_urls)
+
+
+def url_policy_from(args: argparse.Namespace) -> Any:
+    from mmbatch.media.fetch import UrlPolicy
+
+    return UrlPolicy(args.url_max_bytes, args.url_timeout) if args.allow_urls else None
 
 
 def sampling_from(args: argparse.Namespace) -> Any:
@@ -59,10 +120,20 @@ def run_config_from(args: argparse.Namespace) -> Any:
     return RunConfig(progress=not args.no_progress, **window)
 
 
-def engine_config_from(args: argparse.Namespace) -> Any:
-    from mmbatch.config import EngineConfig, parse_engine_args
+def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The --engine-arg pairs, with --trust-remote-code when it was given."""
+    from mmbatch.config import parse_engine_args
 
-    return EngineConfig(args.model, parse_engine_args(args.engine_arg))
+    engine_args = parse_engine_args(args.engine_arg)
+    if args.trust_remote_code:
+        engine_args["trust_remote_code"] = True
+    return engine_args
+
+
+def engine_config_from(args: argparse.Namespace) -> Any:
+    from mmbatch.config import EngineConfig
+
+    return EngineConfig(args.model, engine_args_from(args))
 
 
 def run_into(

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from typing import Any
 
-from mmbatch.cli.common import add_engine_options, report, run_config_from, run_into
+from mmbatch.cli.common import (
+    add_engine_options,
+    add_input_options,
+    add_resume_options,
+    engine_args_from,
+    source_policy_from,
+    url_policy_from,
+)
+from mmbatch.cli.jobs import Job, job_fingerprint, run_resumable
 from mmbatch.cli.on_ray import add_ray_options, run_on_ray
+from mmbatch.engine.base import Engine
 
 
 def register(commands: Any) -> None:
@@ -24,28 +34,28 @@ def register(commands: Any) -> None:
     parser.add_argument("--model", default=None, help="overrides the recipe's [engine] model")
     add_engine_options(parser, "added to (and over) the recipe's [engine] table for vllm.LLM")
     add_ray_options(parser)
+    add_resume_options(parser)
+    add_input_options(parser)
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from mmbatch.config import EngineConfig, parse_engine_args
-    from mmbatch.engine.shared import shared_engine
+def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = None) -> int:
+    """Run ``args.recipe`` over ``args.inputs`` into ``args.out``, resumably. ``make_engine``
+    replaces the vLLM engine (for the tests' fake engine)."""
+    from mmbatch.config import EngineConfig
     from mmbatch.errors import ConfigError
     from mmbatch.recipe import load_recipe
     from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
-    from mmbatch.sinks import JsonlSink
 
     # Everything that can be checked without the engine is checked before it starts.
     recipe = load_recipe(args.recipe)
     model = args.model or recipe.model
     if not model:
         raise ConfigError(f"{args.recipe} names no model: set [engine] model or pass --model")
-    requests = recipe_requests(args.inputs, recipe)
+    requests = recipe_requests(args.inputs, recipe, source_policy_from(args))
     rows = recipe_rows(recipe, requests)
-    loader = recipe_loader(recipe)
-    engine_config = EngineConfig(
-        model, {**recipe.engine_kwargs(), **parse_engine_args(args.engine_arg)}
-    )
+    loader = recipe_loader(recipe, url_policy_from(args))
+    engine_config = EngineConfig(model, {**recipe.engine_kwargs(), **engine_args_from(args)})
     items = len({r.row_id for r in requests})
     print(
         f"mmbatch: recipe {recipe.name}, {items} items x {len(recipe.questions)} "
@@ -62,26 +72,37 @@ def run(args: argparse.Namespace) -> int:
         item_rows = [
             replace(r, id=r.row_id, item_id=None, output=None) for r in first_asks.values()
         ]
-        job = {"inputs": list(args.inputs), "model": model, "recipe": recipe.path}
+        summary = {"inputs": list(args.inputs), "model": model, "recipe": recipe.path}
         return run_on_ray(
             args,
             item_rows,
-            job,
+            summary,
             engine_config=engine_config,
             sampling=recipe.sampling,
             image_options=ImageOptions(**recipe.media.options),
             recipe=recipe,
         )
-    engine = shared_engine(engine_config, {recipe.media.kind: 1})
-    stats = run_into(
-        JsonlSink(args.out),
-        args.out,
-        requests,
-        engine,
-        loader,
-        recipe.sampling,
-        run_config_from(args),
-        rows,
+
+    def make_vllm_engine() -> Engine:
+        from mmbatch.engine.shared import shared_engine
+
+        return shared_engine(engine_config, {recipe.media.kind: 1})
+
+    job = Job(
+        requests=requests,
+        loader=loader,
+        make_engine=make_engine or make_vllm_engine,
+        sampling=recipe.sampling,
+        rows=rows,
+        fingerprint=job_fingerprint(
+            "run",
+            model,
+            recipe.sampling,
+            questions=[asdict(q) for q in recipe.questions],
+            system=recipe.system,
+            media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
+            output=asdict(recipe.output),
+        ),
+        summary={"inputs": list(args.inputs), "model": model, "recipe": recipe.path},
     )
-    job = {"inputs": list(args.inputs), "model": model, "recipe": recipe.path}
-    return report(stats, args.out, job)
+    return run_resumable(args, job, "jsonl")

@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.config import EngineConfig
 from mmbatch.engine.base import CacheStats
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
-from mmbatch.types import LoadedRequest, MediaItem, Modality, Result, Sampling, Usage
+from mmbatch.types import (
+    LoadedRequest,
+    MediaItem,
+    Modality,
+    Result,
+    Sampling,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
@@ -124,11 +131,12 @@ class VLLMEngine:
                 continue
             request_id = self._pending.pop(output.request_id)
             completion = output.outputs[0]
-            if completion.finish_reason == "error":
-                # vLLM fails one request alone this way (a JSON schema whose grammar did not
-                # compile, for one); its text is empty, never an answer.
-                message = "vLLM failed this request (finish_reason 'error'; see its log)"
-                results.append(Result.failure(request_id, "engine", message))
+            if completion.finish_reason in _FAILED_FINISH_REASONS:
+                # vLLM fails one request alone this way ("error": a JSON schema whose grammar
+                # did not compile, for one; "abort"): its text is empty, never an answer.
+                reason = completion.finish_reason
+                message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
+                results.append(Result.failure(request_id, "engine", message, "engine"))
                 continue
             results.append(
                 Result(
@@ -142,6 +150,16 @@ class VLLMEngine:
                     ),
                 )
             )
+        if self._pending and not self._engine.has_unfinished_requests():
+            # vLLM holds nothing more, yet these never came back: without this, the pipeline
+            # would wait for them forever.
+            for request_id in self._pending.values():
+                results.append(
+                    Result.failure(
+                        request_id, "engine", "vLLM dropped the request without an output", "engine"
+                    )
+                )
+            self._pending.clear()
         return results
 
     def _render(self, prompt: dict[str, Any]) -> Any:
@@ -152,7 +170,7 @@ class VLLMEngine:
             parsed = parse_model_prompt(self._engine.model_config, prompt)
             (engine_input,) = self._engine.renderer.render_cmpl([parsed])
         except Exception as exc:  # the HF processor raises anything for bad media
-            raise RequestRejected(f"vLLM refused the request: {type(exc).__name__}: {exc}") from exc
+            raise _rejected(exc) from exc
         return engine_input
 
     def _submit(self, engine_id: str, request_id: str, engine_input: Any, params: Any) -> None:
@@ -163,7 +181,7 @@ class VLLMEngine:
         except EngineDeadError as exc:
             raise FatalEngineError(f"the vLLM engine died: {exc}") from exc
         except Exception as exc:  # vLLM raises ValueError, TypeError... per prompt
-            raise RequestRejected(f"vLLM refused the request: {type(exc).__name__}: {exc}") from exc
+            raise _rejected(exc) from exc
         self._pending[engine_id] = request_id
 
     def _submit_rendered(self, wait: bool) -> list[Result]:
@@ -174,7 +192,7 @@ class VLLMEngine:
             try:
                 self._submit(item.engine_id, item.request_id, item.future.result(), item.params)
             except RequestRejected as exc:
-                failures.append(Result.failure(item.request_id, exc.stage, str(exc)))
+                failures.append(Result.failure(item.request_id, exc.stage, str(exc), exc.kind))
         return failures
 
     def num_unfinished(self) -> int:
@@ -201,6 +219,21 @@ class VLLMEngine:
             prompt["multi_modal_data"] = data
             prompt["multi_modal_uuids"] = uuids
         return prompt
+
+
+_FAILED_FINISH_REASONS = frozenset({"abort", "error"})
+"""vLLM finish reasons that mean the request produced no usable text."""
+
+
+def _rejected(exc: Exception) -> RequestRejected:
+    """vLLM's refusal of one prompt, with its kind: "does not fit the context" (vLLM says
+    so only in words) or any other refusal."""
+    message = str(exc).lower()
+    too_long = "maximum context length" in message or "max_model_len" in message
+    return RequestRejected(
+        f"vLLM refused the request: {type(exc).__name__}: {exc}",
+        "too_long" if too_long else "rejected",
+    )
 
 
 def _sampling_params(sampling: Sampling) -> SamplingParams:

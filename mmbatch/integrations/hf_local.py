@@ -103,7 +103,7 @@ def dataset_requests(
             requests.append(Request(row_id, prompt, (ref,), system))
         else:
             named = Request(row_id, prompt, (MediaRef("image", f"{spec.path}#{index}"),), system)
-            unusable.append((named, Result.failure(row_id, ref.stage, str(ref))))
+            unusable.append((named, Result.failure(row_id, ref.stage, str(ref), ref.kind)))
     if not requests and not unusable:
         raise SourceError(f"{spec.path}: the dataset has no rows")
     return requests, unusable

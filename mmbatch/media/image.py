@@ -1,9 +1,10 @@
 """Decode image bytes with Pillow into the RGB picture the model should see.
 
-Three things a naive ``Image.open(path).convert("RGB")`` gets wrong, done right here:
+Four things a naive ``Image.open(path).convert("RGB")`` gets wrong, done right here:
 EXIF orientation is applied (phone photos otherwise arrive sideways), transparency is
-composited over white (a bare convert turns transparent pixels black), and the header's
-size is checked against a cap *before* any pixel is decoded (decompression bombs).
+composited over white (a bare convert turns transparent pixels black), 16-bit greyscale is
+scaled rather than clipped to white, and the header's size is checked against a cap
+*before* any pixel is decoded (decompression bombs).
 
 A picture that arrives already decoded (a PIL image from a datasets ``Image()`` column) goes
 through the same cap, compositing and resizing in ``prepare_decoded``; its content key is
@@ -26,7 +27,7 @@ from mmbatch.errors import MediaError
 def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image:
     """Decode ``data`` to an RGB image, or raise ``MediaError`` saying what is wrong."""
     if not data:
-        raise MediaError("empty file (0 bytes)", stage="load")
+        raise MediaError("empty file (0 bytes)", stage="load", kind="empty")
     try:
         with warnings.catch_warnings():
             # We enforce our own pixel cap below; Pillow's warning would only duplicate it.
@@ -36,15 +37,19 @@ def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image
             if width * height > options.max_source_pixels:
                 raise MediaError(
                     f"image is {width}x{height} = {width * height} pixels, over the cap of "
-                    f"{options.max_source_pixels} (raise max_source_pixels if this is intended)"
+                    f"{options.max_source_pixels} (raise max_source_pixels if this is intended)",
+                    kind="too_large",
                 )
             opened.load()
             image = ImageOps.exif_transpose(opened)
     except MediaError:
         raise
     except UnidentifiedImageError:
-        raise MediaError("not an image Pillow can identify") from None
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise MediaError("not an image Pillow can identify", kind="not_media") from None
+    except Image.DecompressionBombError as exc:
+        # Pillow's own, larger cap fires while opening, before ours can look at the size.
+        raise MediaError(f"decompression bomb refused: {exc}", kind="too_large") from None
+    except (OSError, ValueError, SyntaxError) as exc:
         raise MediaError(f"corrupt or unsupported image: {exc}") from None
     image = _to_rgb(image)
     if options.max_pixels is not None:
@@ -80,7 +85,8 @@ def prepare_decoded(image: Image.Image, options: ImageOptions) -> Image.Image:
     if width * height > options.max_source_pixels:
         raise MediaError(
             f"image is {width}x{height} = {width * height} pixels, over the cap of "
-            f"{options.max_source_pixels} (raise max_source_pixels if this is intended)"
+            f"{options.max_source_pixels} (raise max_source_pixels if this is intended)",
+            kind="too_large",
         )
     rgb = _to_rgb(image)
     if options.max_pixels is not None:
@@ -91,6 +97,10 @@ def prepare_decoded(image: Image.Image, options: ImageOptions) -> Image.Image:
 def _to_rgb(image: Image.Image) -> Image.Image:
     if image.mode == "RGB":
         return image
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        # 16-bit greyscale (PNG, TIFF): a bare convert("RGB") clips every value above 255,
+        # which turns all but the darkest 1/256 of the range white. Scale to 8 bits instead.
+        image = image.convert("I").point(lambda v: v * (1 / 256)).convert("L")
     if image.mode == "P" and "transparency" in image.info:
         image = image.convert("RGBA")
     if image.mode in ("RGBA", "LA", "PA"):

@@ -18,6 +18,7 @@ from typing import Any
 
 from mmbatch.config import ImageOptions
 from mmbatch.errors import ItemFailure, MediaError
+from mmbatch.media.fetch import UrlPolicy, read_source
 from mmbatch.media.hashing import media_key
 from mmbatch.media.image import canonical_image_bytes, decode_image, prepare_decoded
 from mmbatch.media.store import MediaStore
@@ -37,9 +38,16 @@ class LoadedWindow:
 class MediaLoader:
     """Turns requests into ``LoadedRequest``s whose media are decoded and held in a store."""
 
-    def __init__(self, image_options: ImageOptions, store: MediaStore | None = None) -> None:
+    def __init__(
+        self,
+        image_options: ImageOptions,
+        store: MediaStore | None = None,
+        urls: UrlPolicy | None = None,
+    ) -> None:
         self.image_options = image_options
         self.store = store if store is not None else MediaStore()
+        self.urls = urls
+        """Fetch http(s) sources within these limits; None refuses URLs (error rows)."""
 
     def load(self, requests: Sequence[Request]) -> LoadedWindow:
         window = LoadedWindow()
@@ -53,7 +61,7 @@ class MediaLoader:
                     for ref in request.media
                 )
             except ItemFailure as exc:
-                window.failures.append(Result.failure(request.id, exc.stage, str(exc)))
+                window.failures.append(Result.failure(request.id, exc.stage, str(exc), exc.kind))
                 continue
             window.requests.append(LoadedRequest(request, keys))
 
@@ -63,6 +71,12 @@ class MediaLoader:
                 window.media[key] = self.store.get_or_decode(key, partial(self._decode, key, data))
             except MediaError as exc:
                 decode_errors[key] = exc
+            except Exception as exc:
+                # Decoders meet hostile bytes here; whatever one raises is this item's
+                # problem (an error row), never the job's.
+                decode_errors[key] = MediaError(
+                    f"the decoder failed: {type(exc).__name__}: {exc}", kind="corrupt"
+                )
         if decode_errors:
             kept = []
             for loaded in window.requests:
@@ -71,7 +85,7 @@ class MediaLoader:
                     kept.append(loaded)
                 else:
                     err = decode_errors[bad]
-                    window.failures.append(Result.failure(loaded.id, err.stage, str(err)))
+                    window.failures.append(Result.failure(loaded.id, err.stage, str(err), err.kind))
             window.requests = kept
         return window
 
@@ -92,7 +106,9 @@ class MediaLoader:
             if key is not None:
                 return key
         if ref.modality != "image":
-            raise MediaError(f"{ref.modality} input is not supported yet", stage="load")
+            raise MediaError(
+                f"{ref.modality} input is not supported yet", stage="load", kind="unsupported"
+            )
         content: Any
         data: bytes | memoryview
         if ref.image is not None:
@@ -103,13 +119,10 @@ class MediaLoader:
             window.bytes_read += len(data)
         else:
             try:
-                with open(ref.source, "rb") as handle:
-                    data = content = handle.read()
-            except OSError as exc:
-                read_errors[ref.source] = MediaError(
-                    f"cannot read {ref.source!r}: {exc.strerror or exc}", stage="load"
-                )
-                raise read_errors[ref.source] from None
+                data = content = read_source(ref.source, self.urls)
+            except MediaError as exc:
+                read_errors[ref.source] = exc
+                raise
             window.bytes_read += len(data)
         key = media_key(ref.modality, data, self.image_options.cache_token())
         if not in_memory:

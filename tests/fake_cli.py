@@ -1,0 +1,67 @@
+"""The ``mmbatch`` command with the fake engine in place of vLLM.
+
+Everything else is the real command: argument parsing, sources, loader, pipeline, the
+resumable sink and the exit codes. The kill tests run it as a subprocess
+(``python tests/fake_cli.py caption ...``); ``FAKE_STEP_SECONDS`` slows each engine step,
+and ``FAKE_TEAR_AT_ROW=N`` makes the process SIGKILL itself half-way through writing its
+N-th row, the torn write that a kill during ``write`` can leave.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fakes import FakeEngine
+
+from mmbatch import cli
+from mmbatch.cli import caption
+from mmbatch.sinks import JsonlSink
+
+
+def main(argv: Sequence[str], engine: FakeEngine | None = None) -> int:
+    engine = engine or FakeEngine(
+        per_step=1, step_seconds=float(os.environ.get("FAKE_STEP_SECONDS", "0"))
+    )
+    run = partial(caption.run, make_engine=lambda: engine)
+    with mock.patch.object(caption, "run", run):
+        tear_at = os.environ.get("FAKE_TEAR_AT_ROW")
+        if tear_at is None:
+            return cli.main(argv)
+        with mock.patch.object(JsonlSink, "write", _tearing_write(int(tear_at))):
+            return cli.main(argv)
+
+
+def _tearing_write(tear_at: int) -> Any:
+    real_write = JsonlSink.write
+    count = 0
+
+    def write(self: JsonlSink, row: dict[str, Any]) -> None:
+        nonlocal count
+        count += 1
+        if count < tear_at:
+            real_write(self, row)
+            return
+        line = cli_json_line(row)
+        os.write(self._require_open(), line[: len(line) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return write
+
+
+def cli_json_line(row: dict[str, Any]) -> bytes:
+    import json
+
+    return (json.dumps(row, ensure_ascii=False) + "\n").encode()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

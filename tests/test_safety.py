@@ -1,0 +1,186 @@
+"""What inputs may make mmbatch do: manifest paths stay inside the input root, URLs are
+fetched only when allowed and within limits, a model's own code runs only when asked."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_cli import main
+from fakes import FakeEngine
+
+from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK, build_parser
+from mmbatch.cli.common import engine_config_from
+from mmbatch.config import EngineConfig
+from mmbatch.errors import MediaError, SourceError
+from mmbatch.media.fetch import UrlPolicy, read_source
+from mmbatch.sources import SourcePolicy, image_requests
+
+
+def manifest(folder: Path, *paths: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "items.jsonl"
+    path.write_text("".join(json.dumps({"path": p}) + "\n" for p in paths))
+    return path
+
+
+@pytest.fixture
+def outside(tmp_path: Path, samples: Path) -> Path:
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes((samples / "sunset.jpg").read_bytes())
+    return secret
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
+def test_manifest_paths_cannot_leave_the_manifest_folder(
+    tmp_path: Path, outside: Path, how: str
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    if how == "symlink":
+        (data / "link.jpg").symlink_to(outside)
+    entry = {"dotdot": "../secret.jpg", "absolute": str(outside), "symlink": "link.jpg"}[how]
+    items = manifest(data, entry)
+    with pytest.raises(SourceError, match=r"items\.jsonl:1: .* resolves outside the input root"):
+        image_requests([str(items)], "p")
+    allowed = image_requests([str(items)], "p", policy=SourcePolicy(allow_outside_root=True))
+    assert len(allowed) == 1
+
+
+def test_a_declared_root_can_be_wider_than_the_manifest_folder(
+    tmp_path: Path, outside: Path
+) -> None:
+    items = manifest(tmp_path / "lists", "../secret.jpg")
+    with pytest.raises(SourceError):
+        image_requests([str(items)], "p")
+    wider = SourcePolicy(root=str(tmp_path))
+    assert [r.media[0].source for r in image_requests([str(items)], "p", policy=wider)] == [
+        str(tmp_path / "lists" / "../secret.jpg")
+    ]
+
+
+def test_the_command_refuses_an_escaping_manifest_before_starting_anything(
+    tmp_path: Path, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    items = manifest(tmp_path / "data", "../secret.jpg")
+    out = tmp_path / "o.jsonl"
+    argv = ["caption", str(items), "--model", "fake", "--out", str(out), "--no-progress"]
+    engine = FakeEngine()
+    assert main(argv, engine) == EXIT_JOB_FAILED
+    assert "--allow-outside-root" in capsys.readouterr().err
+    assert not out.exists()
+    assert engine.added == []
+    assert main([*argv, "--allow-outside-root"], FakeEngine()) == EXIT_OK
+
+
+def test_manifest_values_are_data(tmp_path: Path, samples: Path) -> None:
+    (tmp_path / "a.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+    sneaky = "__import__('os').system('touch pwned')"
+    (tmp_path / "items.csv").write_text(f'path,id,prompt\na.jpg,"{sneaky}","{sneaky}"\n')
+    [request] = image_requests([str(tmp_path / "items.csv")], "p")
+    assert request.id == sneaky
+    assert request.prompt == sneaky
+    assert not (tmp_path / "pwned").exists()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    payloads: dict[str, bytes]
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        if self.path == "/slow":
+            self.send_response(200)
+            self.end_headers()
+            try:
+                for _ in range(40):  # trickles for 4 s
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up, as it should
+            return
+        body = self.server.payloads.get(self.path)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the tests read the results, not the access log."""
+
+
+@pytest.fixture
+def server(samples: Path) -> Iterator[str]:
+    httpd = _Server(("127.0.0.1", 0), _Handler)
+    httpd.payloads = {
+        "/sunset.jpg": (samples / "sunset.jpg").read_bytes(),
+        "/big.bin": b"\0" * 300_000,
+    }
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def test_urls_are_refused_unless_allowed(tmp_path: Path, server: str) -> None:
+    items = manifest(tmp_path, f"{server}/sunset.jpg")
+    with pytest.raises(SourceError, match="--allow-urls"):
+        image_requests([str(items)], "p")
+    with pytest.raises(SourceError, match="--allow-urls"):
+        image_requests([f"{server}/sunset.jpg"], "p")
+    with pytest.raises(MediaError, match="--allow-urls"):
+        read_source(f"{server}/sunset.jpg", None)
+
+
+def test_allowed_urls_are_fetched_within_size_and_time(server: str, samples: Path) -> None:
+    policy = UrlPolicy(max_bytes=100_000, timeout_s=1.0)
+    assert read_source(f"{server}/sunset.jpg", policy) == (samples / "sunset.jpg").read_bytes()
+    with pytest.raises(MediaError, match="over the URL size limit") as big:
+        read_source(f"{server}/big.bin", policy)
+    assert big.value.kind == "too_large"
+    started = time.monotonic()
+    with pytest.raises(MediaError, match=r"took over 1 s|timed out") as slow:
+        read_source(f"{server}/slow", policy)
+    assert time.monotonic() - started < 3
+    assert slow.value.kind == "unreadable"
+    with pytest.raises(MediaError, match="HTTP 404 Not Found") as missing:
+        read_source(f"{server}/nope.jpg", policy)
+    assert missing.value.stage == "load"
+    with pytest.raises(MediaError, match="only http and https"):
+        read_source("file:///etc/passwd", policy)
+
+
+def test_url_inputs_through_the_command(
+    tmp_path: Path, server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    items = manifest(tmp_path, f"{server}/sunset.jpg", f"{server}/big.bin")
+    out = tmp_path / "o.jsonl"
+    argv = ["caption", str(items), "--model", "fake", "--out", str(out), "--no-progress"]
+    assert main(argv, FakeEngine()) == EXIT_JOB_FAILED
+    assert "--allow-urls" in capsys.readouterr().err
+    assert main([*argv, "--allow-urls", "--url-max-bytes", "100000"], FakeEngine()) == 1
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows[f"{server}/sunset.jpg"]["error"] is None
+    assert rows[f"{server}/big.bin"]["error"]["kind"] == "too_large"
+
+
+def test_remote_code_runs_only_when_asked() -> None:
+    assert EngineConfig("m").llm_kwargs()["trust_remote_code"] is False
+    parse = build_parser().parse_args
+    plain = parse(["caption", "x", "--model", "m", "--out", "o"])
+    assert engine_config_from(plain).llm_kwargs()["trust_remote_code"] is False
+    asked = parse(["caption", "x", "--model", "m", "--out", "o", "--trust-remote-code"])
+    assert engine_config_from(asked).llm_kwargs()["trust_remote_code"] is True
