@@ -26,6 +26,8 @@ from mmbatch.errors import FatalEngineError
 from mmbatch.types import Request, Result, Sampling
 
 if TYPE_CHECKING:
+    from mmbatch.outputs import OutputFormat
+    from mmbatch.resume import OutputTally
     from mmbatch.rows import RowBuilder
     from mmbatch.stats import JobStats
 
@@ -56,7 +58,7 @@ def job_fingerprint(command: str, model: str, sampling: Sampling, **task: Any) -
     return {"command": command, "model": model, "sampling": asdict(sampling), **task}
 
 
-def run_resumable(args: argparse.Namespace, job: Job, out_format: str) -> int:
+def run_resumable(args: argparse.Namespace, job: Job, out_format: OutputFormat) -> int:
     """Run the items of ``job`` that have no row in ``args.out`` yet; return the exit code."""
     from mmbatch.outputs import open_sink, write_summary
     from mmbatch.pipeline import run_job
@@ -85,7 +87,7 @@ def run_resumable(args: argparse.Namespace, job: Job, out_format: str) -> int:
 
     stats: JobStats | None = None
     if requests or unusable or progress != out:
-        sink = open_sink(out, out_format, append=True)  # type: ignore[arg-type]
+        sink = open_sink(out, out_format, append=True)
         try:
             for request, failure in unusable:
                 sink.write(output_row(request, (), failure))
@@ -133,7 +135,7 @@ def run_resumable(args: argparse.Namespace, job: Job, out_format: str) -> int:
     return EXIT_OK if tally.failed == 0 else EXIT_ITEMS_FAILED
 
 
-def _progress_file(out: Path, out_format: str) -> Path:
+def _progress_file(out: Path, out_format: OutputFormat) -> Path:
     """The JSONL file that resume reads: the output itself, or a columnar output's spool
     (recreated from the output's rows when a finished job is run again)."""
     if out_format == "jsonl":
@@ -148,7 +150,7 @@ def _progress_file(out: Path, out_format: str) -> Path:
     return spool
 
 
-def _tally(out: Path, out_format: str, requests: Sequence[Request]) -> Any:
+def _tally(out: Path, out_format: OutputFormat, requests: Sequence[Request]) -> OutputTally:
     from mmbatch import outputs, resume
 
     rows = resume.read_rows(out) if out_format == "jsonl" else outputs.read_rows(out)
