@@ -127,7 +127,7 @@ class ItemRows:
                 try:
                     parsed = self.parse(result.text)
                 except ValueError as exc:
-                    error = ItemError("parse", str(exc))
+                    error = ItemError("parse", str(exc), "unparsable")
             answer["parsed"] = parsed
         answer.update(
             finish_reason=result.finish_reason,
@@ -148,4 +148,7 @@ def _item_error(failures: list[tuple[str, ItemError]], asked: int) -> ItemError 
     if len(failures) == asked and len(errors) == 1:
         return failures[0][1]
     detail = "; ".join(f"{name}: {error.stage}: {error.message}" for name, error in failures)
-    return ItemError(failures[0][1].stage, f"{len(failures)} of {asked} outputs failed ({detail})")
+    first = failures[0][1]
+    return ItemError(
+        first.stage, f"{len(failures)} of {asked} outputs failed ({detail})", first.kind
+    )

@@ -29,6 +29,7 @@ FailureKind = Literal[
     "too_long",  # the prompt with its media does not fit the model's context
     "rejected",  # the engine refused the request for another reason
     "engine",  # the engine accepted the request, then failed or dropped it
+    "unparsable",  # the answer is not in the format asked for (JSON against a schema)
     "other",
 ]
 """What went wrong with an item, coarser than the message and finer than the stage: the

@@ -1,4 +1,4 @@
-"""The ``mmbatch`` command with the fake engine in place of vLLM.
+"""The ``mmbatch`` command (``caption`` and ``run``) with the fake engine in place of vLLM.
 
 Everything else is the real command: argument parsing, sources, loader, pipeline, the
 resumable sink and the exit codes. The kill tests run it as a subprocess
@@ -24,6 +24,7 @@ from fakes import FakeEngine
 
 from mmbatch import cli
 from mmbatch.cli import caption
+from mmbatch.cli import run as recipe_run
 from mmbatch.sinks import JsonlSink
 
 
@@ -31,8 +32,11 @@ def main(argv: Sequence[str], engine: FakeEngine | None = None) -> int:
     engine = engine or FakeEngine(
         per_step=1, step_seconds=float(os.environ.get("FAKE_STEP_SECONDS", "0"))
     )
-    run = partial(caption.run, make_engine=lambda: engine)
-    with mock.patch.object(caption, "run", run):
+    fake = {"make_engine": lambda: engine}
+    with (
+        mock.patch.object(caption, "run", partial(caption.run, **fake)),
+        mock.patch.object(recipe_run, "run", partial(recipe_run.run, **fake)),
+    ):
         tear_at = os.environ.get("FAKE_TEAR_AT_ROW")
         if tear_at is None:
             return cli.main(argv)

@@ -136,3 +136,26 @@ def test_columnar_outputs_resume_too(good: Path, tmp_path: Path, suffix: str) ->
     assert idle.added == []
     assert len(read_rows(out)) == 4
     assert not (tmp_path / f"captions{suffix}.rows.jsonl").exists()
+
+
+def test_a_multi_question_recipe_resumes_by_item(good: Path, tmp_path: Path) -> None:
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "multi_question.toml"
+    out = tmp_path / "answers.jsonl"
+    argv = ["run", str(recipe), "--input", str(good), "--model", "fake", "--out", str(out)]
+    argv.append("--no-progress")
+    # Dies after 5 answers: at most two of the four items are complete, none is half written.
+    assert main(argv, FakeEngine(per_step=1, die_after_steps=5)) == EXIT_JOB_FAILED
+    first = rows(out)
+    assert 0 < len(first) < 4
+    rest = FakeEngine()
+    assert main(argv, rest) == EXIT_OK
+    done = rows(out)
+    assert sorted(done) == sorted(str(p) for p in good.iterdir())
+    questions = {name for row in done.values() for name in row["outputs"]}
+    assert len(questions) > 1
+    for row in done.values():
+        assert set(row["outputs"]) == questions
+        for answer in row["outputs"].values():
+            assert answer["text"] == expected_text([row["media_hash"]], answer["prompt"])
+    # Only the unfinished items' questions were asked again.
+    assert len(rest.added) == (4 - len(first)) * len(questions)

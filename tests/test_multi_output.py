@@ -76,7 +76,7 @@ def test_a_bad_picture_fails_every_answer_with_one_reason(corpus: Path) -> None:
     stats, rows, _, _ = run(requests, recipe_rows(recipe, requests), window=8)
     by_name = {Path(r["id"]).name: r for r in rows}
     empty = by_name["empty.jpg"]
-    assert empty["error"] == {"stage": "load", "message": "empty file (0 bytes)"}
+    assert empty["error"] == {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"}
     assert all(a["error"] == empty["error"] for a in empty["outputs"].values())
     assert by_name["truncated.jpg"]["error"]["stage"] == "decode"
     assert stats.failed == 2
@@ -107,9 +107,8 @@ def test_single_question_recipes_keep_a_manifest_prompt_and_multi_refuse_it(
     tmp_path: Path, samples: Path
 ) -> None:
     manifest = tmp_path / "m.jsonl"
-    manifest.write_text(
-        json.dumps({"path": str(samples / "sunset.jpg"), "id": "a", "prompt": "Own?"}) + "\n"
-    )
+    shutil.copyfile(samples / "sunset.jpg", tmp_path / "sunset.jpg")  # inside the root
+    manifest.write_text(json.dumps({"path": "sunset.jpg", "id": "a", "prompt": "Own?"}) + "\n")
     single = load_recipe(RECIPES / "short_caption.toml")
     (request,) = recipe_requests([str(manifest)], single)
     assert (request.id, request.item_id, request.output) == ("a#caption", "a", "caption")
