@@ -34,6 +34,7 @@ def output_row(request: Request, media_keys: tuple[str, ...], result: Result) ->
         "output_tokens": result.usage.output_tokens,
         "cached_tokens": result.usage.cached_tokens,
         "error": result.error.to_dict() if result.error else None,
+        **dict(request.columns),
     }
 
 

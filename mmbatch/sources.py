@@ -33,6 +33,8 @@ IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif"}
 )
 MANIFEST_SUFFIXES = frozenset({".jsonl", ".csv"})
+VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg"})
+AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wma"})
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def image_requests(
     manifest row brings its own)."""
     requests: list[Request] = []
     seen: set[str] = set()
-    for item_id, path, row_prompt in _expand(inputs, policy or SourcePolicy()):
+    for item_id, path, row_prompt in expand_inputs(inputs, policy=policy):
         if item_id in seen:
             if item_id == path:
                 continue  # the same file reached twice (named and inside a folder): one item
@@ -74,15 +76,24 @@ def image_requests(
     return requests
 
 
-def _expand(inputs: Sequence[str], policy: SourcePolicy) -> Iterator[tuple[str, str, str | None]]:
-    """Yield ``(id, path, prompt-or-None)`` for every input, in a deterministic order."""
+def expand_inputs(
+    inputs: Sequence[str],
+    suffixes: frozenset[str] = IMAGE_SUFFIXES,
+    policy: SourcePolicy | None = None,
+) -> Iterator[tuple[str, str, str | None]]:
+    """Yield ``(id, path, prompt-or-None)`` for every input, in a deterministic order.
+
+    Folders and globs contribute the files whose suffix is in ``suffixes``; a file named
+    explicitly is taken whatever its suffix, so that a bad file gets an error row."""
+    policy = policy or SourcePolicy()
+    kinds = "image" if suffixes == IMAGE_SUFFIXES else "media file"
     for raw in inputs:
         path = Path(raw)
         if is_url(raw):
             _check_url(raw, "input", policy)
             yield raw, raw, None
         elif path.is_dir():
-            for found in _walk_images(path):
+            for found in _walk(path, suffixes):
                 yield str(found), str(found), None
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
             yield from _read_manifest(path, policy)
@@ -91,21 +102,21 @@ def _expand(inputs: Sequence[str], policy: SourcePolicy) -> Iterator[tuple[str, 
             yield raw, raw, None
         elif glob.has_magic(raw):
             matches = sorted(glob.glob(raw, recursive=True))
-            files = [m for m in matches if Path(m).suffix.lower() in IMAGE_SUFFIXES]
+            files = [m for m in matches if Path(m).suffix.lower() in suffixes]
             if not files:
-                raise SourceError(f"the pattern {raw!r} matches no image")
+                raise SourceError(f"the pattern {raw!r} matches no {kinds}")
             for file in files:
                 yield file, file, None
         else:
             raise SourceError(f"input {raw!r} does not exist")
 
 
-def _walk_images(root: Path) -> list[Path]:
+def _walk(root: Path, suffixes: frozenset[str]) -> list[Path]:
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
-            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_SUFFIXES:
+            if not name.startswith(".") and Path(name).suffix.lower() in suffixes:
                 found.append(Path(dirpath) / name)
     return found
 

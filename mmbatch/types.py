@@ -37,6 +37,33 @@ summary and the quarantine file count failures by it."""
 
 
 @dataclass(frozen=True)
+class FrameAt:
+    """One frame of a video: its index in presentation order and its time in seconds."""
+
+    index: int
+    pts: float
+
+
+@dataclass(frozen=True)
+class TimeSpan:
+    """A stretch of a media file in seconds, ``[start, end)``: one window of a long audio."""
+
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A file that a source already found unusable while expanding it (a video it could not
+    index, a timestamp past the end): the loader turns it into this request's error row, so
+    the file still gets exactly one row saying why."""
+
+    message: str
+    stage: Stage = "decode"
+    kind: FailureKind = "corrupt"
+
+
+@dataclass(frozen=True)
 class MediaRef:
     """What a source row points at, nothing decoded yet: a file to read, or media already
     in memory, the way datasets stores media as ``{bytes, path}``.
@@ -46,12 +73,17 @@ class MediaRef:
     column), the loader reads nothing and ``source`` only names the item in output rows.
     ``data`` may be a byte ``memoryview`` into a memory-mapped Arrow file, so that a dataset
     larger than memory is not copied into it.
+
+    ``part`` narrows a file: an image taken from one frame of a video (``FrameAt``), or a
+    window of an audio file (``TimeSpan``); ``None`` is the whole file. ``Unreadable`` marks
+    a file its source could not expand.
     """
 
     modality: Modality
     source: str
     data: bytes | memoryview | None = field(default=None, repr=False)
     image: Any = field(default=None, repr=False)
+    part: FrameAt | TimeSpan | Unreadable | None = None
 
     def __post_init__(self) -> None:
         if self.data is not None and self.image is not None:
@@ -113,6 +145,9 @@ class Request:
     """The name of this request's answer within its item's row (multi-output jobs)."""
     sampling: Sampling | None = None
     """This request's own sampling settings (OpenAI batch lines carry them); None: the job's."""
+    columns: tuple[tuple[str, Any], ...] = ()
+    """Extra columns for this request's output row, e.g. a video frame's ``video``,
+    ``frame_index`` and ``pts``, or an audio window's ``start`` and ``end``."""
 
     @property
     def row_id(self) -> str:

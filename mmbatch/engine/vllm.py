@@ -40,6 +40,8 @@ from mmbatch.types import (
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
 
+    from mmbatch.budget import PromptBudget
+
 DEFAULT_RENDER_THREADS = 1
 """One background renderer: overlaps preprocessing with the engine, keeps the processor cache."""
 
@@ -205,6 +207,20 @@ class VLLMEngine:
             if field is not None:
                 counts[field] += int(getattr(metric, "value", 0))
         return CacheStats(**counts)
+
+    def prompt_budget(self) -> PromptBudget:
+        """The limits and token rules for measuring prompts before they are added: this
+        engine's max_model_len and encoder cache, the processor's resize rules, its template."""
+        from mmbatch.budget import PromptBudget
+
+        processor = getattr(self._engine, "input_processor", None)
+        cache = getattr(processor, "mm_encoder_cache_size", 0) or None
+        return PromptBudget.from_processor(
+            self._template._processor,
+            self._template.render,
+            max_model_len=self.llm.llm_engine.model_config.max_model_len,
+            max_item_tokens=cache,
+        )
 
     def _prompt(self, request: LoadedRequest, media: Sequence[MediaItem]) -> dict[str, Any]:
         modalities = tuple(item.modality for item in media)

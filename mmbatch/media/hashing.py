@@ -21,3 +21,21 @@ def media_key(modality: Modality, data: bytes | memoryview, options_token: str) 
         h.update(len(part).to_bytes(8, "little"))
         h.update(part)
     return f"{modality}-{h.hexdigest()}"
+
+
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+def file_digest(path: str) -> tuple[bytes, int]:
+    """The xxh3-128 digest of the file at ``path`` and its size, read in chunks.
+
+    Videos and long audio are keyed by this digest instead of being held in memory whole:
+    an hour of video is gigabytes, while xxh3 streams it at memory speed. Raises ``OSError``.
+    """
+    h = xxhash.xxh3_128()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK_BYTES):
+            h.update(chunk)
+            size += len(chunk)
+    return h.digest(), size

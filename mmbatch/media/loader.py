@@ -4,25 +4,48 @@ The bytes of each source are read once and hashed once; each distinct key is dec
 (through the store) no matter how many requests or file names share it. Failures become
 error ``Result``s for exactly the requests that use the failing media.
 
+Images are read whole, hashed and decoded with Pillow. Videos and audio are hashed by
+streaming the file (an hour of video does not fit in memory) and decoded by PyAV from the
+path (``mmbatch.media.av_items``): a clip of sampled frames, single frames of a video (all
+the window's frames of one video in one decoding pass), or a window of audio.
+
 Media already in memory (``MediaRef.data`` bytes, or an already decoded ``MediaRef.image``)
-take the same path minus the file read: hashed once, decoded (or, for a decoded picture,
+take the image path minus the file read: hashed once, decoded (or, for a decoded picture,
 prepared) once per distinct key.
+
+With a ``PromptBudget``, a clip that would not fit the model is shrunk before it is decoded
+(within the bounds the options allow), and every request is measured after decoding; one
+that is still over the budget becomes an error row instead of reaching the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
-from mmbatch.config import ImageOptions
+from mmbatch.config import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.errors import ItemFailure, MediaError
+from mmbatch.media import av_items
 from mmbatch.media.fetch import UrlPolicy, read_source
-from mmbatch.media.hashing import media_key
-from mmbatch.media.image import canonical_image_bytes, decode_image, prepare_decoded
+from mmbatch.media.hashing import file_digest, media_key
+from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.store import MediaStore
-from mmbatch.types import LoadedRequest, MediaItem, MediaRef, Request, Result
+from mmbatch.types import (
+    FrameAt,
+    LoadedRequest,
+    MediaItem,
+    MediaRef,
+    Request,
+    Result,
+    TimeSpan,
+    Unreadable,
+)
+
+if TYPE_CHECKING:
+    from mmbatch.budget import PromptBudget
+    from mmbatch.media.video import VideoIndex
 
 
 @dataclass
@@ -43,32 +66,34 @@ class MediaLoader:
         image_options: ImageOptions,
         store: MediaStore | None = None,
         urls: UrlPolicy | None = None,
+        *,
+        video_options: VideoOptions | None = None,
+        audio_options: AudioOptions | None = None,
+        budget: PromptBudget | None = None,
     ) -> None:
         self.image_options = image_options
         self.store = store if store is not None else MediaStore()
         self.urls = urls
         """Fetch http(s) sources within these limits; None refuses URLs (error rows)."""
+        self.video_options = video_options or VideoOptions()
+        self.audio_options = audio_options or AudioOptions()
+        self.budget = budget
 
     def load(self, requests: Sequence[Request]) -> LoadedWindow:
         window = LoadedWindow()
-        keys_by_source: dict[str, str] = {}
-        content_by_key: dict[str, Any] = {}  # raw bytes, or an already decoded picture
-        read_errors: dict[str, MediaError] = {}
+        plan = _WindowPlan(self, window)
         for request in requests:
             try:
-                keys = tuple(
-                    self._key(ref, keys_by_source, content_by_key, read_errors, window)
-                    for ref in request.media
-                )
+                keys = tuple(plan.key(ref, request) for ref in request.media)
             except ItemFailure as exc:
                 window.failures.append(Result.failure(request.id, exc.stage, str(exc), exc.kind))
                 continue
             window.requests.append(LoadedRequest(request, keys))
 
         decode_errors: dict[str, MediaError] = {}
-        for key, data in content_by_key.items():
+        for key, decode in plan.decoders.items():
             try:
-                window.media[key] = self.store.get_or_decode(key, partial(self._decode, key, data))
+                window.media[key] = self.store.get_or_decode(key, decode)
             except MediaError as exc:
                 decode_errors[key] = exc
             except Exception as exc:
@@ -77,64 +102,150 @@ class MediaLoader:
                 decode_errors[key] = MediaError(
                     f"the decoder failed: {type(exc).__name__}: {exc}", kind="corrupt"
                 )
-        if decode_errors:
-            kept = []
-            for loaded in window.requests:
-                bad = next((k for k in loaded.media_keys if k in decode_errors), None)
-                if bad is None:
-                    kept.append(loaded)
-                else:
-                    err = decode_errors[bad]
-                    window.failures.append(Result.failure(loaded.id, err.stage, str(err), err.kind))
-            window.requests = kept
+        kept = []
+        for loaded in window.requests:
+            bad = next((k for k in loaded.media_keys if k in decode_errors), None)
+            try:
+                if bad is not None:
+                    raise decode_errors[bad]
+                if self.budget is not None:
+                    self.budget.check(loaded.request, [window.media[k] for k in loaded.media_keys])
+            except ItemFailure as exc:
+                window.failures.append(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
+                continue
+            kept.append(loaded)
+        window.requests = kept
         return window
 
-    def _key(
-        self,
-        ref: MediaRef,
-        keys_by_source: dict[str, str],
-        content_by_key: dict[str, Any],
-        read_errors: dict[str, MediaError],
-        window: LoadedWindow,
-    ) -> str:
-        in_memory = ref.data is not None or ref.image is not None
-        if not in_memory:
-            # Only files are known by name: in-memory items may share a label, not content.
-            if ref.source in read_errors:
-                raise read_errors[ref.source]
-            key = keys_by_source.get(ref.source)
-            if key is not None:
-                return key
-        if ref.modality != "image":
-            raise MediaError(
-                f"{ref.modality} input is not supported yet", stage="load", kind="unsupported"
-            )
-        content: Any
-        data: bytes | memoryview
-        if ref.image is not None:
-            data = canonical_image_bytes(ref.image)
-            content = ref.image
-        elif ref.data is not None:
-            data = content = ref.data
-            window.bytes_read += len(data)
-        else:
-            try:
-                data = content = read_source(ref.source, self.urls)
-            except MediaError as exc:
-                read_errors[ref.source] = exc
-                raise
-            window.bytes_read += len(data)
-        key = media_key(ref.modality, data, self.image_options.cache_token())
-        if not in_memory:
-            keys_by_source[ref.source] = key
-        content_by_key.setdefault(key, content)
+
+class _WindowPlan:
+    """One window's bookkeeping: the key of each reference, and how to decode each key."""
+
+    def __init__(self, loader: MediaLoader, window: LoadedWindow) -> None:
+        self.loader = loader
+        self.window = window
+        self.decoders: dict[str, Callable[[], MediaItem]] = {}
+        self._image_keys: dict[str, str] = {}
+        self._digests: dict[str, bytes] = {}
+        self._indices: dict[str, VideoIndex] = {}
+        self._index_errors: dict[str, MediaError] = {}
+        self._frames: dict[str, av_items.FrameBatch] = {}
+        self._errors: dict[str, MediaError] = {}
+
+    def key(self, ref: MediaRef, request: Request) -> str:
+        """The media key of ``ref``, registering its decoder; ``ItemFailure`` if unusable."""
+        if isinstance(ref.part, Unreadable):
+            raise MediaError(ref.part.message, ref.part.stage, ref.part.kind)
+        if ref.data is not None or ref.image is not None:
+            if ref.modality != "image" or ref.part is not None:
+                raise MediaError(
+                    f"in-memory {ref.modality} input is not supported",
+                    stage="load",
+                    kind="unsupported",
+                )
+            return self._in_memory_image(ref)
+        if ref.source in self._errors:
+            raise self._errors[ref.source]
+        try:
+            if ref.modality == "image" and ref.part is None:
+                return self._image(ref.source)
+            if ref.modality == "image" and isinstance(ref.part, FrameAt):
+                return self._frame(ref.source, ref.part)
+            if ref.modality == "video" and ref.part is None:
+                return self._clip(ref.source, request)
+            if ref.modality == "audio" and not isinstance(ref.part, FrameAt):
+                return self._audio(ref.source, ref.part)
+        except MediaError as exc:
+            if exc.stage == "load":  # the file itself is unusable: so is every ref to it
+                self._errors[ref.source] = exc
+            raise
+        raise MediaError(
+            f"cannot load {ref.modality} from {ref.part!r}", stage="load", kind="unsupported"
+        )
+
+    def _image(self, source: str) -> str:
+        key = self._image_keys.get(source)
+        if key is not None:
+            return key
+        data = read_source(source, self.loader.urls)
+        self.window.bytes_read += len(data)
+        options = self.loader.image_options
+        key = media_key("image", data, options.cache_token())
+        self._image_keys[source] = key
+        self.decoders.setdefault(key, partial(av_items.image_item, key, data, options))
         return key
 
-    def _decode(self, key: str, content: Any) -> MediaItem:
-        if isinstance(content, (bytes, memoryview)):
-            image = decode_image(content, self.image_options)
+    def _in_memory_image(self, ref: MediaRef) -> str:
+        # Never cached by name: in-memory items may share a label, not content.
+        options = self.loader.image_options
+        if ref.image is not None:
+            key = media_key("image", canonical_image_bytes(ref.image), options.cache_token())
+            decode = partial(av_items.decoded_image_item, key, ref.image, options)
         else:
-            image = prepare_decoded(content, self.image_options)
-        width, height = image.size
-        meta = {"width": width, "height": height, "nbytes": width * height * 3}
-        return MediaItem("image", key, image, meta)
+            assert ref.data is not None
+            self.window.bytes_read += len(ref.data)
+            key = media_key("image", ref.data, options.cache_token())
+            decode = partial(av_items.image_item, key, ref.data, options)
+        self.decoders.setdefault(key, decode)
+        return key
+
+    def _digest(self, source: str) -> bytes:
+        digest = self._digests.get(source)
+        if digest is None:
+            try:
+                digest, size = file_digest(source)
+            except OSError as exc:
+                raise _unreadable(source, exc) from None
+            if size == 0:
+                raise MediaError("empty file (0 bytes)", stage="load", kind="empty")
+            self.window.bytes_read += size
+            self._digests[source] = digest
+        return digest
+
+    def _index(self, source: str) -> VideoIndex:
+        from mmbatch.media.video import index_video
+
+        index = self._indices.get(source)
+        if index is None:
+            if source in self._index_errors:
+                raise self._index_errors[source]
+            try:
+                index = self._indices[source] = index_video(source)
+            except MediaError as exc:
+                self._index_errors[source] = exc
+                raise
+        return index
+
+    def _frame(self, source: str, frame: FrameAt) -> str:
+        options = self.loader.video_options
+        key = media_key("image", self._digest(source), av_items.frame_token(frame, options))
+        batch = self._frames.get(source)
+        if batch is None:
+            batch = self._frames[source] = av_items.FrameBatch(
+                source, partial(self._index, source), options.max_pixels
+            )
+        batch.want(key, frame)
+        self.decoders.setdefault(key, partial(batch.item, key))
+        return key
+
+    def _clip(self, source: str, request: Request) -> str:
+        digest = self._digest(source)
+        index = self._index(source)
+        options = self.loader.video_options
+        if self.loader.budget is not None:
+            options = self.loader.budget.fit_clip(request, index, options)
+        key = media_key("video", digest, options.cache_token())
+        self.decoders.setdefault(key, partial(av_items.clip_item, key, source, index, options))
+        return key
+
+    def _audio(self, source: str, span: TimeSpan | None) -> str:
+        options = self.loader.audio_options
+        key = media_key("audio", self._digest(source), av_items.audio_token(span, options))
+        self.decoders.setdefault(key, partial(av_items.audio_item, key, source, span, options))
+        return key
+
+
+def _unreadable(source: str, exc: OSError) -> MediaError:
+    return MediaError(
+        f"cannot read {source!r}: {exc.strerror or exc}", stage="load", kind="unreadable"
+    )

@@ -1,0 +1,287 @@
+"""Sample frames from a video with PyAV, decoding only what the sample needs.
+
+Two passes over the file, for two different costs:
+
+1. ``index_video`` demuxes the stream *without decoding*: every packet's presentation time
+   and key-frame flag. Demuxing an hour of video reads the file but decodes nothing, so it
+   costs a fraction of one decode pass, and it makes the sample exact: each sampled frame
+   has its true index in presentation order and its true time, also under a variable frame
+   rate, and we know where the key frames are.
+2. ``decode_frames`` then decodes the wanted frames in one pass, seeking to the last key
+   frame before a wanted frame whenever one lies ahead of the decoder, instead of decoding
+   everything in between. Eight frames from an hour decode eight short GOPs, not the hour.
+
+Frames come out as RGB ``uint8`` arrays turned upright by the stream's display matrix
+(phones store portrait video as landscape plus a rotation) and optionally scaled down.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from mmbatch.config import VideoOptions
+from mmbatch.errors import MediaError
+from mmbatch.media.container import av_reason, open_media, stream_kinds
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+@dataclass(frozen=True)
+class VideoIndex:
+    """What demuxing (no decoding) tells us about a video's first video stream."""
+
+    pts: tuple[int, ...]
+    """Every frame's presentation time in ``time_base`` units, in presentation order."""
+    time_base: Fraction
+    keyframes: tuple[int, ...]
+    """Indices into ``pts`` of the key frames, ascending: where a decoder can start."""
+    width: int
+    height: int
+    """The coded size, before rotation."""
+    rotation: int
+    """Counter-clockwise degrees the frames must be turned to be upright (0, 90, 180, 270)."""
+
+    def __post_init__(self) -> None:
+        if not self.pts:
+            raise MediaError("the video stream has no frames")
+
+    def seconds(self, i: int) -> float:
+        return float(self.pts[i] * self.time_base)
+
+    @property
+    def frame_seconds(self) -> float:
+        """The typical time between frames (the median gap; 0 for a single frame)."""
+        if len(self.pts) < 2:
+            return 0.0
+        gaps = sorted(b - a for a, b in zip(self.pts, self.pts[1:], strict=False))
+        return float(gaps[len(gaps) // 2] * self.time_base)
+
+    @property
+    def start(self) -> float:
+        return self.seconds(0)
+
+    @property
+    def end(self) -> float:
+        """When the last frame stops showing (its time plus a typical frame's duration)."""
+        return self.seconds(len(self.pts) - 1) + self.frame_seconds
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def fps(self) -> float:
+        """The average frame rate over the whole stream (variable rates included)."""
+        return len(self.pts) / self.duration if self.duration > 0 else 1.0
+
+    @property
+    def display_size(self) -> tuple[int, int]:
+        """``(width, height)`` as shown, after rotation."""
+        if self.rotation in (90, 270):
+            return self.height, self.width
+        return self.width, self.height
+
+    def frame_at(self, t: float) -> int:
+        """The index of the frame on screen at ``t`` seconds: the last one shown by then
+        (the first frame for times before it starts)."""
+        target = t / self.time_base
+        return max(0, bisect.bisect_right(self.pts, target) - 1)
+
+    def keyframe_before(self, i: int) -> int:
+        """The index of the last key frame at or before frame ``i`` (0 if none is marked)."""
+        k = bisect.bisect_right(self.keyframes, i) - 1
+        return self.keyframes[k] if k >= 0 else 0
+
+
+def index_video(path: str) -> VideoIndex:
+    """Demux the first video stream of ``path``; raise ``MediaError`` if there is none."""
+    with open_media(path) as container:
+        if not container.streams.video:
+            raise MediaError(
+                f"no video stream (streams: {stream_kinds(container)})", kind="unsupported"
+            )
+        stream = container.streams.video[0]
+        pts: list[int] = []
+        key_pts: set[int] = set()
+        try:
+            for packet in container.demux(stream):
+                stamp = packet.pts if packet.pts is not None else packet.dts
+                if stamp is None or packet.size == 0:
+                    continue  # the flush packet at the end
+                pts.append(stamp)
+                if packet.is_keyframe:
+                    key_pts.add(stamp)
+        except OSError as exc:
+            if not pts:
+                raise MediaError(f"cannot read the video stream: {av_reason(exc)}") from None
+            # A damaged tail: keep the frames before it; decoding will say if they fail too.
+        ordered = sorted(set(pts))
+        keyframes = tuple(i for i, p in enumerate(ordered) if p in key_pts)
+        rotation = _first_frame_rotation(container, stream) if ordered else 0
+        return VideoIndex(
+            pts=tuple(ordered),
+            time_base=stream.time_base or Fraction(1, 1),
+            keyframes=keyframes or (0,),
+            width=stream.codec_context.width,
+            height=stream.codec_context.height,
+            rotation=rotation,
+        )
+
+
+def _first_frame_rotation(container: Any, stream: Any) -> int:
+    """The display rotation, read from the first decoded frame (PyAV exposes the display
+    matrix on frames), normalised to 0/90/180/270."""
+    try:
+        container.seek(0, stream=stream)
+        for frame in container.decode(stream):
+            return round(float(frame.rotation) / 90.0) * 90 % 360
+    except OSError:
+        return 0
+    return 0
+
+
+def select_frames(index: VideoIndex, options: VideoOptions) -> list[int]:
+    """The indices of the frames ``options`` samples, ascending and distinct, at most
+    ``options.max_frames`` of them (spread evenly when the sampling asked for more)."""
+    if options.sampling == "keyframes":
+        chosen: Iterable[int] = index.keyframes
+    elif options.sampling == "timestamps":
+        late = [t for t in options.timestamps if t >= index.end]
+        if late:
+            raise MediaError(
+                f"timestamp {late[0]:g} s is past the end of the video ({index.end:.3f} s)",
+                kind="other",
+            )
+        chosen = (index.frame_at(t) for t in options.timestamps)
+    elif options.sampling == "fps":
+        step = 1.0 / options.fps
+        count = max(1, int(index.duration / step + 1e-9))
+        chosen = (index.frame_at(index.start + k * step) for k in range(count))
+    else:
+        n = options.num_frames
+        # The middle of each of n equal slices: symmetric, and never the black first frame.
+        chosen = (index.frame_at(index.start + (k + 0.5) * index.duration / n) for k in range(n))
+    frames = sorted(set(chosen))
+    return spread(frames, options.max_frames)
+
+
+def spread(items: Sequence[int], limit: int) -> list[int]:
+    """At most ``limit`` of ``items``, evenly spaced, first and last kept when possible."""
+    if len(items) <= limit:
+        return list(items)
+    if limit == 1:
+        return [items[len(items) // 2]]
+    return [items[round(k * (len(items) - 1) / (limit - 1))] for k in range(limit)]
+
+
+def scaled_size(width: int, height: int, max_pixels: int | None) -> tuple[int, int]:
+    """``(width, height)`` scaled down, keeping aspect, to at most ``max_pixels`` pixels."""
+    if max_pixels is None or width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
+
+def decode_frames(
+    path: str, index: VideoIndex, wanted: Iterable[int], max_pixels: int | None = None
+) -> dict[int, np.ndarray]:
+    """Decode the frames ``wanted`` (indices into ``index``) in one pass over ``path``.
+
+    Returns ``{index: HxWx3 uint8 RGB}`` for every wanted frame the file still holds; a
+    frame missing from the result was not decodable (a truncated or damaged file), which the
+    caller reports. Seeks forward to a key frame whenever one lies between the decoder's
+    position and the next wanted frame.
+    """
+    todo = sorted(set(wanted))
+    out: dict[int, np.ndarray] = {}
+    if not todo:
+        return out
+    position = {p: i for i, p in enumerate(index.pts)}
+    width, height = scaled_size(index.width, index.height, max_pixels)
+    with open_media(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        at = -1  # index of the last frame decoded
+        sought = -1  # the key frame of the last seek: never seek to it (or before) again
+        while todo:
+            key = index.keyframe_before(todo[0])
+            if key > at and key > sought:
+                container.seek(index.pts[key], stream=stream)
+                sought = key
+            advanced = False
+            try:
+                for frame in container.decode(stream):
+                    i = position.get(frame.pts)
+                    if i is None:
+                        continue
+                    advanced = True
+                    at = i
+                    while todo and todo[0] < i:
+                        todo.pop(0)  # passed without being decoded: missing
+                    if todo and todo[0] == i:
+                        out[i] = _to_rgb(frame, width, height, index.rotation)
+                        todo.pop(0)
+                    if not todo:
+                        break
+                    ahead = index.keyframe_before(todo[0])
+                    if ahead > at + 1 and ahead > sought:
+                        break  # cheaper to seek there than to decode the frames between
+                else:
+                    break  # the stream ended
+            except OSError:
+                break  # damaged data: the frames not decoded so far are missing
+            if not advanced:
+                break
+    return out
+
+
+def _to_rgb(frame: Any, width: int, height: int, rotation: int) -> np.ndarray:
+    import numpy as np
+
+    if (frame.width, frame.height) != (width, height):
+        frame = frame.reformat(width=width, height=height, interpolation="AREA")
+    rgb: np.ndarray = frame.to_ndarray(format="rgb24")
+    if rotation:
+        rgb = np.ascontiguousarray(np.rot90(rgb, k=rotation // 90))
+    return rgb
+
+
+def sample_clip(path: str, options: VideoOptions) -> tuple[np.ndarray, dict[str, Any]]:
+    """The frames ``options`` samples from ``path`` as one clip: ``(frames, metadata)`` with
+    frames a ``[T, H, W, 3]`` uint8 array, in the form vLLM's Qwen2-VL family takes.
+
+    The metadata tells the processor the frames are already sampled
+    (``do_sample_frames=False``) and where they sit in the source, which Qwen2.5-VL needs
+    for its time positions.
+    """
+    index = index_video(path)
+    return clip_from(path, index, select_frames(index, options), options.max_pixels)
+
+
+def clip_from(
+    path: str, index: VideoIndex, indices: Sequence[int], max_pixels: int | None
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Decode ``indices`` of ``path`` into the ``(frames, metadata)`` clip vLLM takes."""
+    import numpy as np
+
+    frames = decode_frames(path, index, indices, max_pixels)
+    missing = [i for i in indices if i not in frames]
+    if missing:
+        raise MediaError(
+            f"{len(missing)} of {len(indices)} sampled frames could not be decoded "
+            f"(first at {index.seconds(missing[0]):.3f} s): truncated or damaged video"
+        )
+    metadata = {
+        "total_num_frames": len(index.pts),
+        "fps": index.fps,
+        "duration": index.duration,
+        "frames_indices": list(indices),
+        "video_backend": "opencv",
+        "do_sample_frames": False,
+    }
+    return np.stack([frames[i] for i in indices]), metadata

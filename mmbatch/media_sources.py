@@ -1,0 +1,168 @@
+"""Requests from videos and audio: one per sampled frame, one per clip, one per audio window.
+
+Expanding a video into frame requests needs to know its frames, so these sources index each
+video (demux only, no decoding: see ``mmbatch.media.video``) and probe each audio file's
+duration. Nothing is decoded here; the loader decodes the frames of a video together.
+
+A file that cannot be expanded (no video stream, a timestamp past its end) still becomes
+exactly one request, whose media is marked ``Unreadable``: the loader turns it into that
+file's error row, and the job goes on.
+
+Ids: ``clip.mp4@12.500`` for a frame (the file, then the frame's time in seconds),
+``talk.wav@30.000`` for an audio window after the first (the first keeps the file's name, so
+a short file's id is its path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmbatch.config import AudioOptions, VideoOptions
+from mmbatch.errors import MediaError, SourceError
+from mmbatch.sources import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES, expand_inputs
+from mmbatch.types import FrameAt, MediaRef, Modality, Request, Unreadable
+
+Columns = tuple[tuple[str, Any], ...]
+
+
+def frame_requests(
+    inputs: Sequence[str], options: VideoOptions, prompt: str, system: str | None = None
+) -> list[Request]:
+    """One image request per frame that ``options`` samples from each video in ``inputs``.
+
+    Rows carry ``video``, ``frame_index`` (in presentation order) and ``pts`` (seconds).
+    """
+    from mmbatch.media.video import index_video, select_frames
+
+    requests: list[Request] = []
+    for _, path, row_prompt in _files(inputs, VIDEO_SUFFIXES, "video"):
+        text = row_prompt or prompt
+        try:
+            index = index_video(path)
+            frames = select_frames(index, options)
+        except MediaError as exc:
+            ref = MediaRef("image", path, Unreadable(str(exc), exc.stage))
+            failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
+            requests.append(Request(path, text, (ref,), system, failed))
+            continue
+        for i in frames:
+            pts = index.seconds(i)
+            ref = MediaRef("image", path, FrameAt(i, pts))
+            columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)))
+            requests.append(Request(f"{path}@{pts:.3f}#{i}", text, (ref,), system, columns))
+    return _short_ids(requests)
+
+
+def _short_ids(requests: list[Request]) -> list[Request]:
+    """Drop the ``#index`` from frame ids wherever the time alone is unique (it nearly always
+    is; only frames less than a millisecond apart need the index to tell them apart)."""
+    short = [r.id.rsplit("#", 1)[0] if "@" in r.id else r.id for r in requests]
+    counts: dict[str, int] = {}
+    for s in short:
+        counts[s] = counts.get(s, 0) + 1
+    return [
+        Request(s, r.prompt, r.media, r.system, r.columns) if counts[s] == 1 else r
+        for r, s in zip(requests, short, strict=True)
+    ]
+
+
+def audio_requests(
+    inputs: Sequence[str], options: AudioOptions, prompt: str, system: str | None = None
+) -> list[Request]:
+    """One audio request per window of each audio file in ``inputs`` (rows carry ``start``
+    and ``end`` in seconds)."""
+    requests: list[Request] = []
+    for _, path, row_prompt in _files(inputs, AUDIO_SUFFIXES, "audio file"):
+        requests.extend(_audio_windows(path, row_prompt or prompt, system, options))
+    return requests
+
+
+def _audio_windows(
+    path: str, prompt: str, system: str | None, options: AudioOptions
+) -> Iterator[Request]:
+    from mmbatch.media.audio import audio_windows, probe_audio
+
+    try:
+        duration = probe_audio(path).duration
+    except MediaError as exc:
+        ref = MediaRef("audio", path, Unreadable(str(exc), exc.stage))
+        yield Request(path, prompt, (ref,), system, (("start", None), ("end", None)))
+        return
+    for n, span in enumerate(audio_windows(duration, options)):
+        item_id = path if n == 0 else f"{path}@{span.start:.3f}"
+        columns = (("start", span.start), ("end", span.end))
+        yield Request(item_id, prompt, (MediaRef("audio", path, span),), system, columns)
+
+
+def caption_requests(
+    inputs: Sequence[str],
+    prompt: str,
+    system: str | None = None,
+    *,
+    as_clip: bool = False,
+    audio: AudioOptions | None = None,
+) -> list[Request]:
+    """Requests for ``mmbatch caption``: the modality of each file picked by its suffix.
+
+    Images are one request each; audio files one per window; videos one clip each when
+    ``as_clip`` (otherwise a video is refused with a pointer to ``mmbatch frames``).
+    """
+    suffixes = IMAGE_SUFFIXES | AUDIO_SUFFIXES | (VIDEO_SUFFIXES if as_clip else frozenset())
+    audio = audio or AudioOptions()
+    requests: list[Request] = []
+    for item_id, path, row_prompt in _files(inputs, suffixes, "media file"):
+        text = row_prompt or prompt
+        kind = modality_of(path)
+        if kind == "audio":
+            requests.extend(_audio_windows(path, text, system, audio))
+        elif kind == "video":
+            if not as_clip:
+                raise SourceError(
+                    f"{path!r} is a video: caption it whole with --as-clip --num-frames N, "
+                    "or caption its frames with `mmbatch frames`"
+                )
+            requests.append(Request(item_id, text, (MediaRef("video", path),), system))
+        else:
+            requests.append(Request(item_id, text, (MediaRef("image", path),), system))
+    return requests
+
+
+def modality_of(path: str) -> Modality:
+    """The modality a file's suffix names (anything unknown is tried as an image)."""
+    suffix = Path(path).suffix.lower()
+    if suffix in VIDEO_SUFFIXES:
+        return "video"
+    if suffix in AUDIO_SUFFIXES:
+        return "audio"
+    return "image"
+
+
+def modalities_in(requests: Sequence[Request]) -> dict[Modality, int]:
+    """The most items of each modality any one request carries: the engine's
+    ``media_per_prompt``, so vLLM reserves memory only for media the job sends."""
+    limits: dict[Modality, int] = {}
+    for request in requests:
+        counts: dict[Modality, int] = {}
+        for ref in request.media:
+            counts[ref.modality] = counts.get(ref.modality, 0) + 1
+        for modality, count in counts.items():
+            limits[modality] = max(limits.get(modality, 0), count)
+    return limits
+
+
+def _files(
+    inputs: Sequence[str], suffixes: frozenset[str], kind: str
+) -> Iterator[tuple[str, str, str | None]]:
+    """The distinct files of ``inputs`` (a file reached twice is one item)."""
+    seen: set[str] = set()
+    for item_id, path, row_prompt in expand_inputs(inputs, suffixes):
+        if item_id in seen:
+            if item_id == path:
+                continue
+            raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
+        seen.add(item_id)
+        yield item_id, path, row_prompt
+    if not seen:
+        raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
