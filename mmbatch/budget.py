@@ -71,6 +71,8 @@ class AudioRules:
 
     hop_length: int
     max_frames: int
+    sample_rate: int
+    """The rate the feature extractor expects; audio is resampled to it before it is sent."""
 
     def tokens(self, samples: int) -> int:
         frames = min(math.ceil(samples / self.hop_length), self.max_frames)
@@ -127,7 +129,9 @@ class PromptBudget:
             max_item_tokens,
             image=_vision_rules(image_proc),
             video=_vision_rules(video_proc),
-            audio=AudioRules(int(features.hop_length), int(features.nb_max_frames))
+            audio=AudioRules(
+                int(features.hop_length), int(features.nb_max_frames), int(features.sampling_rate)
+            )
             if features is not None and hasattr(features, "nb_max_frames")
             else None,
         )

@@ -15,13 +15,20 @@ a short file's id is its path).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import glob
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from mmbatch.config import AudioOptions, VideoOptions
 from mmbatch.errors import MediaError, SourceError
-from mmbatch.sources import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES, expand_inputs
+from mmbatch.sources import (
+    AUDIO_SUFFIXES,
+    IMAGE_SUFFIXES,
+    VIDEO_SUFFIXES,
+    SourcePolicy,
+    expand_inputs,
+)
 from mmbatch.types import FrameAt, MediaRef, Modality, Request, Unreadable
 
 Columns = tuple[tuple[str, Any], ...]
@@ -43,15 +50,15 @@ def frame_requests(
             index = index_video(path)
             frames = select_frames(index, options)
         except MediaError as exc:
-            ref = MediaRef("image", path, Unreadable(str(exc), exc.stage))
+            ref = MediaRef("image", path, part=Unreadable(str(exc), exc.stage))
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
-            requests.append(Request(path, text, (ref,), system, failed))
+            requests.append(Request(path, text, (ref,), system, columns=failed))
             continue
         for i in frames:
             pts = index.seconds(i)
-            ref = MediaRef("image", path, FrameAt(i, pts))
+            ref = MediaRef("image", path, part=FrameAt(i, pts))
             columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)))
-            requests.append(Request(f"{path}@{pts:.3f}#{i}", text, (ref,), system, columns))
+            requests.append(Request(f"{path}@{pts:.3f}#{i}", text, (ref,), system, columns=columns))
     return _short_ids(requests)
 
 
@@ -63,7 +70,7 @@ def _short_ids(requests: list[Request]) -> list[Request]:
     for s in short:
         counts[s] = counts.get(s, 0) + 1
     return [
-        Request(s, r.prompt, r.media, r.system, r.columns) if counts[s] == 1 else r
+        Request(s, r.prompt, r.media, r.system, columns=r.columns) if counts[s] == 1 else r
         for r, s in zip(requests, short, strict=True)
     ]
 
@@ -87,13 +94,15 @@ def _audio_windows(
     try:
         duration = probe_audio(path).duration
     except MediaError as exc:
-        ref = MediaRef("audio", path, Unreadable(str(exc), exc.stage))
-        yield Request(path, prompt, (ref,), system, (("start", None), ("end", None)))
+        ref = MediaRef("audio", path, part=Unreadable(str(exc), exc.stage))
+        yield Request(path, prompt, (ref,), system, columns=(("start", None), ("end", None)))
         return
     for n, span in enumerate(audio_windows(duration, options)):
         item_id = path if n == 0 else f"{path}@{span.start:.3f}"
         columns = (("start", span.start), ("end", span.end))
-        yield Request(item_id, prompt, (MediaRef("audio", path, span),), system, columns)
+        yield Request(
+            item_id, prompt, (MediaRef("audio", path, part=span),), system, columns=columns
+        )
 
 
 def caption_requests(
@@ -101,31 +110,44 @@ def caption_requests(
     prompt: str,
     system: str | None = None,
     *,
+    take: Collection[Modality] = ("image", "audio"),
     as_clip: bool = False,
     audio: AudioOptions | None = None,
+    policy: SourcePolicy | None = None,
 ) -> list[Request]:
     """Requests for ``mmbatch caption``: the modality of each file picked by its suffix.
 
-    Images are one request each; audio files one per window; videos one clip each when
-    ``as_clip`` (otherwise a video is refused with a pointer to ``mmbatch frames``).
+    Images are one request each, audio files one per window, videos one clip each when
+    ``as_clip``. ``take`` is what the model accepts: folders and globs contribute only those
+    files (a photo folder's stray wav is not the VL model's business), while a file named
+    explicitly that the model cannot take, or a video without ``as_clip``, gets an error row
+    saying so.
     """
-    suffixes = IMAGE_SUFFIXES | AUDIO_SUFFIXES | (VIDEO_SUFFIXES if as_clip else frozenset())
     audio = audio or AudioOptions()
+    wanted = set(take) - ({"video"} if not as_clip else set())
+    suffixes = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
     requests: list[Request] = []
-    for item_id, path, row_prompt in _files(inputs, suffixes, "media file"):
+    for item_id, path, row_prompt, walked in _files_walked(inputs, suffixes, "media file", policy):
         text = row_prompt or prompt
         kind = modality_of(path)
-        if kind == "audio":
-            requests.extend(_audio_windows(path, text, system, audio))
-        elif kind == "video":
-            if not as_clip:
-                raise SourceError(
-                    f"{path!r} is a video: caption it whole with --as-clip --num-frames N, "
-                    "or caption its frames with `mmbatch frames`"
+        if kind not in wanted:
+            if walked:
+                continue
+            if kind == "video" and not as_clip:
+                why = (
+                    "a video: caption it whole with --as-clip, or its frames with `mmbatch frames`"
                 )
-            requests.append(Request(item_id, text, (MediaRef("video", path),), system))
+            else:
+                why = f"the model takes no {kind} input"
+            ref = MediaRef(kind, path, part=Unreadable(why, "validate"))
+            requests.append(Request(item_id, text, (ref,), system))
+        elif kind == "audio":
+            requests.extend(_audio_windows(path, text, system, audio))
         else:
-            requests.append(Request(item_id, text, (MediaRef("image", path),), system))
+            requests.append(Request(item_id, text, (MediaRef(kind, path),), system))
+    if not requests:
+        kinds = " or ".join(sorted(wanted)) or "media"
+        raise SourceError(f"no {kinds} the model takes found in {', '.join(map(repr, inputs))}")
     return requests
 
 
@@ -156,13 +178,27 @@ def _files(
     inputs: Sequence[str], suffixes: frozenset[str], kind: str
 ) -> Iterator[tuple[str, str, str | None]]:
     """The distinct files of ``inputs`` (a file reached twice is one item)."""
+    for item_id, path, prompt, _ in _files_walked(inputs, suffixes, kind):
+        yield item_id, path, prompt
+
+
+def _files_walked(
+    inputs: Sequence[str],
+    suffixes: frozenset[str],
+    kind: str,
+    policy: SourcePolicy | None = None,
+) -> Iterator[tuple[str, str, str | None, bool]]:
+    """``_files``, each also saying whether a folder or glob found it (``walked``) rather
+    than the user naming it (directly or in a manifest)."""
     seen: set[str] = set()
-    for item_id, path, row_prompt in expand_inputs(inputs, suffixes):
-        if item_id in seen:
-            if item_id == path:
-                continue
-            raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
-        seen.add(item_id)
-        yield item_id, path, row_prompt
+    for raw in inputs:
+        walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
+        for item_id, path, row_prompt in expand_inputs([raw], suffixes, policy):
+            if item_id in seen:
+                if item_id == path:
+                    continue
+                raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
+            seen.add(item_id)
+            yield item_id, path, row_prompt, walked
     if not seen:
         raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")

@@ -13,11 +13,20 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from mmbatch.cli import bench, caption, check, openai_batch, report, run, tiny_model
+from mmbatch.cli import (
+    bench,
+    caption,
+    check,
+    frames,
+    openai_batch,
+    report,
+    run,
+    tiny_model,
+)
 from mmbatch.cli.common import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.errors import MmbatchError
 
-COMMANDS = (caption, run, check, openai_batch, report, tiny_model, bench)
+COMMANDS = (caption, frames, run, check, openai_batch, report, tiny_model, bench)
 
 __all__ = ["EXIT_ITEMS_FAILED", "EXIT_JOB_FAILED", "EXIT_OK", "build_parser", "main"]
 

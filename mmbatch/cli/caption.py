@@ -1,4 +1,8 @@
-"""``mmbatch caption``: one JSON row per image, a caption or an error."""
+"""``mmbatch caption``: one JSON row per image, video clip or audio window.
+
+The modality of each file is picked by its suffix. Videos are captioned whole with
+``--as-clip`` (the sampled frames go to the model as one video); audio files are cut into
+windows (rows carry ``start`` and ``end``). A local dataset's rows are images."""
 
 from __future__ import annotations
 
@@ -18,8 +22,16 @@ from mmbatch.cli.common import (
     url_policy_from,
 )
 from mmbatch.cli.jobs import Job, job_fingerprint, run_resumable
+from mmbatch.cli.media import (
+    add_audio_options,
+    add_video_options,
+    audio_options_from,
+    model_modalities,
+    video_options_from,
+)
 from mmbatch.cli.on_ray import add_ray_options, run_on_ray
 from mmbatch.engine.base import Engine
+from mmbatch.types import Modality
 
 DEFAULT_PROMPT = "Describe this image in one sentence."
 
@@ -46,11 +58,16 @@ def register(commands: Any) -> None:
     )
     dataset.add_argument("--split", default=None, help="the dataset split (default: the only one)")
     dataset.add_argument("--id-column", default=None, help="row ids (default: the row index)")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for each image")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for each item")
     parser.add_argument("--system", default=None, help="system prompt (default: the model's)")
     parser.add_argument(
-        "--max-pixels", type=int, default=None, help="downscale decoded images to at most this"
+        "--max-pixels", type=int, default=None, help="downscale images and frames to at most this"
     )
+    parser.add_argument(
+        "--as-clip", action="store_true", help="caption each video whole, as one clip"
+    )
+    add_video_options(parser, sampling_required=False)
+    add_audio_options(parser)
     add_model_options(parser)
     add_ray_options(parser)
     add_resume_options(parser)
@@ -66,14 +83,18 @@ def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = Non
     from mmbatch.outputs import output_format
 
     # Everything that can be checked without the engine is checked before it starts.
-    requests, unusable, summary = _inputs(args)
+    video, audio = video_options_from(args), audio_options_from(args)
+    requests, unusable, summary = _inputs(args, audio)
     engine_config = engine_config_from(args)
     out_format = output_format(args.out, args.out_format)
     image_options = ImageOptions(max_pixels=args.max_pixels)
-    loader = MediaLoader(image_options, urls=url_policy_from(args))
+    loader = MediaLoader(
+        image_options, urls=url_policy_from(args), video_options=video, audio_options=audio
+    )
     sampling = sampling_from(args)
     print(f"mmbatch: {len(requests) + len(unusable)} items, model {args.model}", file=sys.stderr)
     if args.ray is not None:
+        _pictures_only(requests)
         summary |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
         # The Ray path writes its own output folder; it is not resumable (yet).
         return run_on_ray(
@@ -89,8 +110,14 @@ def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = Non
 
     def make_vllm_engine() -> Engine:
         from mmbatch.engine.shared import shared_engine
+        from mmbatch.media_sources import modalities_in
 
-        return shared_engine(engine_config, {"image": 1})
+        engine = shared_engine(engine_config, modalities_in(requests) or {"image": 1})
+        # Prompts are measured against this engine before they are sent (and clips shrunk).
+        loader.budget = engine.prompt_budget()
+        if args.sample_rate is None and loader.budget.audio is not None:
+            loader.audio_options = audio_options_from(args, loader.budget.audio.sample_rate)
+        return engine
 
     job = Job(
         requests=requests,
@@ -105,18 +132,31 @@ def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = Non
             prompt=args.prompt,
             system=args.system,
             image_options=asdict(image_options),
+            video_options=asdict(video),
+            audio_options=asdict(audio),
+            as_clip=args.as_clip,
         ),
         summary=summary | {"model": args.model, "prompt": args.prompt, "output_format": out_format},
     )
     return run_resumable(args, job, out_format)
 
 
-def _inputs(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, Any]]:
+def _pictures_only(requests: Any) -> None:
+    from mmbatch.errors import ConfigError
+    from mmbatch.types import Unreadable
+
+    refs = [ref for r in requests for ref in r.media if not isinstance(ref.part, Unreadable)]
+    if any(ref.modality != "image" or ref.part is not None for ref in refs):
+        raise ConfigError("--ray runs image jobs only; caption video and audio without --ray")
+
+
+def _inputs(args: argparse.Namespace, audio: Any) -> tuple[list[Any], list[Any], dict[str, Any]]:
     """The requests, the dataset rows that cannot become one (as error rows), and what the
     summary records about the inputs (the gallery reopens a dataset from it)."""
     from mmbatch.errors import ConfigError
     from mmbatch.integrations.hf_local import DatasetInput, dataset_requests, detect_format
-    from mmbatch.sources import image_requests
+    from mmbatch.media_sources import caption_requests
+    from mmbatch.sources import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES, expand_inputs
 
     fmt = args.input_format
     if fmt is None:
@@ -128,7 +168,22 @@ def _inputs(args: argparse.Namespace) -> tuple[list[Any], list[Any], dict[str, A
         if args.image_column or args.split or args.id_column:
             raise ConfigError("--image-column, --split and --id-column apply to datasets only")
         policy = source_policy_from(args)
-        requests = image_requests(args.inputs, args.prompt, args.system, policy)
+        # First that the inputs exist, then which media the model takes, then the files.
+        everything = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
+        for _ in expand_inputs(args.inputs, everything, policy):
+            pass
+        # On Ray (pictures only) the model is not asked: its workers load it.
+        pictures: frozenset[Modality] = frozenset({"image"})
+        take = pictures if args.ray is not None else model_modalities(engine_config_from(args))
+        requests = caption_requests(
+            args.inputs,
+            args.prompt,
+            args.system,
+            take=take,
+            as_clip=args.as_clip,
+            audio=audio,
+            policy=policy,
+        )
         return requests, [], {"inputs": list(args.inputs)}
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")

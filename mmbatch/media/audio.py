@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.config import AudioOptions
 from mmbatch.errors import MediaError
-from mmbatch.media.container import av_reason, open_media, stream_kinds
+from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
 from mmbatch.types import TimeSpan
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def probe_audio(path: str) -> AudioInfo:
         if duration is None:
             try:
                 duration = sum(f.samples / f.sample_rate for f in container.decode(stream))
-            except OSError as exc:
+            except av_errors() as exc:
                 raise MediaError(f"cannot read the audio stream: {av_reason(exc)}") from None
         return AudioInfo(duration, stream.sample_rate or 0, stream.channels or 0)
 
@@ -104,7 +104,7 @@ def decode_audio(path: str, sample_rate: int, span: TimeSpan | None = None) -> n
                     first = t
                 chunks.extend(_mono(f) for f in resampler.resample(frame))
             chunks.extend(_mono(f) for f in resampler.resample(None))
-        except OSError as exc:
+        except av_errors() as exc:
             if not chunks:
                 raise MediaError(f"cannot decode the audio: {av_reason(exc)}") from None
             # A damaged tail: keep what decoded.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from mmbatch.config import AudioOptions, ImageOptions, VideoOptions
@@ -56,11 +57,16 @@ class FrameBatch:
     """
 
     def __init__(
-        self, source: str, index: Callable[[], VideoIndex], max_pixels: int | None
+        self,
+        source: str,
+        index: Callable[[], VideoIndex],
+        max_pixels: int | None,
+        save_dir: Path | None = None,
     ) -> None:
         self.source = source
         self._index = index
         self.max_pixels = max_pixels
+        self.save_dir = save_dir
         self._wanted: dict[str, FrameAt] = {}
         self._decoded: dict[str, MediaItem] | None = None
 
@@ -90,15 +96,25 @@ class FrameBatch:
                 raise MediaError(f"the video has no frame {frame.index}")
         arrays = decode_frames(
             self.source, index, (f.index for f in self._wanted.values()), self.max_pixels
-        )
+        ).frames
         items = {}
         for key, frame in self._wanted.items():
             rgb = arrays.get(frame.index)
             if rgb is not None:
                 height, width = rgb.shape[:2]
                 meta = {"width": width, "height": height, "nbytes": rgb.nbytes}
-                items[key] = MediaItem("image", key, Image.fromarray(rgb), meta)
+                image = Image.fromarray(rgb)
+                items[key] = MediaItem("image", key, image, meta)
+                if self.save_dir is not None:
+                    image.save(self.save_dir / frame_file_name(self.source, frame.pts), quality=90)
         return items
+
+
+def frame_file_name(video: str, pts: float) -> str:
+    """``clips_a.mp4@12.500.jpg`` for the frame of ``clips/a.mp4`` at 12.5 s: the video's
+    path, flattened so that videos of one name in two folders do not collide, then the time."""
+    flat = Path(video).as_posix().lstrip("./").replace("/", "_") or "video"
+    return f"{flat}@{pts:.3f}.jpg"
 
 
 def clip_item(key: str, source: str, index: VideoIndex, options: VideoOptions) -> MediaItem:

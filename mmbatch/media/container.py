@@ -19,10 +19,18 @@ def open_media(path: str) -> Any:
         return av.open(path)
     except FileNotFoundError:
         raise MediaError(f"{path!r} does not exist", stage="load", kind="unreadable") from None
-    except OSError as exc:  # av.error.FFmpegError is an OSError
+    except av_errors() as exc:
         raise MediaError(
             f"not a media file PyAV can open: {av_reason(exc)}", kind="not_media"
         ) from None
+
+
+def av_errors() -> tuple[type[Exception], ...]:
+    """What PyAV raises for bad data: its ``FFmpegError`` family (some of which are
+    ``ValueError``s, not ``OSError``s) and plain ``OSError``s from reading the file."""
+    import av
+
+    return (av.error.FFmpegError, OSError)
 
 
 def av_reason(exc: BaseException) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmbatch.config import AudioOptions, ImageOptions, VideoOptions
@@ -70,6 +71,7 @@ class MediaLoader:
         video_options: VideoOptions | None = None,
         audio_options: AudioOptions | None = None,
         budget: PromptBudget | None = None,
+        frame_dir: str | Path | None = None,
     ) -> None:
         self.image_options = image_options
         self.store = store if store is not None else MediaStore()
@@ -78,6 +80,10 @@ class MediaLoader:
         self.video_options = video_options or VideoOptions()
         self.audio_options = audio_options or AudioOptions()
         self.budget = budget
+        self.frame_dir = Path(frame_dir) if frame_dir is not None else None
+        """Where decoded video frames are also written as JPEG (``--save-frames``)."""
+        if self.frame_dir is not None:
+            self.frame_dir.mkdir(parents=True, exist_ok=True)
 
     def load(self, requests: Sequence[Request]) -> LoadedWindow:
         window = LoadedWindow()
@@ -222,7 +228,7 @@ class _WindowPlan:
         batch = self._frames.get(source)
         if batch is None:
             batch = self._frames[source] = av_items.FrameBatch(
-                source, partial(self._index, source), options.max_pixels
+                source, partial(self._index, source), options.max_pixels, self.loader.frame_dir
             )
         batch.want(key, frame)
         self.decoders.setdefault(key, partial(batch.item, key))

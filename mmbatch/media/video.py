@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.config import VideoOptions
 from mmbatch.errors import MediaError
-from mmbatch.media.container import av_reason, open_media, stream_kinds
+from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,7 +116,7 @@ def index_video(path: str) -> VideoIndex:
                 pts.append(stamp)
                 if packet.is_keyframe:
                     key_pts.add(stamp)
-        except OSError as exc:
+        except av_errors() as exc:
             if not pts:
                 raise MediaError(f"cannot read the video stream: {av_reason(exc)}") from None
             # A damaged tail: keep the frames before it; decoding will say if they fail too.
@@ -140,7 +140,7 @@ def _first_frame_rotation(container: Any, stream: Any) -> int:
         container.seek(0, stream=stream)
         for frame in container.decode(stream):
             return round(float(frame.rotation) / 90.0) * 90 % 360
-    except OSError:
+    except av_errors():
         return 0
     return 0
 
@@ -187,20 +187,31 @@ def scaled_size(width: int, height: int, max_pixels: int | None) -> tuple[int, i
     return max(1, int(width * scale)), max(1, int(height * scale))
 
 
+@dataclass
+class DecodedFrames:
+    """The frames one pass decoded: ``frames`` by index, and what it cost."""
+
+    frames: dict[int, np.ndarray]
+    decoded: int = 0
+    """Frames the decoder produced, wanted or not: what seeking saves."""
+    seeks: int = 0
+
+
 def decode_frames(
     path: str, index: VideoIndex, wanted: Iterable[int], max_pixels: int | None = None
-) -> dict[int, np.ndarray]:
+) -> DecodedFrames:
     """Decode the frames ``wanted`` (indices into ``index``) in one pass over ``path``.
 
-    Returns ``{index: HxWx3 uint8 RGB}`` for every wanted frame the file still holds; a
-    frame missing from the result was not decodable (a truncated or damaged file), which the
-    caller reports. Seeks forward to a key frame whenever one lies between the decoder's
-    position and the next wanted frame.
+    ``frames`` maps each wanted frame the file still holds to an HxWx3 uint8 RGB array; a
+    frame missing from it was not decodable (a truncated or damaged file), which the caller
+    reports. Seeks forward to a key frame whenever one lies between the decoder's position
+    and the next wanted frame.
     """
     todo = sorted(set(wanted))
-    out: dict[int, np.ndarray] = {}
+    result = DecodedFrames({})
+    out = result.frames
     if not todo:
-        return out
+        return result
     position = {p: i for i, p in enumerate(index.pts)}
     width, height = scaled_size(index.width, index.height, max_pixels)
     with open_media(path) as container:
@@ -213,9 +224,11 @@ def decode_frames(
             if key > at and key > sought:
                 container.seek(index.pts[key], stream=stream)
                 sought = key
+                result.seeks += 1
             advanced = False
             try:
                 for frame in container.decode(stream):
+                    result.decoded += 1
                     i = position.get(frame.pts)
                     if i is None:
                         continue
@@ -233,11 +246,11 @@ def decode_frames(
                         break  # cheaper to seek there than to decode the frames between
                 else:
                     break  # the stream ended
-            except OSError:
+            except av_errors():
                 break  # damaged data: the frames not decoded so far are missing
             if not advanced:
                 break
-    return out
+    return result
 
 
 def _to_rgb(frame: Any, width: int, height: int, rotation: int) -> np.ndarray:
@@ -269,7 +282,7 @@ def clip_from(
     """Decode ``indices`` of ``path`` into the ``(frames, metadata)`` clip vLLM takes."""
     import numpy as np
 
-    frames = decode_frames(path, index, indices, max_pixels)
+    frames = decode_frames(path, index, indices, max_pixels).frames
     missing = [i for i in indices if i not in frames]
     if missing:
         raise MediaError(

@@ -1,0 +1,117 @@
+"""Video and audio files made with PyAV, so that tests know exactly what is in them.
+
+Frame ``i`` of a coded video is painted one flat colour that encodes ``i`` (``frame_colour``),
+so a test can read back which frame it got (``frame_number``) and prove that the frame taken
+at time ``t`` is the one on screen at ``t``. The codec is lossy; the colour steps are wide
+enough that rounding recovers ``i`` exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+R_STEP, G_STEP, R_LEVELS = 40, 30, 6
+"""frame i -> red (i % 6) * 40, green (i // 6) * 30: up to 48 distinct frames per cycle."""
+
+
+def frame_colour(i: int) -> tuple[int, int, int]:
+    i %= R_LEVELS * 8
+    return (i % R_LEVELS) * R_STEP + 20, (i // R_LEVELS) * G_STEP + 10, 128
+
+
+def frame_number(rgb: np.ndarray) -> int:
+    """The ``i`` (mod 48) whose colour fills the middle of ``rgb``."""
+    h, w = rgb.shape[:2]
+    r, g = (float(c) for c in rgb[h // 4 : 3 * h // 4, w // 4 : 3 * w // 4, :2].mean(axis=(0, 1)))
+    return round((r - 20) / R_STEP) + R_LEVELS * round((g - 10) / G_STEP)
+
+
+def write_video(
+    path: Path,
+    pts_ms: Sequence[int],
+    size: tuple[int, int] = (64, 48),
+    gop: int = 12,
+    rotation: int | None = None,
+    marker: bool = False,
+    codec: str = "libx264",
+) -> Path:
+    """An H.264 mp4 whose frame ``i`` shows ``frame_colour(i)`` from ``pts_ms[i]`` ms on.
+
+    ``marker`` paints the top-left 8x8 corner white, to see where rotation puts it.
+    """
+    width, height = size
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=25)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.time_base = Fraction(1, 1000)
+        stream.codec_context.gop_size = gop
+        if codec == "libx264":
+            # Key frames exactly every `gop` frames (no scene-cut ones), near-lossless colour.
+            stream.codec_context.options = {"crf": "4", "sc_threshold": "0", "bf": "0"}
+        if rotation is not None:
+            stream.set_display_rotation(rotation)
+        for i, pts in enumerate(pts_ms):
+            rgb = np.empty((height, width, 3), np.uint8)
+            rgb[:] = frame_colour(i)
+            if marker:
+                rgb[:8, :8] = 255
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame.pts, frame.time_base = pts, Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def cfr_video(path: Path, frames: int = 50, fps: int = 25, **kwargs: object) -> Path:
+    step = 1000 // fps
+    return write_video(path, [i * step for i in range(frames)], **kwargs)  # type: ignore[arg-type]
+
+
+VFR_PTS_MS = (0, 10, 200, 230, 900, 1000, 1500, 1510, 1520, 3000)
+"""A variable frame rate: frames 10 ms apart, then one that stays 670 ms, then 1.48 s."""
+
+
+def tone(rate: int, seconds: float, channels: int, freq: float = 440.0) -> np.ndarray:
+    """A 0.5-amplitude sine, the same on every channel: ``[channels, samples]`` float32."""
+    t = np.arange(int(rate * seconds)) / rate
+    return np.tile((0.5 * np.sin(2 * np.pi * freq * t)).astype(np.float32), (channels, 1))
+
+
+def write_audio(
+    path: Path,
+    rate: int = 8000,
+    seconds: float = 2.5,
+    layout: str = "stereo",
+    codec: str = "pcm_s16le",
+    freq: float = 440.0,
+) -> Path:
+    """A tone in any container/codec PyAV writes (wav, flac, ogg/opus, mp3...)."""
+    channels = 2 if layout == "stereo" else 1
+    samples = tone(rate, seconds, channels, freq)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=rate, layout=layout)
+        step = 1024
+        for start in range(0, samples.shape[1], step):
+            chunk = np.ascontiguousarray(samples[:, start : start + step])
+            frame = av.AudioFrame.from_ndarray(chunk, format="fltp", layout=layout)
+            frame.sample_rate, frame.pts = rate, start
+            frame.time_base = Fraction(1, rate)
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def truncated(source: Path, path: Path, keep: float = 0.5) -> Path:
+    """The first ``keep`` share of ``source``'s bytes (an mp4 cut off mid-download)."""
+    data = source.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path

@@ -1,0 +1,164 @@
+"""The PyAV video loader on files whose every frame is known (see media_files.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from media_files import VFR_PTS_MS, cfr_video, frame_number, truncated, write_audio, write_video
+
+from mmbatch.config import VideoOptions
+from mmbatch.errors import ConfigError, MediaError
+from mmbatch.media.video import decode_frames, index_video, sample_clip, select_frames
+
+
+@pytest.fixture(scope="module")
+def cfr(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 s at 25 fps: frame i from i * 40 ms; key frames every 12 frames."""
+    return cfr_video(tmp_path_factory.mktemp("v") / "cfr.mp4", frames=50, gop=12)
+
+
+def sample(path: Path, options: VideoOptions) -> list[tuple[int, float, int]]:
+    """(index, pts, the frame number read back from its colour) of each sampled frame."""
+    index = index_video(str(path))
+    chosen = select_frames(index, options)
+    frames = decode_frames(str(path), index, chosen).frames
+    return [(i, index.seconds(i), frame_number(frames[i])) for i in chosen]
+
+
+def test_the_frame_taken_at_t_is_the_frame_shown_at_t(cfr: Path) -> None:
+    times = (0.0, 0.5, 0.519, 1.01, 1.99)
+    got = sample(cfr, VideoOptions(sampling="timestamps", timestamps=times))
+    # Frame i is on screen from i * 40 ms to (i + 1) * 40 ms.
+    expected = sorted({int(t * 1000) // 40 for t in times})
+    assert [i for i, _, _ in got] == expected
+    for i, pts, painted in got:
+        assert painted == i % 48
+        assert pts == pytest.approx(i * 0.040)
+
+
+def test_num_frames_spreads_evenly_and_each_frame_is_the_right_one(cfr: Path) -> None:
+    got = sample(cfr, VideoOptions(sampling="num_frames", num_frames=8))
+    # The middles of 8 slices of 2 s: 0.125 s, 0.375 s, ... -> frames 3, 9, 15, ...
+    assert [i for i, _, _ in got] == [int((k + 0.5) * 2000 / 8) // 40 for k in range(8)]
+    assert all(painted == i % 48 for i, _, painted in got)
+
+
+def test_fps_sampling_and_the_max_frames_cap(cfr: Path) -> None:
+    got = sample(cfr, VideoOptions(sampling="fps", fps=5))
+    assert [i for i, _, _ in got] == list(range(0, 50, 5))
+    capped = sample(cfr, VideoOptions(sampling="fps", fps=25, max_frames=4))
+    assert [i for i, _, _ in capped] == [0, 16, 33, 49]  # spread over all 50, ends kept
+    assert all(painted == i % 48 for i, _, painted in capped)
+
+
+def test_keyframes_are_the_coded_key_frames(cfr: Path) -> None:
+    index = index_video(str(cfr))
+    assert index.keyframes == (0, 12, 24, 36, 48)
+    got = sample(cfr, VideoOptions(sampling="keyframes"))
+    assert [(i, painted) for i, _, painted in got] == [(k, k % 48) for k in index.keyframes]
+
+
+def test_sparse_frames_are_reached_by_seeking_not_by_decoding_everything(
+    tmp_path: Path,
+) -> None:
+    path = cfr_video(tmp_path / "long.mp4", frames=240, gop=24)
+    index = index_video(str(path))
+    wanted = [30, 130, 230]
+    result = decode_frames(str(path), index, wanted)
+    assert sorted(result.frames) == wanted
+    assert [frame_number(result.frames[i]) for i in wanted] == [i % 48 for i in wanted]
+    # Each wanted frame costs at most its GOP (24 frames), never the 240 of the whole video.
+    assert result.seeks >= 3
+    assert result.decoded <= 3 * 24 + 8
+    everything = decode_frames(str(path), index, range(240))
+    assert everything.decoded >= 240
+
+
+def test_variable_frame_rate(tmp_path: Path) -> None:
+    path = write_video(tmp_path / "vfr.mp4", VFR_PTS_MS, gop=4)
+    index = index_video(str(path))
+    assert [round(index.seconds(i) * 1000) for i in range(len(index.pts))] == list(VFR_PTS_MS)
+    times = (0.005, 0.215, 0.95, 1.4, 1.515, 2.9)
+    got = sample(path, VideoOptions(sampling="timestamps", timestamps=times))
+    # The frame on screen at t is the last one whose pts <= t.
+    assert [i for i, _, _ in got] == [0, 2, 4, 5, 7, 8]
+    assert all(painted == i for i, _, painted in got)
+    assert [round(pts * 1000) for _, pts, _ in got] == [0, 200, 900, 1000, 1510, 1520]
+    # At 2 fps over a frame that stays 1.48 s, that frame is taken once, not three times.
+    fps = [i for i, _, _ in sample(path, VideoOptions(sampling="fps", fps=2))]
+    assert fps == sorted(set(fps))
+    assert fps == [0, 3, 5, 6, 8]  # on screen at 0, 0.5, 1.0, 1.5, 2.0 and 2.5 s
+
+
+def test_rotation_metadata_turns_frames_upright(tmp_path: Path) -> None:
+    path = cfr_video(tmp_path / "rot.mp4", frames=4, size=(64, 48), rotation=90, marker=True)
+    index = index_video(str(path))
+    assert index.rotation == 90
+    assert index.display_size == (48, 64)
+    frames, _ = sample_clip(str(path), VideoOptions(num_frames=2))
+    assert frames.shape[1:] == (64, 48, 3)  # portrait now
+    # A 90 degree counter-clockwise turn moves the top-left corner to the bottom-left.
+    corner = frames[0]
+    assert corner[-4:, :4].mean() > 230
+    assert corner[:4, :4].mean() < 200
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_very_short_clips_give_each_frame_once(tmp_path: Path, count: int) -> None:
+    path = cfr_video(tmp_path / "short.mp4", frames=count)
+    frames, meta = sample_clip(str(path), VideoOptions(num_frames=8))
+    assert frames.shape[0] == count
+    assert meta["frames_indices"] == list(range(count))
+    assert [frame_number(f) for f in frames] == list(range(count))
+
+
+def test_clip_is_the_frames_and_metadata_vllm_takes(cfr: Path) -> None:
+    frames, meta = sample_clip(str(cfr), VideoOptions(num_frames=4, max_pixels=32 * 24))
+    assert frames.dtype == np.uint8
+    assert frames.shape == (4, 24, 32, 3)
+    assert meta == {
+        "total_num_frames": 50,
+        "fps": pytest.approx(25.0),
+        "duration": pytest.approx(2.0),
+        "frames_indices": [6, 18, 31, 43],
+        "video_backend": "opencv",
+        "do_sample_frames": False,
+    }
+
+
+def test_a_file_without_video_says_so(tmp_path: Path) -> None:
+    path = write_audio(tmp_path / "speech.wav")
+    with pytest.raises(MediaError, match=r"no video stream \(streams: audio\)"):
+        index_video(str(path))
+
+
+def test_a_truncated_mp4_is_a_clear_error(cfr: Path, tmp_path: Path) -> None:
+    path = truncated(cfr, tmp_path / "cut.mp4")
+    with pytest.raises(MediaError, match="not a media file PyAV can open") as info:
+        index_video(str(path))
+    assert info.value.stage == "decode"
+
+
+def test_missing_file_is_a_load_error(tmp_path: Path) -> None:
+    with pytest.raises(MediaError, match="does not exist") as info:
+        index_video(str(tmp_path / "nope.mp4"))
+    assert info.value.stage == "load"
+
+
+def test_a_timestamp_past_the_end_is_an_error(cfr: Path) -> None:
+    index = index_video(str(cfr))
+    with pytest.raises(MediaError, match="past the end"):
+        select_frames(index, VideoOptions(sampling="timestamps", timestamps=(1.0, 9.0)))
+
+
+def test_options_are_validated_and_keyed_on_what_matters() -> None:
+    with pytest.raises(ConfigError, match="num_frames"):
+        VideoOptions(num_frames=0)
+    with pytest.raises(ConfigError, match="timestamp"):
+        VideoOptions(sampling="timestamps")
+    assert VideoOptions(num_frames=8).cache_token() != VideoOptions(num_frames=4).cache_token()
+    assert VideoOptions(max_pixels=100).cache_token() != VideoOptions().cache_token()
+    # The fps of a num_frames sampling does not change the frames, so not the key either.
+    assert VideoOptions(fps=3).cache_token() == VideoOptions(fps=1).cache_token()
