@@ -53,3 +53,10 @@ def uncached_vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
 
     kwargs = {**TINY_ENGINE_KWARGS, "enable_prefix_caching": False, "mm_processor_cache_gb": 0}
     return VLLMEngine(EngineConfig(str(tiny_vl_model), kwargs), {"image": 1})
+
+
+@pytest.fixture(scope="session")
+def tiny_audio_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mmbatch.tiny_models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-audio"), family="qwen2_audio")

@@ -1,0 +1,115 @@
+"""The pre-flight token budget, with the tiny models' real processors and no engine.
+
+The slow tests check the same counts against the prompt lengths vLLM reports; here the
+rules, the shrinking and the error messages are checked where they are cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mmbatch.budget import AudioRules, PromptBudget, VisionRules
+from mmbatch.config import VideoOptions
+from mmbatch.errors import RequestRejected
+from mmbatch.media.video import index_video, select_frames
+from mmbatch.types import MediaItem, MediaRef, Request
+
+
+def budget_for(model: Path, max_model_len: int, max_item_tokens: int | None = None) -> Any:
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(model))
+
+    def render(system: str | None, prompt: str, modalities: tuple[str, ...]) -> str:
+        content = [{"type": m} for m in modalities] + [{"type": "text", "text": prompt}]
+        messages = [{"role": "user", "content": content}]
+        return str(
+            processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        )
+
+    return PromptBudget.from_processor(processor, render, max_model_len, max_item_tokens)
+
+
+@pytest.fixture(scope="module")
+def vl_budget(tiny_vl_model: Path) -> PromptBudget:
+    return budget_for(tiny_vl_model, 1024)
+
+
+def test_vision_rules_match_the_counts_seen_on_vllm(vl_budget: PromptBudget) -> None:
+    assert vl_budget.video is not None
+    assert vl_budget.image is not None
+    # Seen on vLLM with the tiny Qwen2-VL: 4/8/16 frames of 112x112 -> 8/16/32 tokens.
+    assert [vl_budget.video.tokens(112, 112, n) for n in (4, 8, 16)] == [8, 16, 32]
+    assert vl_budget.video.tokens(112, 112, 3) == vl_budget.video.tokens(112, 112, 4)  # padded
+    # Images are scaled into [784, 6272] pixels of 28-pixel cells, 4 patches a token.
+    assert vl_budget.image.tokens(112, 112) == 4  # scaled down to 56x56
+    assert vl_budget.image.tokens(56, 112) == 8
+    assert vl_budget.image.tokens(20, 20) == 1  # scaled up to 28x28
+    rules = VisionRules(14, 2, 2, 56 * 56, 28 * 28 * 1280)  # Qwen2-VL-7B's defaults
+    assert rules.tokens(1280, 720) == 46 * 26
+
+
+def test_audio_rules_give_25_tokens_a_second(tiny_audio_model: Path) -> None:
+    audio = budget_for(tiny_audio_model, 1024).audio
+    assert audio == AudioRules(hop_length=160, max_frames=3000, sample_rate=16000)
+    assert audio.tokens(16000) == 25
+    assert audio.tokens(16000 * 30) == 750
+    assert audio.tokens(16000 * 60) == 750  # the feature extractor keeps 30 s
+
+
+def test_text_tokens_leave_out_the_media_placeholders(vl_budget: PromptBudget) -> None:
+    plain = vl_budget.text_tokens(None, "Describe.", ())
+    with_image = vl_budget.text_tokens(None, "Describe.", ("image",))
+    # <|vision_start|> and <|vision_end|> count; the one <|image_pad|> is the image's.
+    assert with_image == plain + 2
+
+
+def image_item(width: int, height: int) -> MediaItem:
+    return MediaItem("image", "k", None, {"width": width, "height": height})
+
+
+def test_an_over_long_prompt_is_refused_saying_by_how_much(tiny_vl_model: Path) -> None:
+    request = Request("r", "Describe.", (MediaRef("image", "x.jpg"),))
+    text = budget_for(tiny_vl_model, 1024).text_tokens(None, "Describe.", ("image",))
+    budget = budget_for(tiny_vl_model, max_model_len=text + 1 + 4)
+    budget.check(request, [image_item(112, 112)])  # 4 image tokens: just fits
+    with pytest.raises(RequestRejected) as info:
+        budget.check(request, [image_item(56, 112)])  # 8 image tokens
+    assert str(info.value) == (
+        f"the prompt takes {text + 8} tokens (text {text} + image 8), 4 over "
+        f"max_model_len {text + 5} (less 1 token for the answer)"
+    )
+
+
+def test_an_item_over_the_encoder_cache_is_refused(tiny_vl_model: Path) -> None:
+    budget = budget_for(tiny_vl_model, max_model_len=1024, max_item_tokens=6)
+    with pytest.raises(RequestRejected, match="the image takes 8 tokens, 2 over"):
+        budget.check(Request("r", "p", (MediaRef("image", "x"),)), [image_item(56, 112)])
+
+
+def test_a_clip_too_long_is_shrunk_within_the_bounds_allowed(
+    tiny_vl_model: Path, samples: Path
+) -> None:
+    index = index_video(str(samples / "clip.mp4"))  # 96x64: 2 tokens per 2 frames
+    request = Request("c", "Describe.", (MediaRef("video", "clip.mp4"),))
+    text = budget_for(tiny_vl_model, 1024).text_tokens(None, "Describe.", ("video",))
+    budget = budget_for(tiny_vl_model, max_model_len=text + 1 + 2 * 8)  # room for 16 frames
+    options = VideoOptions(sampling="fps", fps=25, max_frames=40)
+    # Not allowed to shrink: refused, with the numbers and how to allow it.
+    with pytest.raises(RequestRejected, match=r"over max_model_len .*allow shrinking"):
+        budget.fit_clip(request, index, options)
+    shrunk = budget.fit_clip(request, index, VideoOptions(**{**options.__dict__, "min_frames": 4}))
+    assert len(select_frames(index, shrunk)) == 16
+    assert shrunk.max_pixels is None
+    # Fewer frames are not enough when even the floor is over: pixels go next.
+    tight = budget_for(tiny_vl_model, max_model_len=text + 1 + 4)
+    allowed = VideoOptions(sampling="fps", fps=25, min_frames=8, min_pixels=28 * 28)
+    fitted = tight.fit_clip(request, index, allowed)
+    assert len(select_frames(index, fitted)) == 8
+    assert fitted.max_pixels is not None
+    assert fitted.max_pixels < 96 * 64
+    with pytest.raises(RequestRejected, match="even the fewest"):
+        budget_for(tiny_vl_model, max_model_len=text).fit_clip(request, index, allowed)

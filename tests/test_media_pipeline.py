@@ -1,0 +1,154 @@
+"""Video frames, clips and audio windows through loader, planner and pipeline (fake engine).
+
+The engine here is the fake one (its text is a function of media keys and prompt), so these
+tests check the bookkeeping: one row per frame or window with its columns, each video
+decoded once per window, keys that change exactly when the decoded media changes. The real
+engine runs the same paths in test_media_end_to_end.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakes import FakeEngine, expected_text
+from media_files import cfr_video, frame_number, write_audio
+
+import mmbatch.media.video as video_module
+from mmbatch.config import AudioOptions, ImageOptions, RunConfig, VideoOptions
+from mmbatch.media.loader import MediaLoader
+from mmbatch.media_sources import audio_requests, frame_requests
+from mmbatch.pipeline import run_job
+from mmbatch.sinks import MemorySink
+from mmbatch.types import MediaRef, Request, Sampling
+
+
+def run(requests: list[Request], loader: MediaLoader, window: int = 64) -> list[dict]:  # type: ignore[type-arg]
+    sink = MemorySink()
+    run_job(requests, FakeEngine(), loader, sink, Sampling(), RunConfig(window, progress=False))
+    return sink.rows
+
+
+@pytest.fixture
+def decode_passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The videos ``decode_frames`` was called on, in order (the real function still runs)."""
+    calls: list[str] = []
+    real = video_module.decode_frames
+
+    def spy(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(video_module, "decode_frames", spy)
+    return calls
+
+
+def test_frames_job_one_row_per_frame_each_video_decoded_once(
+    tmp_path: Path, decode_passes: list[str]
+) -> None:
+    a = cfr_video(tmp_path / "a.mp4", frames=50)
+    b = cfr_video(tmp_path / "b.mp4", frames=30)
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(b"\x00" * 100)
+    options = VideoOptions(sampling="fps", fps=5)
+    requests = frame_requests([str(a), str(broken), str(b)], options, "What is this?")
+    loader = MediaLoader(ImageOptions(), video_options=options)
+    rows = run(requests, loader)
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
+    ok = [r for r in rows if r["error"] is None]
+    assert len(ok) == 10 + 6
+    for row in ok:
+        assert row["text"] == expected_text([row["media_hash"]], "What is this?")
+        assert row["id"] == f"{row['video']}@{row['pts']:.3f}"
+        assert row["pts"] == pytest.approx(row["frame_index"] * 0.04)
+    assert len({r["media_hash"] for r in ok}) == 16
+    [failed] = [r for r in rows if r["error"]]
+    assert failed["id"] == str(broken)
+    assert failed["error"]["stage"] == "decode"
+    assert "not a media file" in failed["error"]["message"]
+    # One decoding pass per video for all of its frames, not one per frame.
+    assert sorted(decode_passes) == ["a.mp4", "b.mp4"]
+    assert loader.store.decodes == 16
+
+
+def test_decoded_frames_are_the_frames_the_rows_name(tmp_path: Path) -> None:
+    path = cfr_video(tmp_path / "a.mp4", frames=50)
+    options = VideoOptions(sampling="num_frames", num_frames=5)
+    requests = frame_requests([str(path)], options, "p")
+    loader = MediaLoader(ImageOptions(), video_options=options)
+    window = loader.load(requests)
+    for loaded in window.requests:
+        image = window.media[loaded.media_keys[0]].payload
+        assert frame_number(np.asarray(image)) == dict(loaded.request.columns)["frame_index"]
+
+
+def test_frame_keys_follow_the_frame_not_the_sampling(samples: Path) -> None:
+    clip = str(samples / "clip.mp4")
+
+    def keys(options: VideoOptions) -> dict[int, str]:
+        window = MediaLoader(ImageOptions(), video_options=options).load(
+            frame_requests([clip], options, "p")
+        )
+        return {dict(r.request.columns)["frame_index"]: r.media_keys[0] for r in window.requests}
+
+    by_fps = keys(VideoOptions(sampling="fps", fps=1))
+    by_keyframes = keys(VideoOptions(sampling="keyframes"))
+    assert by_fps[0] == by_keyframes[0]  # frame 0 either way: one item, cached once
+    assert by_fps[0] != by_fps[25]
+    smaller = keys(VideoOptions(sampling="fps", fps=1, max_pixels=1000))
+    assert smaller[0] != by_fps[0]  # other pixels, other key
+
+
+def test_save_frames_writes_jpegs_named_by_video_and_pts(samples: Path, tmp_path: Path) -> None:
+    options = VideoOptions(sampling="fps", fps=1)
+    requests = frame_requests([str(samples / "clip.mp4")], options, "p")
+    loader = MediaLoader(ImageOptions(), video_options=options, frame_dir=tmp_path / "frames")
+    run(requests, loader)
+    names = sorted(p.name for p in (tmp_path / "frames").iterdir())
+    flat = str(samples / "clip.mp4").lstrip("/").replace("/", "_")
+    assert names == [f"{flat}@0.000.jpg", f"{flat}@1.000.jpg"]
+
+
+def test_clip_is_one_video_item_keyed_by_its_sampling(samples: Path) -> None:
+    request = Request("c", "p", (MediaRef("video", str(samples / "clip.mp4")),))
+    eight = MediaLoader(ImageOptions(), video_options=VideoOptions(num_frames=8)).load([request])
+    four = MediaLoader(ImageOptions(), video_options=VideoOptions(num_frames=4)).load([request])
+    (key8,), (key4,) = eight.requests[0].media_keys, four.requests[0].media_keys
+    assert key8 != key4
+    frames, meta = eight.media[key8].payload
+    assert frames.shape == (8, 64, 96, 3)
+    assert meta["frames_indices"] == [3, 9, 15, 21, 28, 34, 40, 46]
+    assert eight.media[key8].meta["frames"] == 8
+
+
+def test_audio_windows_through_the_pipeline(tmp_path: Path) -> None:
+    path = write_audio(tmp_path / "talk.wav", rate=8000, seconds=2.5)
+    options = AudioOptions(window_s=1.0, overlap_s=0.25)
+    requests = audio_requests([str(path)], options, "Transcribe.")
+    loader = MediaLoader(ImageOptions(), audio_options=options)
+    window = loader.load(requests)
+    payloads = [window.media[r.media_keys[0]].payload for r in window.requests]
+    assert [(s.dtype, s.size, rate) for s, rate in payloads] == [(np.float32, 16000, 16000)] * 3
+    rows = sorted(run(requests, loader), key=lambda r: r["start"])  # the fake finishes backwards
+    assert [(r["start"], r["end"], r["error"]) for r in rows] == [
+        (0.0, 1.0, None),
+        (0.75, 1.75, None),
+        (1.5, 2.5, None),
+    ]
+    assert len({r["media_hash"] for r in rows}) == 3
+
+
+def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> None:
+    from mmbatch.media_sources import caption_requests
+
+    requests = caption_requests([str(samples / "tone.wav")], "p", take=("image",))
+    [row] = run(requests, MediaLoader(ImageOptions()))
+    assert row["error"] == {"stage": "validate", "message": "the model takes no audio input"}
+
+
+def test_rows_are_json(tmp_path: Path, samples: Path) -> None:
+    requests = frame_requests([str(samples / "clip.mp4")], VideoOptions(num_frames=2), "p")
+    rows = run(requests, MediaLoader(ImageOptions()))
+    assert json.loads(json.dumps(rows)) == rows

@@ -1,0 +1,92 @@
+"""Requests from videos and audio: ids, row columns, and files that cannot be expanded."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from media_files import write_audio
+
+from mmbatch.config import AudioOptions, VideoOptions
+from mmbatch.errors import SourceError
+from mmbatch.media_sources import (
+    audio_requests,
+    caption_requests,
+    frame_requests,
+    modalities_in,
+)
+from mmbatch.types import FrameAt, MediaRef, Request, TimeSpan, Unreadable
+
+
+def test_one_request_per_sampled_frame_with_video_index_and_pts(samples: Path) -> None:
+    clip = str(samples / "clip.mp4")  # 2 s at 25 fps
+    requests = frame_requests([clip], VideoOptions(sampling="fps", fps=2), "What is here?")
+    # Asked for 0, 0.5, 1 and 1.5 s; the frames on screen then start at these times.
+    assert [r.id for r in requests] == [f"{clip}@{t:.3f}" for t in (0, 0.48, 1.0, 1.48)]
+    assert dict(requests[1].columns) == {"video": clip, "frame_index": 12, "pts": 0.48}
+    assert requests[1].media == (MediaRef("image", clip, FrameAt(12, 0.48)),)
+
+
+def test_a_video_that_cannot_be_indexed_is_one_request_that_will_fail(
+    samples: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.mp4"
+    bad.write_text("not a video")
+    requests = frame_requests([str(bad), str(samples / "clip.mp4")], VideoOptions(), "p")
+    assert requests[0].id == str(bad)
+    part = requests[0].media[0].part
+    assert isinstance(part, Unreadable)
+    assert "not a media file" in part.message
+    assert dict(requests[0].columns) == {"video": str(bad), "frame_index": None, "pts": None}
+    assert len(requests) == 1 + 8
+
+
+def test_audio_windows_are_requests_with_start_and_end(tmp_path: Path) -> None:
+    path = str(write_audio(tmp_path / "talk.wav", rate=8000, seconds=2.5))
+    requests = audio_requests([path], AudioOptions(window_s=1.0, overlap_s=0.25), "Transcribe.")
+    assert [r.id for r in requests] == [path, f"{path}@0.750", f"{path}@1.500"]
+    assert [dict(r.columns) for r in requests] == [
+        {"start": 0.0, "end": 1.0},
+        {"start": 0.75, "end": 1.75},
+        {"start": 1.5, "end": 2.5},
+    ]
+    assert requests[2].media == (MediaRef("audio", path, TimeSpan(1.5, 2.5)),)
+
+
+def test_caption_walks_folders_for_what_the_model_takes(samples: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "mixed"
+    shutil.copytree(samples, folder)
+    vl = caption_requests([str(folder)], "p", take=("image", "video"))
+    assert {r.media[0].modality for r in vl} == {"image"}  # no --as-clip: videos skipped
+    clips = caption_requests([str(folder)], "p", take=("image", "video"), as_clip=True)
+    assert sorted(r.media[0].modality for r in clips).count("video") == 1
+    audio = caption_requests([str(folder)], "p", take=("audio",))
+    assert [(r.id, r.media[0].modality) for r in audio] == [(str(folder / "tone.wav"), "audio")]
+
+
+def test_a_named_file_the_model_cannot_take_gets_an_error_row(samples: Path) -> None:
+    wav, mp4 = str(samples / "tone.wav"), str(samples / "clip.mp4")
+    requests = caption_requests([wav, mp4], "p", take=("image", "video"))
+    reasons = {r.id: r.media[0].part for r in requests}
+    assert reasons[wav] == Unreadable("the model takes no audio input", "validate")
+    assert isinstance(reasons[mp4], Unreadable)
+    assert "--as-clip" in reasons[mp4].message
+
+
+def test_a_folder_with_nothing_the_model_takes_is_a_source_error(
+    samples: Path, tmp_path: Path
+) -> None:
+    shutil.copy(samples / "sunset.jpg", tmp_path / "sunset.jpg")
+    with pytest.raises(SourceError, match="no audio the model takes"):
+        caption_requests([str(tmp_path)], "p", take=("audio",))
+
+
+def test_media_per_prompt_is_the_most_any_request_carries() -> None:
+    a = MediaRef("image", "a.jpg")
+    requests = [
+        Request("1", "p", (a, a)),
+        Request("2", "p", (MediaRef("audio", "x.wav"),)),
+        Request("3", "p", (a,)),
+    ]
+    assert modalities_in(requests) == {"image": 2, "audio": 1}
