@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.config import EngineConfig, ImageOptions, RunConfig
+from mmbatch.config import AudioOptions, EngineConfig, ImageOptions, RunConfig, VideoOptions
 from mmbatch.engine.base import CacheStats, Engine
 from mmbatch.errors import (
     ConfigError,
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from mmbatch.integrations.hf_datasets import DatasetMap
     from mmbatch.media.loader import MediaLoader
     from mmbatch.media.store import MediaStore
+    from mmbatch.media_sources import audio_requests, frame_requests
     from mmbatch.pipeline import run_job
     from mmbatch.sinks import JsonlSink
     from mmbatch.sources import image_requests
@@ -41,9 +42,12 @@ _LAZY = {
     "run_job": "mmbatch.pipeline",
     "JsonlSink": "mmbatch.sinks",
     "image_requests": "mmbatch.sources",
+    "frame_requests": "mmbatch.media_sources",
+    "audio_requests": "mmbatch.media_sources",
 }
 
 __all__ = [
+    "AudioOptions",
     "CacheStats",
     "ConfigError",
     "DatasetMap",
@@ -68,7 +72,10 @@ __all__ = [
     "SourceError",
     "Usage",
     "VLLMEngine",
+    "VideoOptions",
     "__version__",
+    "audio_requests",
+    "frame_requests",
     "image_requests",
     "run_job",
 ]

@@ -58,21 +58,34 @@ def frame_requests(
             pts = index.seconds(i)
             ref = MediaRef("image", path, part=FrameAt(i, pts))
             columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)))
-            requests.append(Request(f"{path}@{pts:.3f}#{i}", text, (ref,), system, columns=columns))
-    return _short_ids(requests)
+            requests.append(Request(frame_id(path, pts), text, (ref,), system, columns=columns))
+    return _unique_frame_ids(requests)
 
 
-def _short_ids(requests: list[Request]) -> list[Request]:
-    """Drop the ``#index`` from frame ids wherever the time alone is unique (it nearly always
-    is; only frames less than a millisecond apart need the index to tell them apart)."""
-    short = [r.id.rsplit("#", 1)[0] if "@" in r.id else r.id for r in requests]
+def frame_id(video: str, pts: float, index: int | None = None) -> str:
+    """``clip.mp4@12.500``: the video, then the frame's time; ``#index`` only if needed."""
+    return f"{video}@{pts:.3f}" + (f"#{index}" if index is not None else "")
+
+
+def _unique_frame_ids(requests: list[Request]) -> list[Request]:
+    """Frames less than a millisecond apart share a time at three decimals: those (and only
+    those) get their index appended, so ids stay unique and short."""
     counts: dict[str, int] = {}
-    for s in short:
-        counts[s] = counts.get(s, 0) + 1
-    return [
-        Request(s, r.prompt, r.media, r.system, columns=r.columns) if counts[s] == 1 else r
-        for r, s in zip(requests, short, strict=True)
-    ]
+    for r in requests:
+        counts[r.id] = counts.get(r.id, 0) + 1
+    unique = []
+    for r in requests:
+        part = r.media[0].part
+        if counts[r.id] > 1 and isinstance(part, FrameAt):
+            r = Request(
+                frame_id(r.media[0].source, part.pts, part.index),
+                r.prompt,
+                r.media,
+                r.system,
+                columns=r.columns,
+            )
+        unique.append(r)
+    return unique
 
 
 def audio_requests(
@@ -168,6 +181,8 @@ def modalities_in(requests: Sequence[Request]) -> dict[Modality, int]:
     for request in requests:
         counts: dict[Modality, int] = {}
         for ref in request.media:
+            if isinstance(ref.part, Unreadable):
+                continue  # never sent: a model that cannot take it must not be asked to
             counts[ref.modality] = counts.get(ref.modality, 0) + 1
         for modality, count in counts.items():
             limits[modality] = max(limits.get(modality, 0), count)

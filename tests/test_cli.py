@@ -74,3 +74,29 @@ def test_engine_config_defaults_yield_to_the_user() -> None:
 def test_model_cannot_hide_in_engine_args() -> None:
     with pytest.raises(ConfigError, match=r"EngineConfig\.model"):
         EngineConfig("m", {"model": "other"})
+
+
+def test_frames_needs_a_sampling(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["frames", "v.mp4", "--model", "m", "--out", "o.jsonl"])
+    assert info.value.code == 2
+    assert "--fps" in capsys.readouterr().err
+
+
+def test_bad_timestamps_are_a_job_error_before_any_engine(
+    samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["frames", str(samples / "clip.mp4"), "--timestamps", "1,x", "--model", "m"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == EXIT_JOB_FAILED
+    assert "--timestamps '1,x': not numbers" in capsys.readouterr().err
+
+
+def test_frames_help_imports_nothing_heavy() -> None:
+    code = (
+        "import contextlib, io, sys\nfrom mmbatch.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(['frames', '--help'])\n"
+        "print(' '.join(m for m in ('av', 'PIL', 'torch', 'vllm') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []

@@ -90,3 +90,21 @@ def test_media_per_prompt_is_the_most_any_request_carries() -> None:
         Request("3", "p", (a,)),
     ]
     assert modalities_in(requests) == {"image": 2, "audio": 1}
+
+
+def test_frames_closer_than_a_millisecond_keep_unique_ids() -> None:
+    from mmbatch.media_sources import _unique_frame_ids, frame_id
+
+    def frame(index: int, pts: float) -> Request:
+        ref = MediaRef("image", "a#b.mp4", FrameAt(index, pts))
+        return Request(frame_id("a#b.mp4", pts), "p", (ref,))
+
+    ids = [r.id for r in _unique_frame_ids([frame(0, 0.0), frame(1, 1.0001), frame(2, 1.0004)])]
+    assert ids == ["a#b.mp4@0.000", "a#b.mp4@1.000#1", "a#b.mp4@1.000#2"]
+
+
+def test_unreadable_media_are_not_counted_for_the_engine(samples: Path) -> None:
+    requests = caption_requests(
+        [str(samples / "tone.wav"), str(samples / "sunset.jpg")], "p", take=("image",)
+    )
+    assert modalities_in(requests) == {"image": 1}
