@@ -152,3 +152,36 @@ def test_rows_are_json(tmp_path: Path, samples: Path) -> None:
     requests = frame_requests([str(samples / "clip.mp4")], VideoOptions(num_frames=2), "p")
     rows = run(requests, MediaLoader(ImageOptions()))
     assert json.loads(json.dumps(rows)) == rows
+
+
+def test_a_video_cut_off_mid_stream_gives_the_frames_it_still_holds(tmp_path: Path) -> None:
+    import av
+    from media_files import truncated
+
+    # moov first (as streaming muxers write it), so the index survives the cut.
+    whole = tmp_path / "whole.mp4"
+    cfr_video(whole, frames=50, size=(64, 48))
+    fast = tmp_path / "fast.mp4"
+    with (
+        av.open(str(whole)) as src,
+        av.open(str(fast), "w", options={"movflags": "faststart"}) as dst,
+    ):
+        stream = dst.add_stream_from_template(src.streams.video[0])
+        for packet in src.demux(src.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                dst.mux(packet)
+    cut = truncated(fast, tmp_path / "cut.mp4", keep=0.6)
+    # The index holds the frames whose packets survived; sampling spreads over those, and
+    # each sampled frame is the frame it names.
+    index = video_module.index_video(str(cut))
+    assert 0 < len(index.pts) < 50
+    options = VideoOptions(sampling="num_frames", num_frames=4)
+    requests = frame_requests([str(cut)], options, "p")
+    loader = MediaLoader(ImageOptions(), video_options=options)
+    window = loader.load(requests)
+    assert not window.failures
+    for loaded in window.requests:
+        image = np.asarray(window.media[loaded.media_keys[0]].payload)
+        assert frame_number(image) == dict(loaded.request.columns)["frame_index"]
+        assert dict(loaded.request.columns)["pts"] < index.end
