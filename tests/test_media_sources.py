@@ -25,7 +25,7 @@ def test_one_request_per_sampled_frame_with_video_index_and_pts(samples: Path) -
     # Asked for 0, 0.5, 1 and 1.5 s; the frames on screen then start at these times.
     assert [r.id for r in requests] == [f"{clip}@{t:.3f}" for t in (0, 0.48, 1.0, 1.48)]
     assert dict(requests[1].columns) == {"video": clip, "frame_index": 12, "pts": 0.48}
-    assert requests[1].media == (MediaRef("image", clip, FrameAt(12, 0.48)),)
+    assert requests[1].media == (MediaRef("image", clip, part=FrameAt(12, 0.48)),)
 
 
 def test_a_video_that_cannot_be_indexed_is_one_request_that_will_fail(
@@ -51,7 +51,7 @@ def test_audio_windows_are_requests_with_start_and_end(tmp_path: Path) -> None:
         {"start": 0.75, "end": 1.75},
         {"start": 1.5, "end": 2.5},
     ]
-    assert requests[2].media == (MediaRef("audio", path, TimeSpan(1.5, 2.5)),)
+    assert requests[2].media == (MediaRef("audio", path, part=TimeSpan(1.5, 2.5)),)
 
 
 def test_caption_walks_folders_for_what_the_model_takes(samples: Path, tmp_path: Path) -> None:
@@ -96,7 +96,7 @@ def test_frames_closer_than_a_millisecond_keep_unique_ids() -> None:
     from mmbatch.media_sources import _unique_frame_ids, frame_id
 
     def frame(index: int, pts: float) -> Request:
-        ref = MediaRef("image", "a#b.mp4", FrameAt(index, pts))
+        ref = MediaRef("image", "a#b.mp4", part=FrameAt(index, pts))
         return Request(frame_id("a#b.mp4", pts), "p", (ref,))
 
     ids = [r.id for r in _unique_frame_ids([frame(0, 0.0), frame(1, 1.0001), frame(2, 1.0004)])]
