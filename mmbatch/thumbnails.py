@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mmbatch.config import ImageOptions
 from mmbatch.media.image import decode_image, prepare_decoded
-from mmbatch.types import MediaRef
+from mmbatch.types import FrameAt, MediaRef
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -46,11 +46,26 @@ def thumbnail_uri(ref: MediaRef) -> str:
             return _to_uri(prepare_decoded(ref.image, THUMBNAIL_OPTIONS))
         if ref.data is not None:
             return _to_uri(decode_image(ref.data, THUMBNAIL_OPTIONS))
+        if isinstance(ref.part, FrameAt):
+            return _to_uri(_video_frame(path, ref.part))
         if ref.modality == "video" or path.suffix.lower() in VIDEO_SUFFIXES:
             return _to_uri(_video_strip(path))
         return _to_uri(decode_image(path.read_bytes(), THUMBNAIL_OPTIONS))
     except Exception as exc:  # Pillow and PyAV raise many types; each is a reason to show
         raise NoPreview(f"{type(exc).__name__}: {exc}") from None
+
+
+def _video_frame(path: Path, frame: FrameAt) -> Image.Image:
+    """The one frame a frame job's row names (found by its index, checked by its time)."""
+    from PIL import Image
+
+    from mmbatch.media.video import decode_frames, index_video
+
+    index = index_video(str(path))
+    if frame.index >= len(index.pts) or abs(index.seconds(frame.index) - frame.pts) > 1e-3:
+        raise ValueError(f"{path} has no frame {frame.index} at {frame.pts:.3f} s")
+    rgb = decode_frames(str(path), index, [frame.index]).frames[frame.index]
+    return prepare_decoded(Image.fromarray(rgb), THUMBNAIL_OPTIONS)
 
 
 def _video_strip(path: Path) -> Image.Image:

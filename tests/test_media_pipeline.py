@@ -185,3 +185,23 @@ def test_a_video_cut_off_mid_stream_gives_the_frames_it_still_holds(tmp_path: Pa
         image = np.asarray(window.media[loaded.media_keys[0]].payload)
         assert frame_number(image) == dict(loaded.request.columns)["frame_index"]
         assert dict(loaded.request.columns)["pts"] < index.end
+
+
+def test_gallery_previews_a_frame_row_with_its_frame(samples: Path) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    from mmbatch.thumbnails import NoPreview, thumbnail_uri
+    from mmbatch.types import FrameAt
+
+    clip = str(samples / "clip.mp4")
+    uri = thumbnail_uri(MediaRef("image", clip, part=FrameAt(25, 1.0)))
+    data = base64.b64decode(uri.split(",", 1)[1])
+    with Image.open(io.BytesIO(data)) as thumb:
+        assert frame_number(np.asarray(thumb.convert("RGB"))) == 25
+    with pytest.raises(NoPreview, match=r"no frame 25 at 1\.500"):
+        thumbnail_uri(MediaRef("image", clip, part=FrameAt(25, 1.5)))
+    with pytest.raises(NoPreview, match="audio has no picture"):
+        thumbnail_uri(MediaRef("audio", str(samples / "tone.wav")))

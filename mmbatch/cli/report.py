@@ -70,8 +70,9 @@ def _select(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
 def _previews(summary: Mapping[str, Any] | None) -> Any:
     """``preview(row)``: from the file the row names, or, for a job that read a local
     dataset, from the dataset's row (reopened the way the job read it)."""
-    from mmbatch.thumbnails import VIDEO_SUFFIXES, NoPreview, thumbnail_uri
-    from mmbatch.types import MediaRef
+    from mmbatch.media_sources import modality_of
+    from mmbatch.thumbnails import NoPreview, thumbnail_uri
+    from mmbatch.types import FrameAt, MediaRef
 
     dataset = (summary or {}).get("job", {}).get("dataset")
     media: dict[str, MediaRef] = {}
@@ -91,8 +92,11 @@ def _previews(summary: Mapping[str, Any] | None) -> Any:
             source = source[0] if isinstance(source, list) and source else source
             if not isinstance(source, str) or not source:
                 raise NoPreview("the row names no source")
-            is_video = Path(source).suffix.lower() in VIDEO_SUFFIXES
-            ref = MediaRef("video" if is_video else "image", source)
+            if row.get("frame_index") is not None and row.get("pts") is not None:
+                frame = FrameAt(int(row["frame_index"]), float(row["pts"]))
+                ref = MediaRef("image", source, part=frame)  # a frame job's row: that frame
+            else:
+                ref = MediaRef(modality_of(source), source)
         return thumbnail_uri(ref)
 
     return preview
