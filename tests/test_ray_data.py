@@ -39,9 +39,11 @@ def local_ray():  # type: ignore[no-untyped-def]
 
 def caption_requests(samples: Path, folder: Path) -> list[Request]:
     """Each sample under two prompts (so pictures repeat, also under two file names), plus
-    a file that does not exist and an empty one; samples/ holds a truncated JPEG."""
+    a file that does not exist and an empty one; samples/ holds a truncated JPEG (and a clip
+    and a wav, left out: this job is about pictures)."""
     (folder / "empty.jpg").write_bytes(b"")
-    paths = [*sorted(samples.iterdir()), folder / "missing.jpg", folder / "empty.jpg"]
+    pictures = [p for p in sorted(samples.iterdir()) if p.suffix not in (".mp4", ".wav")]
+    paths = [*pictures, folder / "missing.jpg", folder / "empty.jpg"]
     prompts = ["Describe this image.", "List three tags."]
     return [
         Request(f"{p}-{path.name}", prompt, (MediaRef("image", str(path)),))
