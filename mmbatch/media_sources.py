@@ -50,7 +50,7 @@ def frame_requests(
             index = index_video(path)
             frames = select_frames(index, options)
         except MediaError as exc:
-            ref = MediaRef("image", path, part=Unreadable(str(exc), exc.stage))
+            ref = MediaRef("image", path, part=Unreadable(str(exc), exc.stage, exc.kind))
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
             requests.append(Request(path, text, (ref,), system, columns=failed))
             continue
@@ -107,7 +107,7 @@ def _audio_windows(
     try:
         duration = probe_audio(path).duration
     except MediaError as exc:
-        ref = MediaRef("audio", path, part=Unreadable(str(exc), exc.stage))
+        ref = MediaRef("audio", path, part=Unreadable(str(exc), exc.stage, exc.kind))
         yield Request(path, prompt, (ref,), system, columns=(("start", None), ("end", None)))
         return
     for n, span in enumerate(audio_windows(duration, options)):
@@ -152,7 +152,7 @@ def caption_requests(
                 )
             else:
                 why = f"the model takes no {kind} input"
-            ref = MediaRef(kind, path, part=Unreadable(why, "validate"))
+            ref = MediaRef(kind, path, part=Unreadable(why, "validate", "unsupported"))
             requests.append(Request(item_id, text, (ref,), system))
         elif kind == "audio":
             requests.extend(_audio_windows(path, text, system, audio))

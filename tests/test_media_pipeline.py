@@ -145,7 +145,11 @@ def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> Non
 
     requests = caption_requests([str(samples / "tone.wav")], "p", take=("image",))
     [row] = run(requests, MediaLoader(ImageOptions()))
-    assert row["error"] == {"stage": "validate", "message": "the model takes no audio input"}
+    assert row["error"] == {
+        "stage": "validate",
+        "kind": "unsupported",
+        "message": "the model takes no audio input",
+    }
 
 
 def test_rows_are_json(tmp_path: Path, samples: Path) -> None:

@@ -69,7 +69,7 @@ def test_a_named_file_the_model_cannot_take_gets_an_error_row(samples: Path) -> 
     wav, mp4 = str(samples / "tone.wav"), str(samples / "clip.mp4")
     requests = caption_requests([wav, mp4], "p", take=("image", "video"))
     reasons = {r.id: r.media[0].part for r in requests}
-    assert reasons[wav] == Unreadable("the model takes no audio input", "validate")
+    assert reasons[wav] == Unreadable("the model takes no audio input", "validate", "unsupported")
     assert isinstance(reasons[mp4], Unreadable)
     assert "--as-clip" in reasons[mp4].message
 

@@ -155,7 +155,7 @@ def _inputs(args: argparse.Namespace, audio: Any) -> tuple[list[Any], list[Any],
     summary records about the inputs (the gallery reopens a dataset from it)."""
     from mmbatch.errors import ConfigError
     from mmbatch.integrations.hf_local import DatasetInput, dataset_requests, detect_format
-    from mmbatch.media_sources import caption_requests
+    from mmbatch.media_sources import caption_requests, modality_of
     from mmbatch.sources import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES, expand_inputs
 
     fmt = args.input_format
@@ -168,13 +168,14 @@ def _inputs(args: argparse.Namespace, audio: Any) -> tuple[list[Any], list[Any],
         if args.image_column or args.split or args.id_column:
             raise ConfigError("--image-column, --split and --id-column apply to datasets only")
         policy = source_policy_from(args)
-        # First that the inputs exist, then which media the model takes, then the files.
+        # First that the inputs exist; then, only if they hold more than pictures, which
+        # media the model takes (its processor says), so that a folder is walked for those.
         everything = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
-        for _ in expand_inputs(args.inputs, everything, policy):
-            pass
-        # On Ray (pictures only) the model is not asked: its workers load it.
+        found = {modality_of(path) for _, path, _ in expand_inputs(args.inputs, everything, policy)}
         pictures: frozenset[Modality] = frozenset({"image"})
-        take = pictures if args.ray is not None else model_modalities(engine_config_from(args))
+        # On Ray (pictures only) the model is not asked either: its workers load it.
+        only_pictures = found <= pictures or args.ray is not None
+        take = pictures if only_pictures else model_modalities(engine_config_from(args))
         requests = caption_requests(
             args.inputs,
             args.prompt,
