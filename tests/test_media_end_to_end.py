@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,7 +101,8 @@ def test_frames_cli_rows_and_saved_frames(
 def test_clip_cli_counts_shrinks_and_refuses_by_the_budget(
     tiny_vl_model: Path, samples: Path, tmp_path: Path
 ) -> None:
-    clip = str(samples / "clip.mp4")  # 96x64: 2 video tokens per 2 frames
+    shutil.copy(samples / "clip.mp4", tmp_path / "clip.mp4")  # inside the manifest's root
+    clip = "clip.mp4"  # 96x64: 2 video tokens per 2 frames
     long_prompt = "Describe every detail of this video, frame by frame, please. " * 4
     manifest = tmp_path / "clips.jsonl"
     manifest.write_text(
