@@ -10,25 +10,30 @@ name, from which ``ItemRows`` assembles the item's single row. Their ids are
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from mmbatch.config import ImageOptions
-from mmbatch.errors import ConfigError, SourceError
+from mmbatch.config import AudioOptions, ImageOptions, VideoOptions
+from mmbatch.errors import SourceError
 from mmbatch.media.fetch import UrlPolicy
 from mmbatch.media.loader import MediaLoader
 from mmbatch.recipe import Recipe
 from mmbatch.rows import ItemRows
 from mmbatch.sources import SourcePolicy, image_requests
-from mmbatch.types import Request
+from mmbatch.types import Modality, Request
+
+if TYPE_CHECKING:
+    from mmbatch.budget import PromptBudget
 
 
 def recipe_requests(
     inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None = None
 ) -> list[Request]:
     """One request per (item, question), items in input order, an item's questions together;
-    ``policy`` says what the inputs may point at (see ``mmbatch.sources``)."""
-    require_loader(recipe)
-    items = image_requests(inputs, recipe.questions[0].text, recipe.system, policy)
-    return item_requests(items, recipe)
+    ``policy`` says what the inputs may point at (see ``mmbatch.sources``).
+
+    An item is what the recipe's [media] kind makes of the inputs: an image, a sampled video
+    frame (``as_clip = false``), a whole clip (``as_clip = true``), or an audio window."""
+    return item_requests(_items(inputs, recipe, policy), recipe)
 
 
 def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
@@ -52,6 +57,7 @@ def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
                     prompt=item.prompt if single else question.text,
                     media=item.media,
                     system=recipe.system,
+                    columns=item.columns,
                     item_id=item.id,
                     output=question.name,
                 )
@@ -59,11 +65,54 @@ def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
     return requests
 
 
-def recipe_loader(recipe: Recipe, urls: UrlPolicy | None = None) -> MediaLoader:
+def _items(inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None) -> list[Request]:
+    from mmbatch.media_sources import audio_requests, caption_requests, frame_requests
+
+    kind, system, prompt = recipe.media.kind, recipe.system, recipe.questions[0].text
+    if kind == "image":
+        return image_requests(inputs, prompt, system, policy)
+    if kind == "audio":
+        return audio_requests(inputs, audio_options(recipe), prompt, system)
+    if recipe.media.options.get("as_clip", False):
+        clips: tuple[Modality, ...] = ("video",)
+        return caption_requests(inputs, prompt, system, take=clips, as_clip=True, policy=policy)
+    return frame_requests(inputs, video_options(recipe), prompt, system)
+
+
+def recipe_loader(
+    recipe: Recipe, urls: UrlPolicy | None = None, budget: PromptBudget | None = None
+) -> MediaLoader:
     """The loader that decodes the recipe's media with its [media] options (and fetches
-    URLs within ``urls``'s limits, when given)."""
-    require_loader(recipe)
-    return MediaLoader(ImageOptions(**recipe.media.options), urls=urls)
+    URLs within ``urls``'s limits, when given); ``budget`` (the engine's) lets it measure,
+    and shrink within the recipe's bounds, each prompt before it is sent."""
+    kind = recipe.media.kind
+    return MediaLoader(
+        image_options(recipe),
+        urls=urls,
+        video_options=video_options(recipe) if kind == "video" else None,
+        audio_options=audio_options(recipe) if kind == "audio" else None,
+        budget=budget,
+    )
+
+
+def image_options(recipe: Recipe) -> ImageOptions:
+    """The [media] options that decode pictures (and a video's frames: ``max_pixels``)."""
+    options = recipe.media.options
+    return ImageOptions(
+        **{k: options[k] for k in ("max_pixels", "max_source_pixels") if k in options}
+    )
+
+
+def video_options(recipe: Recipe) -> VideoOptions:
+    options = dict(recipe.media.options)
+    options.pop("as_clip", None)
+    if "timestamps" in options:
+        options["timestamps"] = tuple(options["timestamps"])
+    return VideoOptions(**options)
+
+
+def audio_options(recipe: Recipe) -> AudioOptions:
+    return AudioOptions(**recipe.media.options)
 
 
 def recipe_rows(recipe: Recipe, requests: Sequence[Request]) -> ItemRows:
@@ -73,13 +122,3 @@ def recipe_rows(recipe: Recipe, requests: Sequence[Request]) -> ItemRows:
     from mmbatch.json_output import JsonParser
 
     return ItemRows(requests, JsonParser(recipe.output.schema))
-
-
-def require_loader(recipe: Recipe) -> None:
-    """Refuse, before any work, a recipe whose kind of media this build cannot load."""
-    if recipe.media.kind != "image":
-        raise ConfigError(
-            f"recipe {recipe.name!r} reads {recipe.media.kind}, and the {recipe.media.kind} "
-            f"loader (issue 3) is not in this build yet: `mmbatch check` validates the recipe, "
-            f"`mmbatch run` cannot run it"
-        )

@@ -110,6 +110,7 @@ class ItemRows:
             "id": item_id,
             "source": sources[0] if len(sources) == 1 else sources,
             "media_hash": keys[0] if len(keys) == 1 else (list(keys) or None),
+            **dict(item.first.columns),
             "outputs": outputs,
             "prompt_tokens": usage.prompt_tokens,
             "output_tokens": usage.output_tokens,

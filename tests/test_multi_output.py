@@ -10,7 +10,7 @@ import pytest
 from fakes import FakeEngine, expected_text
 
 from mmbatch.config import ImageOptions, RunConfig
-from mmbatch.errors import ConfigError, SourceError
+from mmbatch.errors import SourceError
 from mmbatch.json_output import JsonParser, canonical_schema
 from mmbatch.media.loader import MediaLoader
 from mmbatch.pipeline import run_job
@@ -117,15 +117,25 @@ def test_single_question_recipes_keep_a_manifest_prompt_and_multi_refuse_it(
         recipe_requests([str(manifest)], load_recipe(RECIPES / "multi_question.toml"))
 
 
-def test_video_and_audio_recipes_are_refused_by_run_until_their_loader_exists(
-    samples: Path,
-) -> None:
-    for name in ("video_frame_captions", "video_clip_summary", "audio_transcription"):
-        recipe = load_recipe(RECIPES / f"{name}.toml")
-        with pytest.raises(ConfigError, match=r"loader .* is not in this build"):
-            recipe_requests([str(samples)], recipe)
-        with pytest.raises(ConfigError, match="not in this build"):
-            recipe_loader(recipe)
+def test_video_and_audio_recipes_make_their_items(samples: Path) -> None:
+    clip, tone = str(samples / "clip.mp4"), str(samples / "tone.wav")
+    frames = recipe_requests([clip], load_recipe(RECIPES / "video_frame_captions.toml"))
+    assert len(frames) >= 2  # 1 fps over a 2 s clip
+    for request in frames:
+        columns = dict(request.columns)
+        assert request.item_id == f"{clip}@{columns['pts']:.3f}"
+        assert request.id == f"{request.item_id}#caption"
+        assert columns["video"] == clip
+        assert [m.modality for m in request.media] == ["image"]
+    (summary,) = recipe_requests([clip], load_recipe(RECIPES / "video_clip_summary.toml"))
+    assert (summary.item_id, summary.output) == (clip, "summary")
+    assert [m.modality for m in summary.media] == ["video"]
+    (speech,) = recipe_requests([tone], load_recipe(RECIPES / "audio_transcription.toml"))
+    assert (speech.item_id, speech.media[0].modality) == (tone, "audio")
+    assert dict(speech.columns)["start"] == 0.0
+    clip_loader = recipe_loader(load_recipe(RECIPES / "video_clip_summary.toml"))
+    assert clip_loader.video_options.num_frames == 8
+    assert clip_loader.video_options.min_frames == 4
 
 
 SCHEMA = canonical_schema(

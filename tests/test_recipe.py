@@ -238,4 +238,3 @@ def test_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["check", str(video)]) == 0
     captured = capsys.readouterr()
     assert "video_clip_summary.toml: ok: video-clip-summary: video input" in captured.out
-    assert "note: recipe 'video-clip-summary' reads video" in captured.err

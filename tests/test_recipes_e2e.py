@@ -10,7 +10,6 @@ answer that question gets when asked alone.
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,6 +25,7 @@ from conftest import TINY_ENGINE_KWARGS
 
 from mmbatch.config import EngineConfig, ImageOptions, RunConfig
 from mmbatch.media.loader import MediaLoader
+from mmbatch.media_sources import modalities_in
 from mmbatch.pipeline import run_job
 from mmbatch.recipe import Recipe, load_recipe
 from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
@@ -47,55 +47,47 @@ IMAGE_RECIPES = [
 ]
 
 
-def _needs_loader(kind: str) -> pytest.MarkDecorator:
-    module = f"mmbatch.media.{kind}"
-    return pytest.mark.skipif(
-        importlib.util.find_spec(module) is None,
-        reason=f"the {kind} loader ({module}, issue 3) is not on main yet; until it lands this "
-        f"recipe is validated by `mmbatch check` only (tests/test_recipe.py)",
-    )
-
-
-MEDIA_RECIPES = [
-    pytest.param("video_frame_captions", marks=_needs_loader("video")),
-    pytest.param("video_clip_summary", marks=_needs_loader("video")),
-    pytest.param("audio_transcription", marks=_needs_loader("audio")),
-]
-
-
 def tiny_kwargs(recipe: Recipe) -> dict[str, Any]:
     """The recipe's [engine] table with the tiny model's settings over it."""
     return {**recipe.engine_kwargs(), **TINY_ENGINE_KWARGS}
 
 
 @pytest.fixture(scope="module")
-def recipe_engines(request: pytest.FixtureRequest, tiny_vl_model: Path) -> dict[str, Any]:
-    """Engines by [engine] table: recipes whose table adds nothing to the tiny settings share
-    the session's engine; the JSON recipes' (compact structured outputs) share another."""
+def recipe_engines(
+    request: pytest.FixtureRequest, tiny_vl_model: Path, tiny_audio_model: Path
+) -> dict[str, Any]:
+    """Engines by model, [engine] table and media: image recipes whose table adds nothing
+    to the tiny settings share the session's engine; the JSON recipes' (compact structured
+    outputs) share another; clips and audio get theirs."""
     engines: dict[str, Any] = {}
 
-    def engine_for(recipe: Recipe) -> Any:
+    def engine_for(recipe: Recipe, requests: list[Request]) -> Any:
         kwargs = tiny_kwargs(recipe)
-        if kwargs == TINY_ENGINE_KWARGS:
+        media = modalities_in(requests) or {"image": 1}
+        model = tiny_audio_model if recipe.media.kind == "audio" else tiny_vl_model
+        if model == tiny_vl_model and kwargs == TINY_ENGINE_KWARGS and media == {"image": 1}:
             return request.getfixturevalue("vl_engine")
-        key = json.dumps(kwargs, sort_keys=True)
+        key = json.dumps([str(model), kwargs, media], sort_keys=True)
         if key not in engines:
             from mmbatch.engine.vllm import VLLMEngine
 
-            engines[key] = VLLMEngine(EngineConfig(str(tiny_vl_model), kwargs), {"image": 1})
+            engines[key] = VLLMEngine(EngineConfig(str(model), kwargs), media)
         return engines[key]
 
     return {"for": engine_for}
 
 
-def run_recipe(recipe: Recipe, engine: Any, inputs: list[str]) -> tuple[list[dict], Any]:
+def run_recipe(
+    recipe: Recipe, engines: dict[str, Any], inputs: list[str], engine: Any = None
+) -> tuple[list[dict], Any]:
+    """The recipe's job, as `mmbatch run` does it, on the tiny model's engine."""
     requests = recipe_requests(inputs, recipe)
+    engine = engine or engines["for"](recipe, requests)
     sink = MemorySink()
-    loader = recipe_loader(recipe)
     stats = run_job(
         requests,
         engine,
-        loader,
+        recipe_loader(recipe, budget=engine.prompt_budget()),
         sink,
         recipe.sampling,
         RunConfig(window=16, progress=False),
@@ -104,15 +96,19 @@ def run_recipe(recipe: Recipe, engine: Any, inputs: list[str]) -> tuple[list[dic
     return sink.rows, stats
 
 
+def short(recipe: Recipe) -> Recipe:
+    """Random weights never stop early; a few tokens show the path as well as 500 would."""
+    if recipe.output.format != "text":
+        return recipe  # a JSON answer needs its tokens to close
+    return replace(recipe, sampling=replace(recipe.sampling, max_tokens=TEXT_TOKENS))
+
+
 @pytest.mark.parametrize("name", IMAGE_RECIPES)
 def test_every_image_recipe_runs_on_the_tiny_model(
     name: str, recipe_engines: dict[str, Any], samples: Path
 ) -> None:
-    recipe = load_recipe(RECIPES / f"{name}.toml")
-    if recipe.output.format == "text":
-        # Random weights never stop early; a few tokens show the path as well as 500 would.
-        recipe = replace(recipe, sampling=replace(recipe.sampling, max_tokens=TEXT_TOKENS))
-    rows, stats = run_recipe(recipe, recipe_engines["for"](recipe), [str(samples)])
+    recipe = short(load_recipe(RECIPES / f"{name}.toml"))
+    rows, stats = run_recipe(recipe, recipe_engines, [str(samples)])
     pictures = [p.name for p in samples.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES]
     assert sorted(Path(r["id"]).name for r in rows) == sorted(pictures)
     assert stats.total == len(rows) == stats.ok + stats.failed
@@ -135,14 +131,44 @@ def test_every_image_recipe_runs_on_the_tiny_model(
     assert stats.failed == 1
 
 
-@pytest.mark.parametrize("name", MEDIA_RECIPES)
-def test_every_video_and_audio_recipe_runs_on_the_tiny_model(
-    name: str, recipe_engines: dict[str, Any], samples: Path
-) -> None:
-    recipe = load_recipe(RECIPES / f"{name}.toml")
-    rows, stats = run_recipe(recipe, recipe_engines["for"](recipe), [str(samples)])
-    assert rows
-    assert stats.ok > 0
+def test_video_frame_captions_recipe(recipe_engines: dict[str, Any], samples: Path) -> None:
+    recipe = short(load_recipe(RECIPES / "video_frame_captions.toml"))
+    clip = str(samples / "clip.mp4")
+    rows, stats = run_recipe(recipe, recipe_engines, [clip])
+    # 1 fps: one row per sampled frame, each carrying its video and time.
+    assert [r["pts"] for r in rows] == [float(i) for i in range(len(rows))]
+    assert len(rows) >= 2
+    assert all(r["video"] == clip for r in rows)
+    assert [r["id"] for r in rows] == [f"{clip}@{r['pts']:.3f}" for r in rows]
+    for row in rows:
+        assert row["error"] is None, row
+        assert row["outputs"]["caption"]["output_tokens"] == TEXT_TOKENS
+    assert stats.ok == len(rows)
+
+
+def test_video_clip_summary_recipe(recipe_engines: dict[str, Any], samples: Path) -> None:
+    recipe = short(load_recipe(RECIPES / "video_clip_summary.toml"))
+    clip = str(samples / "clip.mp4")
+    (row,), stats = run_recipe(recipe, recipe_engines, [clip])
+    assert row["id"] == clip
+    assert row["error"] is None, row
+    assert row["outputs"]["summary"]["output_tokens"] == TEXT_TOKENS
+    assert row["media_hash"].startswith("video-")
+    assert stats.ok == 1
+
+
+def test_audio_transcription_recipe(recipe_engines: dict[str, Any], samples: Path) -> None:
+    recipe = short(load_recipe(RECIPES / "audio_transcription.toml"))
+    tone = str(samples / "tone.wav")
+    rows, stats = run_recipe(recipe, recipe_engines, [tone])
+    (row,) = rows
+    assert row["id"] == tone
+    assert row["error"] is None, row
+    assert row["start"] == 0.0
+    assert row["end"] > 0.5
+    assert row["outputs"]["transcript"]["output_tokens"] == TEXT_TOKENS
+    assert row["media_hash"].startswith("audio-")
+    assert stats.ok == 1
 
 
 def test_questions_of_one_item_share_its_prefix_and_match_asked_alone(
@@ -156,7 +182,7 @@ def test_questions_of_one_item_share_its_prefix_and_match_asked_alone(
         recipe, system=system, sampling=replace(recipe.sampling, max_tokens=TEXT_TOKENS)
     )
     names = ["sunset.jpg", "checkerboard.png"]
-    rows, stats = run_recipe(recipe, vl_engine, [str(samples / n) for n in names])
+    rows, stats = run_recipe(recipe, {}, [str(samples / n) for n in names], vl_engine)
     assert stats.decodes == 2  # each picture decoded once for its four questions
     by_name = {Path(r["id"]).name: r for r in rows}
     for row in rows:
@@ -204,9 +230,7 @@ def test_a_request_vllm_fails_alone_is_an_error_row_not_an_empty_answer(
     # compilation.
     with warnings.catch_warnings():
         warnings.filterwarnings("error", "max_rollback_tokens is deprecated", DeprecationWarning)
-        rows, stats = run_recipe(
-            recipe, recipe_engines["for"](recipe), [str(samples / "sunset.jpg")]
-        )
+        rows, stats = run_recipe(recipe, recipe_engines, [str(samples / "sunset.jpg")])
     (row,) = rows
     if row["error"] is None:
         pytest.skip("xgrammar no longer warns while compiling: no way left to fail a grammar")

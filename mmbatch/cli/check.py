@@ -23,7 +23,6 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from mmbatch.errors import ConfigError
     from mmbatch.recipe import load_recipe
-    from mmbatch.recipe_job import require_loader
 
     code = EXIT_OK
     for path in args.recipes:
@@ -33,10 +32,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"mmbatch: error: {exc}", file=sys.stderr)
             code = EXIT_JOB_FAILED
             continue
-        try:
-            require_loader(recipe)
-        except ConfigError as exc:
-            print(f"{path}: note: {exc}", file=sys.stderr)
         questions = ", ".join(q.name for q in recipe.questions)
         output = "json (schema enforced)" if recipe.output.format == "json" else "text"
         print(

@@ -44,8 +44,9 @@ def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = Non
     replaces the vLLM engine (for the tests' fake engine)."""
     from mmbatch.config import EngineConfig
     from mmbatch.errors import ConfigError
+    from mmbatch.media_sources import modalities_in
     from mmbatch.recipe import load_recipe
-    from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
+    from mmbatch.recipe_job import image_options, recipe_loader, recipe_requests, recipe_rows
 
     # Everything that can be checked without the engine is checked before it starts.
     recipe = load_recipe(args.recipe)
@@ -63,8 +64,6 @@ def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = Non
         file=sys.stderr,
     )
     if args.ray is not None:
-        from mmbatch.config import ImageOptions
-
         # One input row per item on Ray: each actor asks the item's questions itself.
         first_asks: dict[str, Any] = {}
         for request in requests:
@@ -79,14 +78,17 @@ def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = Non
             summary,
             engine_config=engine_config,
             sampling=recipe.sampling,
-            image_options=ImageOptions(**recipe.media.options),
+            image_options=image_options(recipe),
             recipe=recipe,
         )
 
     def make_vllm_engine() -> Engine:
         from mmbatch.engine.shared import shared_engine
 
-        return shared_engine(engine_config, {recipe.media.kind: 1})
+        engine = shared_engine(engine_config, modalities_in(requests) or {recipe.media.kind: 1})
+        # Prompts are measured against this engine before they are sent (and clips shrunk).
+        loader.budget = engine.prompt_budget()
+        return engine
 
     job = Job(
         requests=requests,
