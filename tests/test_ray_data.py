@@ -95,6 +95,8 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
         [
             "caption",
             str(manifest),
+            # The manifest names the samples by absolute path, outside its own folder.
+            "--allow-outside-root",
             "--model",
             str(tiny_vl_model),
             "--out",

@@ -340,7 +340,8 @@ def _output_schema() -> pa.Schema:
     that every batch and every file agree, failed or not)."""
     import pyarrow as pa
 
-    error = pa.struct([("stage", pa.string()), ("message", pa.string())])
+    # The fields of ItemError.to_dict, in its order.
+    error = pa.struct([("stage", pa.string()), ("kind", pa.string()), ("message", pa.string())])
     return pa.schema(
         [
             ("id", pa.string()),
