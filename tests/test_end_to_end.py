@@ -214,3 +214,23 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
     rows = whole_rows()
     assert sorted(r["id"] for r in rows) == sorted(expected)
     assert {r["id"]: (r["text"], r["error"]) for r in rows} == expected
+
+
+def test_cpu_build_gets_a_sized_kv_cache_unless_the_user_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Without it vLLM's CPU backend reserves 92% of RAM and refuses to start when another
+    # process holds some: the README's first command failed that way on a busy machine.
+    from mmbatch.engine.vllm import DEFAULT_CPU_KV_CACHE_BYTES, _cpu_kv_cache_default
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    kwargs: dict[str, object] = {}
+    _cpu_kv_cache_default(kwargs)
+    assert kwargs == {"kv_cache_memory_bytes": DEFAULT_CPU_KV_CACHE_BYTES}
+    chosen: dict[str, object] = {"gpu_memory_utilization": 0.5}
+    _cpu_kv_cache_default(chosen)
+    assert chosen == {"gpu_memory_utilization": 0.5}
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "2")
+    from_env: dict[str, object] = {}
+    _cpu_kv_cache_default(from_env)
+    assert from_env == {}

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
     from mmbatch.budget import PromptBudget
 
+DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
+
 DEFAULT_RENDER_THREADS = 1
 """One background renderer: overlaps preprocessing with the engine, keeps the processor cache."""
 
@@ -94,6 +96,7 @@ class VLLMEngine:
                 kwargs["mm_processor_cache_gb"] = 0
         self.config = config
         self.render_threads = render_threads
+        _cpu_kv_cache_default(kwargs)
         self.llm: LLM = LLM(**kwargs)
         self._engine = self.llm.llm_engine
         self._template = _ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
@@ -250,6 +253,23 @@ def _rejected(exc: Exception) -> RequestRejected:
         f"vLLM refused the request: {type(exc).__name__}: {exc}",
         "too_long" if too_long else "rejected",
     )
+
+
+def _cpu_kv_cache_default(kwargs: dict[str, Any]) -> None:
+    """On vLLM's CPU build, size the KV cache instead of reserving 92% of RAM.
+
+    The CPU backend reads ``gpu_memory_utilization`` as the share of the machine's memory
+    to reserve, and refuses to start when that much is not free: any other process running
+    made a laptop or CI machine fail at start-up. A fixed 4 GiB KV cache is plenty for batch
+    captioning on a CPU; an explicit setting (argument or VLLM_CPU_KVCACHE_SPACE) wins.
+    """
+    import os
+
+    from vllm.platforms import current_platform
+
+    chosen = {"kv_cache_memory_bytes", "gpu_memory_utilization"} & kwargs.keys()
+    if current_platform.is_cpu() and not chosen and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
 
 
 def _sampling_params(sampling: Sampling) -> SamplingParams:
