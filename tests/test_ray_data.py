@@ -263,7 +263,11 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     assert out.schema == ray_data._output_schema()
     by_id = {row["id"]: row for row in out.to_pylist()}
     assert sorted(by_id) == ["a", "b", "c", "d", "e", "f"]
-    assert by_id["b"]["error"] == {"stage": "source", "message": "the row has no prompt"}
+    assert by_id["b"]["error"] == {
+        "stage": "source",
+        "kind": "other",
+        "message": "the row has no prompt",
+    }
     assert by_id["c"]["error"]["stage"] == "decode"
     assert by_id["d"]["error"]["stage"] == "load"
     for item_id in "aef":
