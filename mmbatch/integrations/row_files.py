@@ -11,12 +11,14 @@ Only pyarrow is needed here (no ray), so this is tested without a cluster.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from mmbatch.errors import SourceError
+from mmbatch.sources import jsonl_objects
 
 RowFormat = Literal["jsonl", "parquet"]
 """The writers the Ray runner offers: ``Dataset.write_json`` (one JSON object per line, in
@@ -96,15 +98,11 @@ def _read_rows(path: Path, fmt: RowFormat) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = table.to_pylist()
         return rows
     rows = []
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"line {line_no} is not complete JSON: {exc}") from None
-            if not isinstance(row, dict) or "id" not in row:
+    try:
+        for line_no, row in jsonl_objects(path):
+            if "id" not in row:
                 raise ValueError(f"line {line_no} is not an output row")
             rows.append(row)
+    except SourceError as exc:  # a torn or foreign line: the caller sets the file aside
+        raise ValueError(str(exc)) from None
     return rows
