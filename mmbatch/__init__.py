@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.config import AudioOptions, EngineConfig, ImageOptions, RunConfig, VideoOptions
-from mmbatch.engine.base import CacheStats, Engine
+from mmbatch.engine.base import Engine
+from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import (
     ConfigError,
     FatalEngineError,
@@ -20,30 +20,40 @@ from mmbatch.errors import (
     RequestRejected,
     SourceError,
 )
-from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampling, Usage
+from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
+from mmbatch.types import (
+    CacheStats,
+    ItemError,
+    MediaItem,
+    MediaRef,
+    Request,
+    Result,
+    Sampling,
+    Usage,
+)
 
 if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
     from mmbatch.integrations.hf_datasets import DatasetMap
-    from mmbatch.media.loader import MediaLoader
-    from mmbatch.media.store import MediaStore
-    from mmbatch.media_sources import audio_requests, frame_requests
-    from mmbatch.pipeline import run_job
-    from mmbatch.sinks import JsonlSink
-    from mmbatch.sources import image_requests
+    from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory, run_job
+    from mmbatch.pipeline import RunConfig
+    from mmbatch.sources.files import image_requests
+    from mmbatch.sources.timeline import audio_requests, frame_requests
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "DatasetMap": "mmbatch.integrations.hf_datasets",
     "VLLMEngine": "mmbatch.engine.vllm",
-    "MediaLoader": "mmbatch.media.loader",
-    "MediaStore": "mmbatch.media.store",
-    "run_job": "mmbatch.pipeline",
-    "JsonlSink": "mmbatch.sinks",
-    "image_requests": "mmbatch.sources",
-    "frame_requests": "mmbatch.media_sources",
-    "audio_requests": "mmbatch.media_sources",
+    "FileOutput": "mmbatch.jobs",
+    "Job": "mmbatch.jobs",
+    "JobReport": "mmbatch.jobs",
+    "run_job": "mmbatch.jobs",
+    "run_in_memory": "mmbatch.jobs",
+    "RunConfig": "mmbatch.pipeline",
+    "image_requests": "mmbatch.sources.files",
+    "frame_requests": "mmbatch.sources.timeline",
+    "audio_requests": "mmbatch.sources.timeline",
 }
 
 __all__ = [
@@ -54,15 +64,16 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "FatalEngineError",
+    "FileOutput",
     "ImageOptions",
     "ItemError",
     "ItemFailure",
-    "JsonlSink",
+    "Job",
+    "JobReport",
     "MediaError",
     "MediaItem",
-    "MediaLoader",
+    "MediaOptions",
     "MediaRef",
-    "MediaStore",
     "MmbatchError",
     "Request",
     "RequestRejected",
@@ -77,6 +88,7 @@ __all__ = [
     "audio_requests",
     "frame_requests",
     "image_requests",
+    "run_in_memory",
     "run_job",
 ]
 

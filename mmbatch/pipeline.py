@@ -1,4 +1,4 @@
-"""Drive a job: requests -> windows -> loader -> planner -> engine -> one row per request.
+"""Drive requests: windows -> loader -> planner -> engine -> one row per item, to a sink.
 
 The engine is kept fed: while it works through the requests already added, a background
 thread reads, hashes and decodes the next window, and that window is added as soon as the
@@ -14,22 +14,38 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from tqdm import tqdm
 
 from mmbatch import planner
-from mmbatch.config import RunConfig
 from mmbatch.engine.base import Engine
-from mmbatch.errors import RequestRejected
+from mmbatch.errors import ConfigError, RequestRejected
 from mmbatch.media.loader import LoadedWindow, MediaLoader
-from mmbatch.rows import FlatRows, RowBuilder
-from mmbatch.sinks import Sink
-from mmbatch.stats import JobStats
+from mmbatch.out.rows import FLAT, RowBuilder
+from mmbatch.out.sinks import Sink
+from mmbatch.out.stats import JobStats
 from mmbatch.types import Request, Result, Sampling
 
+DEFAULT_WINDOW = 512
+"""Requests prepared (read, hashed, decoded, planned) together; large enough that repeated
+media and shared prefixes land together, small enough to bound decoded pixels in memory."""
 
-def run_job(
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How the pipeline drives the engine."""
+
+    window: int = DEFAULT_WINDOW
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ConfigError(f"window must be >= 1, got {self.window}")
+
+
+def run_requests(
     requests: Sequence[Request],
     engine: Engine,
     loader: MediaLoader,
@@ -41,9 +57,9 @@ def run_job(
     """Process every request through ``engine`` and write one row per item to ``sink``.
 
     An item is a request, or the requests sharing an ``item_id`` (assembled by ``rows``,
-    by default ``FlatRows``: one flat row per request)."""
+    by default ``FLAT``: one flat row per request)."""
     run = run or RunConfig()
-    job = _Job(requests, engine, sink, rows or FlatRows())
+    job = _Job(requests, engine, sink, rows or FLAT)
     low_water = max(1, run.window // 2)
     windows = _chunks(requests, run.window)
     bar = tqdm(total=job.stats.total, unit="item", disable=not run.progress, dynamic_ncols=True)

@@ -53,17 +53,6 @@ class TimeSpan:
 
 
 @dataclass(frozen=True)
-class Unreadable:
-    """A file that a source already found unusable while expanding it (a video it could not
-    index, a timestamp past the end): the loader turns it into this request's error row, so
-    the file still gets exactly one row saying why."""
-
-    message: str
-    stage: Stage = "decode"
-    kind: FailureKind = "corrupt"
-
-
-@dataclass(frozen=True)
 class MediaRef:
     """What a source row points at, nothing decoded yet: a file to read, or media already
     in memory, the way datasets stores media as ``{bytes, path}``.
@@ -75,15 +64,14 @@ class MediaRef:
     larger than memory is not copied into it.
 
     ``part`` narrows a file: an image taken from one frame of a video (``FrameAt``), or a
-    window of an audio file (``TimeSpan``); ``None`` is the whole file. ``Unreadable`` marks
-    a file its source could not expand.
+    window of an audio file (``TimeSpan``); ``None`` is the whole file.
     """
 
     modality: Modality
     source: str
     data: bytes | memoryview | None = field(default=None, repr=False)
     image: Any = field(default=None, repr=False)
-    part: FrameAt | TimeSpan | Unreadable | None = None
+    part: FrameAt | TimeSpan | None = None
 
     def __post_init__(self) -> None:
         if self.data is not None and self.image is not None:
@@ -127,6 +115,18 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class ItemError:
+    """Why an item produced no text: the stage that failed and a message naming the cause."""
+
+    stage: Stage
+    message: str
+    kind: FailureKind = "other"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"stage": self.stage, "kind": self.kind, "message": self.message}
+
+
+@dataclass(frozen=True)
 class Request:
     """One prompt over zero or more media references, identified by a job-unique ``id``.
 
@@ -148,6 +148,11 @@ class Request:
     columns: tuple[tuple[str, Any], ...] = ()
     """Extra columns for this request's output row, e.g. a video frame's ``video``,
     ``frame_index`` and ``pts``, or an audio window's ``start`` and ``end``."""
+    error: ItemError | None = None
+    """Set by a source that found this input unusable while listing it (a video it could not
+    index, a dataset cell holding no picture, a batch line asking for what cannot be served):
+    the request is never loaded or sent, and its row is this error, so the input still gets
+    exactly one row saying why."""
 
     @property
     def row_id(self) -> str:
@@ -164,18 +169,6 @@ class LoadedRequest:
     @property
     def id(self) -> str:
         return self.request.id
-
-
-@dataclass(frozen=True)
-class ItemError:
-    """Why an item produced no text: the stage that failed and a message naming the cause."""
-
-    stage: Stage
-    message: str
-    kind: FailureKind = "other"
-
-    def to_dict(self) -> dict[str, str]:
-        return {"stage": self.stage, "kind": self.kind, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -206,3 +199,21 @@ class Result:
         cls, request_id: str, stage: Stage, message: str, kind: FailureKind = "other"
     ) -> Result:
         return cls(request_id=request_id, error=ItemError(stage, message, kind))
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """An engine's cumulative cache counters, in tokens (prefix) and items (multimodal)."""
+
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    mm_queries: int = 0
+    mm_hits: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else None
+
+    @property
+    def mm_hit_rate(self) -> float | None:
+        return self.mm_hits / self.mm_queries if self.mm_queries else None

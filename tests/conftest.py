@@ -30,14 +30,14 @@ TINY_ENGINE_KWARGS = {
 
 @pytest.fixture(scope="session")
 def tiny_vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmbatch.tiny_models import build_tiny_model
+    from mmbatch.testing.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-vl"), family="qwen2_vl", seed=0)
 
 
 @pytest.fixture(scope="session")
 def vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
-    from mmbatch.config import EngineConfig
+    from mmbatch.engine.config import EngineConfig
     from mmbatch.engine.shared import shared_engine
 
     # Through the per-process registry, so that a DatasetMap with these settings reuses it.
@@ -48,7 +48,7 @@ def vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
 def uncached_vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
     """The same model with the prefix cache and the multimodal processor cache off: the
     reference that cached, reordered runs must agree with."""
-    from mmbatch.config import EngineConfig
+    from mmbatch.engine.config import EngineConfig
     from mmbatch.engine.vllm import VLLMEngine
 
     kwargs = {**TINY_ENGINE_KWARGS, "enable_prefix_caching": False, "mm_processor_cache_gb": 0}
@@ -57,6 +57,6 @@ def uncached_vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_audio_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmbatch.tiny_models import build_tiny_model
+    from mmbatch.testing.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-audio"), family="qwen2_audio")

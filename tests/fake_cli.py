@@ -1,4 +1,4 @@
-"""The ``mmbatch`` command (``caption`` and ``run``) with the fake engine in place of vLLM.
+"""The ``mmbatch`` command with the fake engine in place of vLLM.
 
 Everything else is the real command: argument parsing, sources, loader, pipeline, the
 resumable sink and the exit codes. The kill tests run it as a subprocess
@@ -13,35 +13,24 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from functools import partial
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fakes import FakeEngine
-
 from mmbatch import cli
-from mmbatch.cli import caption
-from mmbatch.cli import run as recipe_run
-from mmbatch.sinks import JsonlSink
+from mmbatch.jsonl import encode_line
+from mmbatch.out.sinks import JsonlSink
+from mmbatch.testing.fake_engine import FakeEngine
 
 
 def main(argv: Sequence[str], engine: FakeEngine | None = None) -> int:
     engine = engine or FakeEngine(
         per_step=1, step_seconds=float(os.environ.get("FAKE_STEP_SECONDS", "0"))
     )
-    fake = {"make_engine": lambda: engine}
-    with (
-        mock.patch.object(caption, "run", partial(caption.run, **fake)),
-        mock.patch.object(recipe_run, "run", partial(recipe_run.run, **fake)),
-    ):
-        tear_at = os.environ.get("FAKE_TEAR_AT_ROW")
-        if tear_at is None:
-            return cli.main(argv)
-        with mock.patch.object(JsonlSink, "write", _tearing_write(int(tear_at))):
-            return cli.main(argv)
+    tear_at = os.environ.get("FAKE_TEAR_AT_ROW")
+    if tear_at is None:
+        return cli.main(argv, engine)
+    with mock.patch.object(JsonlSink, "write", _tearing_write(int(tear_at))):
+        return cli.main(argv, engine)
 
 
 def _tearing_write(tear_at: int) -> Any:
@@ -54,17 +43,11 @@ def _tearing_write(tear_at: int) -> Any:
         if count < tear_at:
             real_write(self, row)
             return
-        line = cli_json_line(row)
+        line = encode_line(row)
         os.write(self._require_open(), line[: len(line) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
 
     return write
-
-
-def cli_json_line(row: dict[str, Any]) -> bytes:
-    import json
-
-    return (json.dumps(row, ensure_ascii=False) + "\n").encode()
 
 
 if __name__ == "__main__":

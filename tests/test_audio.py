@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from media_files import cfr_video, write_audio
 
-from mmbatch.config import AudioOptions
 from mmbatch.errors import ConfigError, MediaError
 from mmbatch.media.audio import audio_windows, decode_audio, probe_audio
+from mmbatch.media.options import AudioOptions
 from mmbatch.types import TimeSpan
 
 

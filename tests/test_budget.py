@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from mmbatch.budget import AudioRules, PromptBudget, VisionRules
-from mmbatch.config import VideoOptions
+from mmbatch.engine.budget import AudioRules, PromptBudget, VisionRules
 from mmbatch.errors import RequestRejected
+from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import index_video, select_frames
 from mmbatch.types import MediaItem, MediaRef, Request
 

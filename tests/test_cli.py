@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mmbatch.cli import EXIT_JOB_FAILED, main
-from mmbatch.config import EngineConfig, parse_engine_args
+from mmbatch.engine.config import EngineConfig, parse_engine_args
 from mmbatch.errors import ConfigError
 
 

@@ -15,11 +15,9 @@ import pytest
 from test_gallery import browse
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, main
-from mmbatch.config import ImageOptions, RunConfig
-from mmbatch.media.loader import MediaLoader
-from mmbatch.outputs import read_rows, read_summary
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import MemorySink
+from mmbatch.jobs import Job, run_in_memory
+from mmbatch.out.formats import read_output
+from mmbatch.out.summary import read_summary
 from mmbatch.types import MediaRef, Request, Sampling
 
 pytestmark = pytest.mark.slow
@@ -55,22 +53,15 @@ def test_a_parquet_dataset_to_parquet_and_datasets_then_the_gallery(
     tmp_path: Path,
 ) -> None:
     good = [n for n in NAMES if n and n != "truncated.jpg"]
-    sink = MemorySink()
-    run_job(
-        [Request(n, PROMPT, (MediaRef("image", str(samples / n)),)) for n in good],
-        vl_engine,
-        MediaLoader(ImageOptions()),
-        sink,
-        Sampling(max_tokens=8),
-        RunConfig(progress=False),
-    )
-    reference = {row["id"]: row["text"] for row in sink.rows}
+    requests = [Request(n, PROMPT, (MediaRef("image", str(samples / n)),)) for n in good]
+    rows, _ = run_in_memory(Job(requests, Sampling(max_tokens=8)), vl_engine)
+    reference = {row["id"]: row["text"] for row in rows}
 
     out = tmp_path / "captions.parquet"
     assert (
         caption(tiny_vl_model, parquet_dataset, out, "--image-column", "photo") == EXIT_ITEMS_FAILED
     )
-    rows = {row["id"]: row for row in read_rows(out)}
+    rows = {row["id"]: row for row in read_output(out)}
     assert sorted(rows) == ["0", "1", "2", "3", "4"]  # one row per dataset row, by index
     for index, name in enumerate(NAMES):
         row = rows[str(index)]

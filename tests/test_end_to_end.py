@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.media.loader import MediaLoader
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import JsonlSink
+from mmbatch.out.sinks import JsonlSink
+from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.types import MediaRef, Request, Sampling
 
 pytestmark = pytest.mark.slow
@@ -29,9 +28,11 @@ SAMPLING = Sampling(max_tokens=12)
 
 
 def run_rows(engine, requests: list[Request], out: Path, window: int) -> dict[str, dict]:  # type: ignore[no-untyped-def]
-    loader = MediaLoader(ImageOptions())
+    loader = MediaLoader()
     with JsonlSink(out) as sink:
-        run_job(requests, engine, loader, sink, SAMPLING, RunConfig(window=window, progress=False))
+        run_requests(
+            requests, engine, loader, sink, SAMPLING, RunConfig(window=window, progress=False)
+        )
     return {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
 
 
@@ -162,8 +163,8 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
     import signal
 
     from mmbatch.cli import build_parser, caption
-    from mmbatch.sinks import MemorySink
-    from mmbatch.sources import image_requests
+    from mmbatch.out.sinks import MemorySink
+    from mmbatch.sources.files import image_requests
 
     shutil.copytree(samples, tmp_path / "media")
     manifest = tmp_path / "items.jsonl"
@@ -176,10 +177,10 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
                 handle.write(json.dumps(row) + "\n")
     requests = image_requests([str(manifest)], "unused")
     reference = MemorySink()
-    run_job(
+    run_requests(
         requests,
         vl_engine,
-        MediaLoader(ImageOptions()),
+        MediaLoader(),
         reference,
         Sampling(max_tokens=16),
         RunConfig(window=4, progress=False),
@@ -210,7 +211,7 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
         assert (row["text"], row["error"]) == expected[row["id"]], row["id"]
 
     args = build_parser().parse_args(argv[3:])
-    assert caption.run(args, make_engine=lambda: vl_engine) == 1  # truncated.jpg
+    assert caption.run(args, vl_engine) == 1  # truncated.jpg
     rows = whole_rows()
     assert sorted(r["id"] for r in rows) == sorted(expected)
     assert {r["id"]: (r["text"], r["error"]) for r in rows} == expected

@@ -13,17 +13,16 @@ from html import escape
 from pathlib import Path
 
 import pytest
-from fakes import FakeEngine
 from PIL import Image
 
 from mmbatch.cli import main
-from mmbatch.config import ImageOptions, RunConfig
-from mmbatch.gallery import render
-from mmbatch.media.loader import MediaLoader
-from mmbatch.outputs import open_sink, read_rows, write_summary
-from mmbatch.pipeline import run_job
-from mmbatch.sources import image_requests
-from mmbatch.thumbnails import NoPreview
+from mmbatch.jobs import FileOutput, Job, run_job
+from mmbatch.out.formats import read_output
+from mmbatch.pipeline import RunConfig
+from mmbatch.review.gallery import render
+from mmbatch.review.thumbnails import NoPreview
+from mmbatch.sources.files import image_requests
+from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import Sampling
 
 HOSTILE = '<script>document.title="owned"</script> & <b>bold</b>'
@@ -69,17 +68,8 @@ def job_output(samples: Path, tmp_path: Path) -> Path:
     out = tmp_path / "captions.jsonl"
     requests = image_requests([str(samples)], "Describe.")
     requests[0] = type(requests[0])(requests[0].id, HOSTILE, requests[0].media)
-    sink = open_sink(out, "jsonl")
-    stats = run_job(
-        requests,
-        FakeEngine(),
-        MediaLoader(ImageOptions()),
-        sink,
-        Sampling(),
-        RunConfig(progress=False),
-    )
-    sink.close()
-    write_summary(out, stats.to_dict(), {"model": "tiny-test-model", "prompt": "Describe."})
+    job = Job(requests, Sampling(), info={"model": "tiny-test-model", "prompt": "Describe."})
+    run_job(job, FakeEngine(), FileOutput.at(out), RunConfig(progress=False))
     return out
 
 
@@ -88,7 +78,7 @@ def test_chromium_renders_every_caption_and_filters_errors(
 ) -> None:
     page = tmp_path / "report.html"
     assert main(["report", str(job_output), "--html", str(page)]) == 0
-    rows = read_rows(job_output)
+    rows = list(read_output(job_output))
     ok = [r for r in rows if not r["error"]]
     assert len(ok) == 5
     assert len(rows) == 6
@@ -172,7 +162,7 @@ def test_a_video_gets_a_strip_of_frames_from_across_it(tmp_path: Path) -> None:
     import av
     import numpy as np
 
-    from mmbatch.thumbnails import VIDEO_FRAMES, thumbnail_uri
+    from mmbatch.review.thumbnails import VIDEO_FRAMES, thumbnail_uri
     from mmbatch.types import MediaRef
 
     # Four seconds at 10 fps, one solid colour per second.

@@ -1,5 +1,5 @@
-from mmbatch.config import ImageOptions
 from mmbatch.media.hashing import media_key
+from mmbatch.media.options import ImageOptions
 
 OPTS = ImageOptions().cache_token()
 

@@ -18,7 +18,6 @@ import pytest
 from conftest import TINY_ENGINE_KWARGS
 from datasets.fingerprint import Hasher
 
-from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.engine.shared import built_engines
 from mmbatch.integrations.hf_datasets import (
     DatasetMap,
@@ -27,8 +26,8 @@ from mmbatch.integrations.hf_datasets import (
     select_gpu,
 )
 from mmbatch.media.loader import MediaLoader
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import MemorySink
+from mmbatch.out.sinks import MemorySink
+from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.types import MediaRef, Request, Sampling
 
 PROMPT = "Describe this image."
@@ -162,9 +161,7 @@ def texts_from_files(engine, samples: Path) -> dict[str, str]:  # type: ignore[n
     """Each good sample captioned from its file: the reference the map must agree with."""
     requests = [Request(n, PROMPT, (MediaRef("image", str(samples / n)),)) for n in GOOD]
     sink = MemorySink()
-    run_job(
-        requests, engine, MediaLoader(ImageOptions()), sink, SAMPLING, RunConfig(progress=False)
-    )
+    run_requests(requests, engine, MediaLoader(), sink, SAMPLING, RunConfig(progress=False))
     return {row["id"]: row["text"] for row in sink.rows}
 
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
-from fakes import FakeEngine, expected_text
 from hostile_media import ENGINE_DEPENDENT, make_hostile_corpus, make_thin_strip
 
 from mmbatch.cli import EXIT_ITEMS_FAILED
-from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.media.image import decode_image
 from mmbatch.media.loader import MediaLoader
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import MemorySink
+from mmbatch.media.options import ImageOptions
+from mmbatch.out.sinks import MemorySink
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Sampling
 
 
@@ -111,10 +111,10 @@ def test_hostile_corpus_on_vllm_gives_rows_and_the_engine_survives(
     requests.append(Request("after_all_that", "Describe.", picture))
     expected |= {"too_long": ("validate", "too_long"), "after_all_that": "ok"}
     sink = MemorySink()
-    stats = run_job(
+    stats = run_requests(
         requests,
         vl_engine,
-        MediaLoader(ImageOptions()),
+        MediaLoader(),
         sink,
         Sampling(max_tokens=6),
         RunConfig(window=4, progress=False),
@@ -135,7 +135,7 @@ def test_a_request_vllm_drops_becomes_an_error_row_not_a_hang(
     vl_engine,  # type: ignore[no-untyped-def]
     samples: Path,
 ) -> None:
-    loader = MediaLoader(ImageOptions())
+    loader = MediaLoader()
     image = [
         Request(n, "Describe.", (MediaRef("image", str(samples / "sunset.jpg")),)) for n in "ab"
     ]

@@ -4,9 +4,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mmbatch.config import ImageOptions
 from mmbatch.errors import MediaError
 from mmbatch.media.image import decode_image
+from mmbatch.media.options import ImageOptions
 
 OPTS = ImageOptions()
 

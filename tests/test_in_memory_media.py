@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from mmbatch.config import ImageOptions
-from mmbatch.integrations.hf_media import BadCell, media_ref
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.loader import MediaLoader
+from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.types import MediaRef, Request
 
 
 def load(*refs: MediaRef, options: ImageOptions | None = None):  # type: ignore[no-untyped-def]
-    loader = MediaLoader(options or ImageOptions())
+    loader = MediaLoader(MediaOptions(image=options or ImageOptions()))
     requests = [Request(str(i), "p", (ref,)) for i, ref in enumerate(refs)]
     return loader, loader.load(requests)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
-from fakes import FakeEngine, expected_text
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
 
 @pytest.fixture
@@ -119,22 +119,22 @@ def test_a_fatal_engine_error_stops_the_job_saves_rows_and_says_how_to_resume(
 
 @pytest.mark.parametrize("suffix", [".parquet", "_folder"])
 def test_columnar_outputs_resume_too(good: Path, tmp_path: Path, suffix: str) -> None:
-    from mmbatch.outputs import read_rows
+    from mmbatch.out.formats import read_output
 
     out = tmp_path / f"captions{suffix}"
     fmt = ["--out-format", "datasets"] if suffix == "_folder" else []
     dying = FakeEngine(per_step=1, die_after_steps=3)
     assert caption(good, out, *fmt, engine=dying) == EXIT_JOB_FAILED
-    assert len(read_rows(out)) == 3  # the rows finished, in the output's own format
+    assert len(list(read_output(out))) == 3  # the rows finished, in the output's own format
     rest = FakeEngine()
     assert caption(good, out, *fmt, engine=rest) == EXIT_OK
     assert len(rest.added) == 1
-    done = read_rows(out)
+    done = list(read_output(out))
     assert sorted(Path(r["id"]).name for r in done) == sorted(p.name for p in good.iterdir())
     idle = FakeEngine()
     assert caption(good, out, *fmt, engine=idle) == EXIT_OK  # finished: nothing redone
     assert idle.added == []
-    assert len(read_rows(out)) == 4
+    assert len(list(read_output(out))) == 4
     assert not (tmp_path / f"captions{suffix}.rows.jsonl").exists()
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from mmbatch.cli import EXIT_JOB_FAILED, main
 from mmbatch.errors import SourceError
-from mmbatch.integrations.hf_local import DatasetInput, dataset_requests, detect_format
+from mmbatch.sources.local_datasets import DatasetInput, dataset_requests, detect_format
+from mmbatch.types import Request
 
 NAMES = ["sunset.jpg", "checkerboard.png", "arrow_exif_rotated.jpg", "truncated.jpg"]
 
@@ -75,10 +76,15 @@ def stored_bytes(requests) -> list[bytes]:  # type: ignore[no-untyped-def]
     return [r.media[0].data for r in requests]
 
 
+def split(requests: list[Request]) -> tuple[list[Request], list[Request]]:
+    """The requests to run, and those whose rows are errors already (no usable picture)."""
+    return [r for r in requests if r.error is None], [r for r in requests if r.error]
+
+
 def test_save_to_disk_folder(on_disk: Path, samples: Path) -> None:
     assert detect_format(str(on_disk)) == "disk"
     spec = DatasetInput(str(on_disk), "disk", id_column="key")
-    requests, unusable = dataset_requests(spec, "Describe.")
+    requests, unusable = split(dataset_requests(spec, "Describe."))
     assert [r.id for r in requests] == ["k0", "k1", "k2", "k3"]
     assert stored_bytes(requests) == [(samples / n).read_bytes() for n in NAMES]
     # Views into the memory-mapped Arrow file, not copies of every picture.
@@ -87,26 +93,26 @@ def test_save_to_disk_folder(on_disk: Path, samples: Path) -> None:
     assert requests[3].media[0].source == f"{on_disk}#3 (truncated.jpg)"
     assert all(r.prompt == "Describe." for r in requests)
     # The row with no image is an error row, not a crash and not a lost row.
-    [(request, failure)] = unusable
-    assert request.id == failure.request_id == "k4"
-    assert failure.error is not None
-    assert failure.error.stage == "source"
-    assert failure.error.message == f"{on_disk}#4: no image (the cell is empty)"
+    [failed] = unusable
+    assert failed.id == "k4"
+    assert failed.error is not None
+    assert failed.error.stage == "source"
+    assert failed.error.message == f"{on_disk}#4: no image (the cell is empty)"
 
 
 def test_parquet_file_and_folder(parquet_file: Path, samples: Path) -> None:
     for path in (parquet_file, parquet_file.parent):
         assert detect_format(str(path)) == "parquet"
-        requests, unusable = dataset_requests(DatasetInput(str(path), "parquet"), "p")
+        requests, unusable = split(dataset_requests(DatasetInput(str(path), "parquet"), "p"))
         assert [r.id for r in requests] == ["0", "1", "2", "3"]
         assert stored_bytes(requests) == [(samples / n).read_bytes() for n in NAMES]
-        assert [f.request_id for _, f in unusable] == ["4"]
+        assert [f.id for f in unusable] == ["4"]
 
 
 def test_imagefolder_with_metadata(image_folder: Path, samples: Path) -> None:
     assert detect_format(str(image_folder)) == "imagefolder"
     spec = DatasetInput(str(image_folder), "imagefolder", id_column="key")
-    requests, unusable = dataset_requests(spec, "p")
+    requests, unusable = split(dataset_requests(spec, "p"))
     assert unusable == []
     by_id = {r.id: r.media[0] for r in requests}
     assert sorted(by_id) == sorted(NAMES)
@@ -121,8 +127,8 @@ def test_webdataset_tars_need_the_column_named(tars: Path, samples: Path) -> Non
     # Two image columns (jpg and png): which one to caption must be said.
     with pytest.raises(SourceError, match="several image columns"):
         dataset_requests(DatasetInput(str(tars), "webdataset"), "p")
-    requests, unusable = dataset_requests(
-        DatasetInput(str(tars), "webdataset", image_column="jpg"), "p"
+    requests, unusable = split(
+        dataset_requests(DatasetInput(str(tars), "webdataset", image_column="jpg"), "p")
     )
     assert unusable == []
     assert stored_bytes(requests) == [(samples / n).read_bytes() for n in JPGS]
@@ -143,8 +149,9 @@ def test_bad_column_and_split_are_named(on_disk: Path, tmp_path: Path) -> None:
     assert detect_format(str(tmp_path / "dict")) == "disk"
     with pytest.raises(SourceError, match="has splits a, b: pick one with --split"):
         dataset_requests(DatasetInput(str(tmp_path / "dict"), "disk"), "p")
-    requests, _ = dataset_requests(DatasetInput(str(tmp_path / "dict"), "disk", split="b"), "p")
-    assert len(requests) == 4
+    requests = dataset_requests(DatasetInput(str(tmp_path / "dict"), "disk", split="b"), "p")
+    assert len(requests) == 5  # four pictures and the empty cell, whose row is an error
+    assert [r.id for r in requests if r.error is not None] == ["4"]
 
 
 def caption_argv(tmp_path: Path, *inputs: Path | str) -> list[str]:
@@ -188,7 +195,7 @@ def test_listing_a_dataset_does_not_copy_its_media(tmp_path: Path) -> None:
     ).save_to_disk(str(tmp_path / "big"))
     del cells
     before = anonymous_mib()
-    requests, _ = dataset_requests(DatasetInput(str(tmp_path / "big"), "disk"), "p")
+    requests = dataset_requests(DatasetInput(str(tmp_path / "big"), "disk"), "p")
     grown = anonymous_mib() - before
     assert sum(len(r.media[0].data) for r in requests) == 100 * 400_000  # 38 MiB listed
     assert grown < 10, f"{grown} MiB copied"

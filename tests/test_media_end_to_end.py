@@ -19,11 +19,11 @@ import pytest
 from media_files import cfr_video, write_audio
 from test_budget import budget_for
 
-from mmbatch.config import ImageOptions, RunConfig, VideoOptions
 from mmbatch.media.loader import MediaLoader
-from mmbatch.media_sources import frame_requests
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import MemorySink
+from mmbatch.media.options import MediaOptions, VideoOptions
+from mmbatch.out.sinks import MemorySink
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.sources.timeline import frame_requests
 from mmbatch.types import Request, Sampling
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ TINY_ARGS = ["--engine-arg", "dtype=float32", "--engine-arg", "enforce_eager=tru
 
 def run_rows(engine, requests: list[Request], loader: MediaLoader, window: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
     sink = MemorySink()
-    run_job(requests, engine, loader, sink, SAMPLING, RunConfig(window=window, progress=False))
+    run_requests(requests, engine, loader, sink, SAMPLING, RunConfig(window=window, progress=False))
     return {row["id"]: row for row in sink.rows}
 
 
@@ -46,12 +46,12 @@ def test_each_frame_row_has_the_text_that_frame_gets_alone(
     other = cfr_video(tmp_path / "other.mp4", frames=40, size=(80, 60))
     options = VideoOptions(sampling="fps", fps=2)
     requests = frame_requests([str(samples / "clip.mp4"), str(other)], options, "What is here?")
-    budget = vl_engine.prompt_budget()
-    loader = MediaLoader(ImageOptions(), video_options=options, budget=budget)
+    budget = vl_engine.prompt_limits()
+    loader = MediaLoader(MediaOptions(video=options), budget)
     batched = run_rows(vl_engine, requests, loader, window=3)
     assert len(batched) == len(requests) == 4 + 3  # 2 s and 1.6 s at 2 fps
     for request in requests:
-        alone = run_rows(vl_engine, [request], MediaLoader(ImageOptions()), window=1)
+        alone = run_rows(vl_engine, [request], MediaLoader(), window=1)
         row, solo = batched[request.id], alone[request.id]
         assert row["error"] is None, row
         assert (row["text"], row["output_tokens"]) == (solo["text"], solo["output_tokens"])
@@ -155,7 +155,7 @@ def test_a_clip_on_qwen2_5_vl_with_its_metadata(
 ) -> None:
     # In a subprocess like the other CLI tests: a second in-process engine, once collected,
     # would tear down the distributed state the session's engines share.
-    from mmbatch.tiny_models import build_tiny_model
+    from mmbatch.testing.tiny_models import build_tiny_model
 
     model = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2_5-vl"), family="qwen2_5_vl")
     out = tmp_path / "clip.jsonl"

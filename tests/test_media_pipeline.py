@@ -13,21 +13,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import FakeEngine, expected_text
 from media_files import cfr_video, frame_number, write_audio
 
 import mmbatch.media.video as video_module
-from mmbatch.config import AudioOptions, ImageOptions, RunConfig, VideoOptions
 from mmbatch.media.loader import MediaLoader
-from mmbatch.media_sources import audio_requests, frame_requests
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import MemorySink
+from mmbatch.media.options import AudioOptions, MediaOptions, VideoOptions
+from mmbatch.out.sinks import MemorySink
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.sources.timeline import audio_requests, frame_requests
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Sampling
 
 
 def run(requests: list[Request], loader: MediaLoader, window: int = 64) -> list[dict]:  # type: ignore[type-arg]
     sink = MemorySink()
-    run_job(requests, FakeEngine(), loader, sink, Sampling(), RunConfig(window, progress=False))
+    run_requests(
+        requests, FakeEngine(), loader, sink, Sampling(), RunConfig(window, progress=False)
+    )
     return sink.rows
 
 
@@ -54,7 +56,7 @@ def test_frames_job_one_row_per_frame_each_video_decoded_once(
     broken.write_bytes(b"\x00" * 100)
     options = VideoOptions(sampling="fps", fps=5)
     requests = frame_requests([str(a), str(broken), str(b)], options, "What is this?")
-    loader = MediaLoader(ImageOptions(), video_options=options)
+    loader = MediaLoader(MediaOptions(video=options))
     rows = run(requests, loader)
     assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
     ok = [r for r in rows if r["error"] is None]
@@ -77,7 +79,7 @@ def test_decoded_frames_are_the_frames_the_rows_name(tmp_path: Path) -> None:
     path = cfr_video(tmp_path / "a.mp4", frames=50)
     options = VideoOptions(sampling="num_frames", num_frames=5)
     requests = frame_requests([str(path)], options, "p")
-    loader = MediaLoader(ImageOptions(), video_options=options)
+    loader = MediaLoader(MediaOptions(video=options))
     window = loader.load(requests)
     for loaded in window.requests:
         image = window.media[loaded.media_keys[0]].payload
@@ -88,9 +90,7 @@ def test_frame_keys_follow_the_frame_not_the_sampling(samples: Path) -> None:
     clip = str(samples / "clip.mp4")
 
     def keys(options: VideoOptions) -> dict[int, str]:
-        window = MediaLoader(ImageOptions(), video_options=options).load(
-            frame_requests([clip], options, "p")
-        )
+        window = MediaLoader(MediaOptions(video=options)).load(frame_requests([clip], options, "p"))
         return {dict(r.request.columns)["frame_index"]: r.media_keys[0] for r in window.requests}
 
     by_fps = keys(VideoOptions(sampling="fps", fps=1))
@@ -104,7 +104,7 @@ def test_frame_keys_follow_the_frame_not_the_sampling(samples: Path) -> None:
 def test_save_frames_writes_jpegs_named_by_video_and_pts(samples: Path, tmp_path: Path) -> None:
     options = VideoOptions(sampling="fps", fps=1)
     requests = frame_requests([str(samples / "clip.mp4")], options, "p")
-    loader = MediaLoader(ImageOptions(), video_options=options, frame_dir=tmp_path / "frames")
+    loader = MediaLoader(MediaOptions(video=options, frame_dir=str(tmp_path / "frames")))
     run(requests, loader)
     names = sorted(p.name for p in (tmp_path / "frames").iterdir())
     flat = str(samples / "clip.mp4").lstrip("/").replace("/", "_")
@@ -113,8 +113,8 @@ def test_save_frames_writes_jpegs_named_by_video_and_pts(samples: Path, tmp_path
 
 def test_clip_is_one_video_item_keyed_by_its_sampling(samples: Path) -> None:
     request = Request("c", "p", (MediaRef("video", str(samples / "clip.mp4")),))
-    eight = MediaLoader(ImageOptions(), video_options=VideoOptions(num_frames=8)).load([request])
-    four = MediaLoader(ImageOptions(), video_options=VideoOptions(num_frames=4)).load([request])
+    eight = MediaLoader(MediaOptions(video=VideoOptions(num_frames=8))).load([request])
+    four = MediaLoader(MediaOptions(video=VideoOptions(num_frames=4))).load([request])
     (key8,), (key4,) = eight.requests[0].media_keys, four.requests[0].media_keys
     assert key8 != key4
     frames, meta = eight.media[key8].payload
@@ -127,7 +127,7 @@ def test_audio_windows_through_the_pipeline(tmp_path: Path) -> None:
     path = write_audio(tmp_path / "talk.wav", rate=8000, seconds=2.5)
     options = AudioOptions(window_s=1.0, overlap_s=0.25)
     requests = audio_requests([str(path)], options, "Transcribe.")
-    loader = MediaLoader(ImageOptions(), audio_options=options)
+    loader = MediaLoader(MediaOptions(audio=options))
     window = loader.load(requests)
     payloads = [window.media[r.media_keys[0]].payload for r in window.requests]
     assert [(s.dtype, s.size, rate) for s, rate in payloads] == [(np.float32, 16000, 16000)] * 3
@@ -141,10 +141,10 @@ def test_audio_windows_through_the_pipeline(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> None:
-    from mmbatch.media_sources import caption_requests
+    from mmbatch.sources.caption import caption_requests, list_media
 
-    requests = caption_requests([str(samples / "tone.wav")], "p", take=("image",))
-    [row] = run(requests, MediaLoader(ImageOptions()))
+    requests = caption_requests(list_media([str(samples / "tone.wav")]), "p", take=("image",))
+    [row] = run(requests, MediaLoader())
     assert row["error"] == {
         "stage": "validate",
         "kind": "unsupported",
@@ -154,7 +154,7 @@ def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> Non
 
 def test_rows_are_json(tmp_path: Path, samples: Path) -> None:
     requests = frame_requests([str(samples / "clip.mp4")], VideoOptions(num_frames=2), "p")
-    rows = run(requests, MediaLoader(ImageOptions()))
+    rows = run(requests, MediaLoader())
     assert json.loads(json.dumps(rows)) == rows
 
 
@@ -182,7 +182,7 @@ def test_a_video_cut_off_mid_stream_gives_the_frames_it_still_holds(tmp_path: Pa
     assert 0 < len(index.pts) < 50
     options = VideoOptions(sampling="num_frames", num_frames=4)
     requests = frame_requests([str(cut)], options, "p")
-    loader = MediaLoader(ImageOptions(), video_options=options)
+    loader = MediaLoader(MediaOptions(video=options))
     window = loader.load(requests)
     assert not window.failures
     for loaded in window.requests:
@@ -197,7 +197,7 @@ def test_gallery_previews_a_frame_row_with_its_frame(samples: Path) -> None:
 
     from PIL import Image
 
-    from mmbatch.thumbnails import NoPreview, thumbnail_uri
+    from mmbatch.review.thumbnails import NoPreview, thumbnail_uri
     from mmbatch.types import FrameAt
 
     clip = str(samples / "clip.mp4")

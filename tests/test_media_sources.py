@@ -8,15 +8,12 @@ from pathlib import Path
 import pytest
 from media_files import write_audio
 
-from mmbatch.config import AudioOptions, VideoOptions
 from mmbatch.errors import SourceError
-from mmbatch.media_sources import (
-    audio_requests,
-    caption_requests,
-    frame_requests,
-    modalities_in,
-)
-from mmbatch.types import FrameAt, MediaRef, Request, TimeSpan, Unreadable
+from mmbatch.jobs import media_per_prompt
+from mmbatch.media.options import AudioOptions, VideoOptions
+from mmbatch.sources.caption import caption_requests, list_media
+from mmbatch.sources.timeline import audio_requests, frame_requests
+from mmbatch.types import FrameAt, ItemError, MediaRef, Request, TimeSpan
 
 
 def test_one_request_per_sampled_frame_with_video_index_and_pts(samples: Path) -> None:
@@ -35,9 +32,9 @@ def test_a_video_that_cannot_be_indexed_is_one_request_that_will_fail(
     bad.write_text("not a video")
     requests = frame_requests([str(bad), str(samples / "clip.mp4")], VideoOptions(), "p")
     assert requests[0].id == str(bad)
-    part = requests[0].media[0].part
-    assert isinstance(part, Unreadable)
-    assert "not a media file" in part.message
+    error = requests[0].error
+    assert error is not None
+    assert "not a media file" in error.message
     assert dict(requests[0].columns) == {"video": str(bad), "frame_index": None, "pts": None}
     assert len(requests) == 1 + 8
 
@@ -57,20 +54,20 @@ def test_audio_windows_are_requests_with_start_and_end(tmp_path: Path) -> None:
 def test_caption_walks_folders_for_what_the_model_takes(samples: Path, tmp_path: Path) -> None:
     folder = tmp_path / "mixed"
     shutil.copytree(samples, folder)
-    vl = caption_requests([str(folder)], "p", take=("image", "video"))
+    vl = caption_requests(list_media([str(folder)]), "p", take=("image", "video"))
     assert {r.media[0].modality for r in vl} == {"image"}  # no --as-clip: videos skipped
-    clips = caption_requests([str(folder)], "p", take=("image", "video"), as_clip=True)
+    clips = caption_requests(list_media([str(folder)]), "p", take=("image", "video"), as_clip=True)
     assert sorted(r.media[0].modality for r in clips).count("video") == 1
-    audio = caption_requests([str(folder)], "p", take=("audio",))
+    audio = caption_requests(list_media([str(folder)]), "p", take=("audio",))
     assert [(r.id, r.media[0].modality) for r in audio] == [(str(folder / "tone.wav"), "audio")]
 
 
 def test_a_named_file_the_model_cannot_take_gets_an_error_row(samples: Path) -> None:
     wav, mp4 = str(samples / "tone.wav"), str(samples / "clip.mp4")
-    requests = caption_requests([wav, mp4], "p", take=("image", "video"))
-    reasons = {r.id: r.media[0].part for r in requests}
-    assert reasons[wav] == Unreadable("the model takes no audio input", "validate", "unsupported")
-    assert isinstance(reasons[mp4], Unreadable)
+    requests = caption_requests(list_media([wav, mp4]), "p", take=("image", "video"))
+    reasons = {r.id: r.error for r in requests}
+    assert reasons[wav] == ItemError("validate", "the model takes no audio input", "unsupported")
+    assert reasons[mp4] is not None
     assert "--as-clip" in reasons[mp4].message
 
 
@@ -79,7 +76,7 @@ def test_a_folder_with_nothing_the_model_takes_is_a_source_error(
 ) -> None:
     shutil.copy(samples / "sunset.jpg", tmp_path / "sunset.jpg")
     with pytest.raises(SourceError, match="no audio the model takes"):
-        caption_requests([str(tmp_path)], "p", take=("audio",))
+        caption_requests(list_media([str(tmp_path)]), "p", take=("audio",))
 
 
 def test_media_per_prompt_is_the_most_any_request_carries() -> None:
@@ -89,11 +86,11 @@ def test_media_per_prompt_is_the_most_any_request_carries() -> None:
         Request("2", "p", (MediaRef("audio", "x.wav"),)),
         Request("3", "p", (a,)),
     ]
-    assert modalities_in(requests) == {"image": 2, "audio": 1}
+    assert media_per_prompt(requests) == {"image": 2, "audio": 1}
 
 
 def test_frames_closer_than_a_millisecond_keep_unique_ids() -> None:
-    from mmbatch.media_sources import _unique_frame_ids, frame_id
+    from mmbatch.sources.timeline import _unique_frame_ids, frame_id
 
     def frame(index: int, pts: float) -> Request:
         ref = MediaRef("image", "a#b.mp4", part=FrameAt(index, pts))
@@ -104,7 +101,6 @@ def test_frames_closer_than_a_millisecond_keep_unique_ids() -> None:
 
 
 def test_unreadable_media_are_not_counted_for_the_engine(samples: Path) -> None:
-    requests = caption_requests(
-        [str(samples / "tone.wav"), str(samples / "sunset.jpg")], "p", take=("image",)
-    )
-    assert modalities_in(requests) == {"image": 1}
+    files = list_media([str(samples / "tone.wav"), str(samples / "sunset.jpg")])
+    requests = caption_requests(files, "p", take=("image",))
+    assert media_per_prompt(requests) == {"image": 1}

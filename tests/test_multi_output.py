@@ -7,17 +7,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fakes import FakeEngine, expected_text
 
-from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.errors import SourceError
-from mmbatch.json_output import JsonParser, canonical_schema
 from mmbatch.media.loader import MediaLoader
-from mmbatch.pipeline import run_job
-from mmbatch.recipe import load_recipe
-from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
-from mmbatch.rows import ItemRows
-from mmbatch.sinks import MemorySink
+from mmbatch.out.answers import JsonParser, canonical_schema
+from mmbatch.out.rows import ItemRows
+from mmbatch.out.sinks import MemorySink
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.recipe.requests import recipe_media, recipe_requests, recipe_shape
+from mmbatch.recipe.spec import load_recipe
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Result, Sampling, Usage
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -33,9 +32,9 @@ def corpus(tmp_path: Path, samples: Path) -> Path:
 
 def run(requests: list[Request], rows: ItemRows, window: int, **engine_kwargs: object) -> tuple:
     engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
-    loader = MediaLoader(ImageOptions())
+    loader = MediaLoader()
     sink = MemorySink()
-    stats = run_job(
+    stats = run_requests(
         requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False), rows
     )
     return stats, sink.rows, loader, engine
@@ -47,7 +46,7 @@ def test_every_item_gets_one_row_with_every_answer(corpus: Path) -> None:
     requests = recipe_requests([str(corpus)], recipe)
     assert len(requests) == len(names) * 7
     # A window of 3 is smaller than an item's 4 questions: windows grow to whole items.
-    stats, rows, loader, engine = run(requests, recipe_rows(recipe, requests), window=3)
+    stats, rows, loader, engine = run(requests, recipe_shape(recipe).builder(requests), window=3)
     assert sorted(r["id"] for r in rows) == sorted({r.item_id for r in requests})
     assert stats.total == stats.done == 7
     for row in rows:
@@ -73,7 +72,7 @@ def test_every_item_gets_one_row_with_every_answer(corpus: Path) -> None:
 def test_a_bad_picture_fails_every_answer_with_one_reason(corpus: Path) -> None:
     recipe = load_recipe(RECIPES / "multi_question.toml")
     requests = recipe_requests([str(corpus)], recipe)
-    stats, rows, _, _ = run(requests, recipe_rows(recipe, requests), window=8)
+    stats, rows, _, _ = run(requests, recipe_shape(recipe).builder(requests), window=8)
     by_name = {Path(r["id"]).name: r for r in rows}
     empty = by_name["empty.jpg"]
     assert empty["error"] == {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"}
@@ -88,7 +87,10 @@ def test_a_refused_question_fails_alone(samples: Path) -> None:
     requests = recipe_requests([str(samples / "sunset.jpg")], recipe)
     refused = recipe.questions[1].text
     stats, rows, _, _ = run(
-        requests, recipe_rows(recipe, requests), window=8, reject_prompts=frozenset({refused})
+        requests,
+        recipe_shape(recipe).builder(requests),
+        window=8,
+        reject_prompts=frozenset({refused}),
     )
     (row,) = rows
     outputs = row["outputs"]
@@ -133,9 +135,9 @@ def test_video_and_audio_recipes_make_their_items(samples: Path) -> None:
     (speech,) = recipe_requests([tone], load_recipe(RECIPES / "audio_transcription.toml"))
     assert (speech.item_id, speech.media[0].modality) == (tone, "audio")
     assert dict(speech.columns)["start"] == 0.0
-    clip_loader = recipe_loader(load_recipe(RECIPES / "video_clip_summary.toml"))
-    assert clip_loader.video_options.num_frames == 8
-    assert clip_loader.video_options.min_frames == 4
+    clip_media = recipe_media(load_recipe(RECIPES / "video_clip_summary.toml"))
+    assert clip_media.video.num_frames == 8
+    assert clip_media.video.min_frames == 4
 
 
 SCHEMA = canonical_schema(

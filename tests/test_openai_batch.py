@@ -8,15 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fakes import FakeEngine, expected_text
 
-from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.errors import SourceError
-from mmbatch.media.loader import MediaLoader
-from mmbatch.openai_batch import OpenAIBatchRows, read_batch
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import MemorySink
-from mmbatch.types import Sampling
+from mmbatch.jobs import Job, run_in_memory
+from mmbatch.out.openai_batch import OpenAIBatchShape
+from mmbatch.pipeline import RunConfig
+from mmbatch.sources.openai_batch import read_batch
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.types import Request, Result, Sampling
+
+
+def refused_line(request: Request) -> dict[str, Any]:
+    """The output line of a request refused while its batch file was read."""
+    row = OpenAIBatchShape("m").add(request, (), Result(request.id, error=request.error))
+    return row.data
 
 
 def line(custom_id: str, *content: Any, **body: Any) -> dict[str, Any]:
@@ -72,7 +77,7 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
         ),
         default_max_tokens=33,
     )
-    assert batch.refused == []
+    assert batch.refused == 0
     assert batch.max_images == 2
     c1, c2, c3 = batch.requests
     assert (c1.id, c1.system, c1.prompt) == ("c1", "Be brief.", "What is it?")
@@ -119,11 +124,12 @@ def test_lines_we_cannot_serve_get_a_400_row(
     tmp_path: Path, entry: dict[str, Any], reason: str
 ) -> None:
     batch = read_batch(write(tmp_path, entry, line("ok", "fine")))
-    assert [r.id for r in batch.requests] == ["ok"]
-    (row,) = batch.refused
-    assert row.data["custom_id"] == "x"
-    assert row.data["error"] is None
-    response = row.data["response"]
+    assert [(r.id, r.error is None) for r in batch.requests] == [("x", False), ("ok", True)]
+    assert batch.refused == 1
+    row = refused_line(batch.requests[0])
+    assert row["custom_id"] == "x"
+    assert row["error"] is None
+    response = row["response"]
     assert response["status_code"] == 400
     assert response["body"]["error"]["type"] == "invalid_request_error"
     assert reason in response["body"]["error"]["message"]
@@ -135,8 +141,9 @@ def test_multi_turn_is_refused(tmp_path: Path) -> None:
         {"role": "assistant", "content": "hello"},
         {"role": "user", "content": "again"},
     ]
-    (row,) = read_batch(write(tmp_path, entry, line("y", "z"))).refused
-    assert "role 'assistant' is not supported" in row.data["response"]["body"]["error"]["message"]
+    refused, _ = read_batch(write(tmp_path, entry, line("y", "z"))).requests
+    row = refused_line(refused)
+    assert "role 'assistant' is not supported" in row["response"]["body"]["error"]["message"]
 
 
 @pytest.mark.parametrize(
@@ -165,20 +172,11 @@ def test_output_lines_through_the_pipeline(tmp_path: Path, samples: Path) -> Non
             line("d", image(str(samples / "missing.jpg")), "four"),
         )
     )
-    sink = MemorySink()
-    loader = MediaLoader(ImageOptions())
-    run_job(
-        batch.requests,
-        FakeEngine(per_step=1),
-        loader,
-        sink,
-        Sampling(),
-        RunConfig(window=10, progress=False),
-        OpenAIBatchRows("tiny"),
-    )
-    rows = {row["custom_id"]: row for row in sink.rows}
+    job = Job(batch.requests, shape=OpenAIBatchShape("tiny"))
+    lines, stats = run_in_memory(job, FakeEngine(per_step=1), RunConfig(window=10, progress=False))
+    rows = {row["custom_id"]: row for row in lines}
     assert sorted(rows) == ["a", "b", "c", "d"]
-    assert loader.store.decodes == 1  # the inline sunset and the file copy share one key
+    assert stats.decodes == 1  # the inline sunset and the file copy share one key
     for custom_id, prompt in (("a", "one"), ("b", "two")):
         row = rows[custom_id]
         assert row["id"].startswith("batch_req_")
@@ -201,7 +199,17 @@ def test_output_lines_through_the_pipeline(tmp_path: Path, samples: Path) -> Non
         rows["a"]["response"]["body"]["choices"][0]["message"]["content"].split("|")[0]
         == (rows["b"]["response"]["body"]["choices"][0]["message"]["content"].split("|")[0])
     )
-    for custom_id, code in (("c", "decode"), ("d", "load")):
+    for custom_id, stage, kind in (("c", "decode", "corrupt"), ("d", "load", "unreadable")):
         response = rows[custom_id]["response"]
         assert response["status_code"] == 400
-        assert response["body"]["error"]["code"] == code
+        assert response["body"]["error"]["stage"] == stage
+        assert response["body"]["error"]["code"] == kind
+        # Read back, a line says how its request went: what resume and the summary count.
+        outcome = job.shape.outcome(rows[custom_id])
+        assert outcome.error is not None
+        assert (outcome.request_id, outcome.error.stage, outcome.error.kind) == (
+            custom_id,
+            stage,
+            kind,
+        )
+    assert job.shape.outcome(rows["a"]).ok

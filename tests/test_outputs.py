@@ -9,23 +9,16 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet as pq
 import pytest
-from fakes import FakeEngine
 
-from mmbatch import table_sinks
-from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.errors import ConfigError
-from mmbatch.media.loader import MediaLoader
-from mmbatch.outputs import (
-    open_sink,
-    output_format,
-    read_rows,
-    read_summary,
-    summary_path,
-    write_summary,
-)
-from mmbatch.pipeline import run_job
-from mmbatch.sources import image_requests
-from mmbatch.table_sinks import SPOOL_SUFFIX, TableSink
+from mmbatch.jobs import FileOutput, Job, run_job
+from mmbatch.out import tables as table_sinks
+from mmbatch.out.formats import output_format, read_output
+from mmbatch.out.summary import read_summary, summary_path, write_summary
+from mmbatch.out.tables import SPOOL_SUFFIX, TableSink
+from mmbatch.pipeline import RunConfig
+from mmbatch.sources.files import image_requests
+from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import Sampling
 
 
@@ -41,18 +34,9 @@ def test_the_format_follows_the_name_unless_asked() -> None:
 
 def job_rows(samples: Path, out: Path, fmt: str) -> list[dict]:  # type: ignore[no-untyped-def]
     """A real job over the samples (a fake engine): ok rows and a decode error row."""
-    sink = open_sink(out, fmt)  # type: ignore[arg-type]
-    requests = image_requests([str(samples)], "Describe.")
-    run_job(
-        requests,
-        FakeEngine(),
-        MediaLoader(ImageOptions()),
-        sink,
-        Sampling(),
-        RunConfig(window=2, progress=False),
-    )
-    sink.close()
-    return read_rows(out)
+    job = Job(image_requests([str(samples)], "Describe."), Sampling())
+    run_job(job, FakeEngine(), FileOutput.at(out, fmt), RunConfig(window=2, progress=False))
+    return list(read_output(out))
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "datasets"])
@@ -91,7 +75,7 @@ def test_columns_null_in_early_rows_keep_their_later_type(
                     "error": {"stage": "decode", "message": "bad"} if late else None,
                 }
             )
-    rows = read_rows(target)
+    rows = list(read_output(target))
     assert len(rows) == count
     assert rows[0] == {"id": "0", "text": "t0", "error": None}
     assert rows[-1] == {
@@ -105,7 +89,7 @@ def test_a_columnar_output_replaces_an_older_one(tmp_path: Path) -> None:
     for text in ("first", "second"):
         with closing(TableSink(tmp_path / "out", "datasets")) as sink:
             sink.write({"id": "a", "text": text})
-    assert read_rows(tmp_path / "out") == [{"id": "a", "text": "second"}]
+    assert list(read_output(tmp_path / "out")) == [{"id": "a", "text": "second"}]
 
 
 def test_summary_sits_beside_the_output(tmp_path: Path) -> None:

@@ -7,13 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fakes import FakeEngine, expected_text
 
-from mmbatch.config import ImageOptions, RunConfig
 from mmbatch.media.loader import MediaLoader
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import JsonlSink
-from mmbatch.sources import image_requests
+from mmbatch.out.sinks import JsonlSink
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.sources.files import image_requests
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Sampling
 
 
@@ -30,9 +29,9 @@ def corpus(tmp_path: Path, samples: Path) -> Path:
 
 def run(requests: list[Request], out: Path, window: int = 4, **engine_kwargs: object) -> tuple:
     engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
-    loader = MediaLoader(ImageOptions())
+    loader = MediaLoader()
     with JsonlSink(out) as sink:
-        stats = run_job(
+        stats = run_requests(
             requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False)
         )
     rows = [json.loads(line) for line in out.read_text().splitlines()]

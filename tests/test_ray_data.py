@@ -19,12 +19,14 @@ import pytest
 from conftest import TINY_ENGINE_KWARGS
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
-from mmbatch.config import EngineConfig, ImageOptions, RunConfig
-from mmbatch.integrations.row_files import read_row_files
+from mmbatch.engine.config import EngineConfig
+from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.hashing import media_key
-from mmbatch.media.loader import MediaLoader
-from mmbatch.pipeline import run_job
-from mmbatch.sinks import MemorySink
+from mmbatch.media.options import ImageOptions
+from mmbatch.out.folders import read_folder
+from mmbatch.out.rows import FLAT
+from mmbatch.pipeline import RunConfig
+from mmbatch.recipe.requests import recipe_job
 from mmbatch.types import MediaRef, Request, Sampling
 
 
@@ -73,7 +75,12 @@ SAMPLING = Sampling(max_tokens=8)
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_run_gives_the_local_runs_rows_and_resumes(
-    local_ray, samples: Path, tiny_vl_model: Path, tmp_path: Path, request: pytest.FixtureRequest
+    local_ray,
+    samples: Path,
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:  # type: ignore[no-untyped-def]
     requests = caption_requests(samples, tmp_path)
     manifest = tmp_path / "items.jsonl"
@@ -91,35 +98,41 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     (out / "earlier_000001.json").write_text('{"id": "1-sunset.jpg", "text": "cut sh')
 
     engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
-    code = main(
-        [
-            "caption",
-            str(manifest),
-            # The manifest names the samples by absolute path, outside its own folder.
-            "--allow-outside-root",
-            "--model",
-            str(tiny_vl_model),
-            "--out",
-            str(out),
-            "--max-tokens",
-            str(SAMPLING.max_tokens),
-            *engine_args,
-            "--ray",
-            "--replicas",
-            "1",
-            "--gpus-per-replica",
-            "0",
-            "--ray-batch",
-            "2",
-        ]
-    )
+    argv = [
+        "caption",
+        str(manifest),
+        # The manifest names the samples by absolute path, outside its own folder.
+        "--allow-outside-root",
+        "--model",
+        str(tiny_vl_model),
+        "--out",
+        str(out),
+        "--max-tokens",
+        str(SAMPLING.max_tokens),
+        *engine_args,
+        "--ray",
+        "--replicas",
+        "1",
+        "--gpus-per-replica",
+        "0",
+        "--ray-batch",
+        "2",
+    ]
+    # The local resume rules: rows planted by hand have no job record, so whether they
+    # belong to this job cannot be told, and the folder is refused unless forced.
+    assert main(argv) == EXIT_JOB_FAILED
+    assert "no job record" in capsys.readouterr().err
+    code = main([*argv, "--force"])
     assert code == EXIT_ITEMS_FAILED  # the truncated, missing and empty files
     ray_rows = rows_on_disk(out)
     assert sorted(ray_rows) == sorted(r.id for r in requests)  # one row per input, no more
     assert (out / ".partial-earlier_000001.json").exists()
     summary = json.loads((tmp_path / "ray-out.summary.json").read_text())
     assert summary["stats"]["total"] == len(requests)
-    assert summary["stats"]["resumed"] == 2
+    assert summary["stats"]["rows_from_earlier_runs"] == 2
+    assert summary["stats"]["failed"] == 6  # three bad files, each asked two prompts
+    quarantine = (tmp_path / "ray-out.quarantine.jsonl").read_text().splitlines()
+    assert len(quarantine) == 6
     for item_id in earlier:
         assert ray_rows[item_id]["text"] == "from the earlier run"  # skipped, not redone
 
@@ -136,6 +149,15 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     assert stages == {"load", "decode"}
     texts = {row["text"] for row in ray_rows.values() if row["error"] is None}
     assert len(texts) >= 4  # distinct pictures and prompts do not collapse to one caption
+
+    # --retry-errors redoes only the error rows (they fail again: the files are still bad).
+    assert main([*argv, "--retry-errors"]) == EXIT_ITEMS_FAILED
+    assert "6 error rows removed to be retried" in capsys.readouterr().err
+    again = rows_on_disk(out)
+    assert sorted(again) == sorted(ray_rows)
+    assert {k: v for k, v in again.items() if v["error"] is None} == {
+        k: v for k, v in ray_rows.items() if v["error"] is None
+    }
 
 
 TWO_QUESTIONS = """
@@ -162,8 +184,7 @@ format = "text"
 def test_ray_recipe_run_gives_the_local_runs_item_rows(
     local_ray, samples: Path, tiny_vl_model: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:  # type: ignore[no-untyped-def]
-    from mmbatch.recipe import load_recipe
-    from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
+    from mmbatch.recipe.spec import load_recipe
 
     recipe_file = tmp_path / "two.toml"
     recipe_file.write_text(TWO_QUESTIONS)
@@ -178,21 +199,10 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
     ray_rows = rows_on_disk(out)
     assert sorted(ray_rows) == sorted(inputs)  # one row per item, not per question
 
-    recipe = load_recipe(recipe_file)
-    requests = recipe_requests(inputs, recipe)
-    sink = MemorySink()
-    run = RunConfig(window=16, progress=False)
+    job = recipe_job(load_recipe(recipe_file), inputs, str(tiny_vl_model))
     engine = request.getfixturevalue("vl_engine")
-    run_job(
-        requests,
-        engine,
-        recipe_loader(recipe),
-        sink,
-        recipe.sampling,
-        run,
-        recipe_rows(recipe, requests),
-    )
-    local = {row["id"]: row for row in sink.rows}
+    rows, _ = run_in_memory(job, engine, RunConfig(window=16, progress=False))
+    local = {row["id"]: row for row in rows}
     for item_id, row in ray_rows.items():
         assert row["error"] == local[item_id]["error"], item_id
         assert row["media_hash"] == local[item_id]["media_hash"], item_id
@@ -205,10 +215,8 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
 
 
 def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
-    sink = MemorySink()
-    run = RunConfig(window=5, progress=False)
-    run_job(requests, engine, MediaLoader(ImageOptions()), sink, SAMPLING, run)
-    return {row["id"]: row for row in sink.rows}
+    rows, _ = run_in_memory(Job(requests, SAMPLING), engine, RunConfig(window=5, progress=False))
+    return {row["id"]: row for row in rows}
 
 
 @pytest.mark.ray
@@ -238,9 +246,9 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     above): keying, packing, unpacking, error rows and the fixed output schema."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from fakes import FakeEngine, expected_text
 
     from mmbatch.integrations import ray_data
+    from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
     rows = [
         {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": "p"},
@@ -260,7 +268,7 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     job = ray_data.RayJob(EngineConfig("unused"))
     out = ray_data.EngineReplica(job, engine=FakeEngine())(pa.concat_tables(groups))
 
-    assert out.schema == ray_data._output_schema()
+    assert out.schema == ray_data._flat_schema()
     by_id = {row["id"]: row for row in out.to_pylist()}
     assert sorted(by_id) == ["a", "b", "c", "d", "e", "f"]
     assert by_id["b"]["error"] == {
@@ -279,10 +287,10 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
 
 def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_path: Path) -> None:
     import pyarrow as pa
-    from fakes import FakeEngine, expected_text
 
     from mmbatch.integrations import ray_data
-    from mmbatch.recipe import load_recipe
+    from mmbatch.recipe.spec import load_recipe
+    from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
     recipe_file = tmp_path / "two.toml"
     recipe_file.write_text(TWO_QUESTIONS)
@@ -306,7 +314,7 @@ def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_
         assert answer["text"] == expected_text([a["media_hash"]], question.text)
 
 
-def test_row_files_count_rows_and_set_partial_files_aside(tmp_path: Path) -> None:
+def test_row_folders_are_read_back_and_partial_files_set_aside(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -315,11 +323,14 @@ def test_row_files_count_rows_and_set_partial_files_aside(tmp_path: Path) -> Non
         '{"id": "y", "error": {"stage": "decode", "message": "truncated"}}\n'
     )
     (tmp_path / "b.json").write_text('{"id": "z", "error": nu')
-    counts = read_row_files(tmp_path, "jsonl")
-    assert dict(counts.ids) == {"x": 1, "y": 1}
-    assert (counts.ok, counts.failed, dict(counts.failed_by_stage)) == (1, 1, {"decode": 1})
-    assert counts.output_tokens == 3
-    assert counts.set_aside == [tmp_path / ".partial-b.json"]
+    rows = list(read_folder(tmp_path, "jsonl", FLAT))
+    assert [FLAT.row_id(r) for r in rows] == ["x", "y"]
+    outcomes = [FLAT.outcome(r) for r in rows]
+    assert [o.ok for o in outcomes] == [True, False]
+    assert outcomes[0].usage.output_tokens == 3
+    assert outcomes[1].error is not None
+    assert outcomes[1].error.stage == "decode"
+    assert (tmp_path / ".partial-b.json").exists()
     assert not (tmp_path / "b.json").exists()
 
     parquet = tmp_path / "pq"
@@ -336,11 +347,11 @@ def test_row_files_count_rows_and_set_partial_files_aside(tmp_path: Path) -> Non
     )
     pq.write_table(table, parquet / "good.parquet")
     (parquet / "cut.parquet").write_bytes((parquet / "good.parquet").read_bytes()[:40])
-    counts = read_row_files(parquet, "parquet")
-    assert (dict(counts.ids), counts.ok, counts.prompt_tokens) == ({"p": 1}, 1, 5)
-    assert counts.set_aside == [parquet / ".partial-cut.parquet"]
+    rows = list(read_folder(parquet, "parquet", FLAT))
+    assert [(r["id"], FLAT.outcome(r).usage.prompt_tokens) for r in rows] == [("p", 5)]
+    assert (parquet / ".partial-cut.parquet").exists()
     with pytest.raises(ValueError, match="must hold only"):
-        read_row_files(tmp_path, "parquet")
+        list(read_folder(tmp_path, "parquet", FLAT))
 
 
 def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:
@@ -378,11 +389,12 @@ def test_forwarded_env_keeps_vllm_settings_only(monkeypatch: pytest.MonkeyPatch)
 def test_on_ray_the_output_is_a_folder(tmp_path: Path) -> None:
     from mmbatch.errors import ConfigError
     from mmbatch.integrations.ray_data import RayJob, RayResources, run_on_ray
+    from mmbatch.jobs import FileOutput
 
     out = tmp_path / "captions.jsonl"
     out.write_text("")
     job = RayJob(EngineConfig("m"))
     with pytest.raises(ConfigError, match="is a file"):
         run_on_ray(None, job, RayResources(), out)
-    with pytest.raises(ConfigError, match="output format"):
-        run_on_ray(None, job, RayResources(), tmp_path / "o", fmt="datasets")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="a folder of row files is one of"):
+        run_on_ray(None, job, RayResources(), FileOutput(tmp_path / "o", "datasets"))  # type: ignore[arg-type]

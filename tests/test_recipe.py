@@ -10,7 +10,7 @@ import pytest
 
 from mmbatch.cli import main
 from mmbatch.errors import ConfigError
-from mmbatch.recipe import load_recipe
+from mmbatch.recipe.spec import load_recipe
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 REQUIRED = {

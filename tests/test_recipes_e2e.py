@@ -23,14 +23,13 @@ import jsonschema
 import pytest
 from conftest import TINY_ENGINE_KWARGS
 
-from mmbatch.config import EngineConfig, ImageOptions, RunConfig
-from mmbatch.media.loader import MediaLoader
-from mmbatch.media_sources import modalities_in
-from mmbatch.pipeline import run_job
-from mmbatch.recipe import Recipe, load_recipe
-from mmbatch.recipe_job import recipe_loader, recipe_requests, recipe_rows
-from mmbatch.sinks import MemorySink
-from mmbatch.sources import IMAGE_SUFFIXES
+from mmbatch.engine.config import EngineConfig
+from mmbatch.jobs import Job, media_per_prompt, run_in_memory
+from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.pipeline import RunConfig
+from mmbatch.recipe.requests import recipe_job
+from mmbatch.recipe.spec import Recipe, load_recipe
+from mmbatch.sources.files import IMAGE_SUFFIXES
 from mmbatch.types import MediaRef, Request
 
 pytestmark = pytest.mark.slow
@@ -63,7 +62,7 @@ def recipe_engines(
 
     def engine_for(recipe: Recipe, requests: list[Request]) -> Any:
         kwargs = tiny_kwargs(recipe)
-        media = modalities_in(requests) or {"image": 1}
+        media = media_per_prompt(requests)
         model = tiny_audio_model if recipe.media.kind == "audio" else tiny_vl_model
         if model == tiny_vl_model and kwargs == TINY_ENGINE_KWARGS and media == {"image": 1}:
             return request.getfixturevalue("vl_engine")
@@ -81,19 +80,9 @@ def run_recipe(
     recipe: Recipe, engines: dict[str, Any], inputs: list[str], engine: Any = None
 ) -> tuple[list[dict], Any]:
     """The recipe's job, as `mmbatch run` does it, on the tiny model's engine."""
-    requests = recipe_requests(inputs, recipe)
-    engine = engine or engines["for"](recipe, requests)
-    sink = MemorySink()
-    stats = run_job(
-        requests,
-        engine,
-        recipe_loader(recipe, budget=engine.prompt_budget()),
-        sink,
-        recipe.sampling,
-        RunConfig(window=16, progress=False),
-        recipe_rows(recipe, requests),
-    )
-    return sink.rows, stats
+    job = recipe_job(recipe, inputs, "tiny")
+    engine = engine or engines["for"](recipe, job.requests)
+    return run_in_memory(job, engine, RunConfig(window=16, progress=False))
 
 
 def short(recipe: Recipe) -> Recipe:
@@ -200,17 +189,13 @@ def test_questions_of_one_item_share_its_prefix_and_match_asked_alone(
         for name in names
         for q in recipe.questions
     ]
-    reference = MemorySink()
-    run_job(
-        alone,
+    reference, _ = run_in_memory(
+        Job(alone, recipe.sampling, MediaOptions(image=ImageOptions(**recipe.media.options))),
         request.getfixturevalue("uncached_vl_engine"),
-        MediaLoader(ImageOptions(**recipe.media.options)),
-        reference,
-        recipe.sampling,
         RunConfig(window=1, progress=False),
     )
     texts = set()
-    for solo in reference.rows:
+    for solo in reference:
         name, question = solo["id"].rsplit("#", 1)
         answer = by_name[name]["outputs"][question]
         assert solo["error"] is None
@@ -366,7 +351,8 @@ def test_run_openai_batch_command(tiny_vl_model: Path, samples: Path, tmp_path: 
     assert ok["json"]["body"]["choices"][0]["finish_reason"] == "stop"
     jsonschema.validate(json.loads(content["json"], strict=False), schema)
     assert rows["broken"]["response"]["status_code"] == 400
-    assert rows["broken"]["response"]["body"]["error"]["code"] == "decode"
+    assert rows["broken"]["response"]["body"]["error"]["stage"] == "decode"
+    assert rows["broken"]["response"]["body"]["error"]["code"] == "corrupt"
     refused = rows["refused"]["response"]["body"]["error"]["message"]
     assert "unsupported parameter(s): 'logprobs'" in refused
     assert "5 of 5 items: 3 ok, 2 failed" in proc.stderr

@@ -8,15 +8,11 @@ from pathlib import Path
 import pytest
 
 from mmbatch.errors import ConfigError
-from mmbatch.resume import (
-    finish,
-    job_record_path,
-    prepare,
-    quarantine_path,
-    read_rows,
-    repair_torn_tail,
-)
-from mmbatch.sinks import JsonlSink
+from mmbatch.out.resume import job_record_path, prepare, repair_torn_tail
+from mmbatch.out.resume import read_rows as read_checked
+from mmbatch.out.rows import FLAT
+from mmbatch.out.sinks import JsonlSink
+from mmbatch.out.stats import count_output, quarantine_path
 from mmbatch.types import MediaRef, Request
 
 FINGERPRINT = {"command": "caption", "model": "m", "prompt": "Describe.", "sampling": {"t": 0}}
@@ -35,6 +31,14 @@ def row(item_id: str, error: dict[str, str] | None = None) -> dict[str, object]:
         "text": None if error else f"text of {item_id}",
         "error": error,
     }
+
+
+def read_rows(out: Path) -> list[dict[str, object]]:
+    return list(read_checked(out, FLAT))
+
+
+def ids(n: int) -> set[str]:
+    return {r.row_id for r in requests(n)}
 
 
 def write_rows(path: Path, rows: list[dict[str, object]], tail: bytes = b"") -> None:
@@ -73,7 +77,9 @@ def test_damage_before_the_last_line_is_refused_not_guessed(tmp_path: Path) -> N
     out = tmp_path / "o.jsonl"
     write_rows(out, [row("a")], tail=b"not json\n" + (json.dumps(row("b")) + "\n").encode())
     assert repair_torn_tail(out) == 0
-    with pytest.raises(ConfigError, match=r"o\.jsonl:2 is not a JSON row"):
+    with pytest.raises(
+        ConfigError, match=r"o\.jsonl:2: not valid JSON.*damaged beyond a torn last line"
+    ):
         list(read_rows(out))
 
 
@@ -86,7 +92,7 @@ def test_two_rows_for_one_id_are_refused(tmp_path: Path) -> None:
 
 def test_fresh_job_does_everything_and_records_its_fingerprint(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    plan = prepare(out, requests(3), FINGERPRINT)
+    plan = prepare(out, requests(3), FINGERPRINT, FLAT)
     assert [r.id for r in plan.pending] == ["item-0", "item-1", "item-2"]
     assert plan.describe(out) is None
     record = json.loads(job_record_path(out).read_text())
@@ -96,9 +102,9 @@ def test_fresh_job_does_everything_and_records_its_fingerprint(tmp_path: Path) -
 
 def test_resume_skips_items_with_a_row_ok_or_error(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(4), FINGERPRINT)
+    prepare(out, requests(4), FINGERPRINT, FLAT)
     write_rows(out, [row("item-2"), row("item-0", {"stage": "decode", "message": "bad"})])
-    plan = prepare(out, requests(4), FINGERPRINT)
+    plan = prepare(out, requests(4), FINGERPRINT, FLAT)
     assert [r.id for r in plan.pending] == ["item-1", "item-3"]
     assert (plan.kept_ok, plan.kept_failed, plan.retried) == (1, 1, 0)
     assert "2 items already have a row, 1 of them errors" in (plan.describe(out) or "")
@@ -106,9 +112,9 @@ def test_resume_skips_items_with_a_row_ok_or_error(tmp_path: Path) -> None:
 
 def test_resume_repairs_the_torn_line_and_redoes_its_item(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(3), FINGERPRINT)
+    prepare(out, requests(3), FINGERPRINT, FLAT)
     write_rows(out, [row("item-0")], tail=b'{"id": "item-1", "tex')
-    plan = prepare(out, requests(3), FINGERPRINT)
+    plan = prepare(out, requests(3), FINGERPRINT, FLAT)
     assert [r.id for r in plan.pending] == ["item-1", "item-2"]
     assert plan.repaired_bytes == len(b'{"id": "item-1", "tex')
     assert "torn last line" in (plan.describe(out) or "")
@@ -120,11 +126,11 @@ def test_resume_repairs_the_torn_line_and_redoes_its_item(tmp_path: Path) -> Non
 
 def test_retry_errors_removes_error_rows_so_no_id_gets_two(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(3), FINGERPRINT)
+    prepare(out, requests(3), FINGERPRINT, FLAT)
     bad = {"stage": "decode", "kind": "corrupt", "message": "bad"}
     other_job_error = row("not-in-this-job", bad)
     write_rows(out, [row("item-0", bad), row("item-1"), row("item-2", bad), other_job_error])
-    plan = prepare(out, requests(3), FINGERPRINT, retry_errors=True)
+    plan = prepare(out, requests(3), FINGERPRINT, FLAT, retry_errors=True)
     assert [r.id for r in plan.pending] == ["item-0", "item-2"]
     assert plan.retried == 2
     # Only this job's error rows go; rows of other ids are not this job's to drop.
@@ -133,24 +139,26 @@ def test_retry_errors_removes_error_rows_so_no_id_gets_two(tmp_path: Path) -> No
 
 def test_another_fingerprint_is_refused_with_what_changed_unless_forced(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(2), FINGERPRINT)
+    prepare(out, requests(2), FINGERPRINT, FLAT)
     write_rows(out, [row("item-0")])
     changed = {**FINGERPRINT, "prompt": "List tags."}
     with pytest.raises(ConfigError, match=r'prompt: "Describe\." -> "List tags\.".*--force'):
-        prepare(out, requests(2), changed)
+        prepare(out, requests(2), changed, FLAT)
     assert out.read_bytes() == (json.dumps(row("item-0")) + "\n").encode()  # untouched
-    plan = prepare(out, requests(2), changed, force=True)
+    plan = prepare(out, requests(2), changed, FLAT, force=True)
     assert [r.id for r in plan.pending] == ["item-1"]
     assert json.loads(job_record_path(out).read_text())["fingerprint"] == changed
-    assert prepare(out, requests(2), changed).pending == plan.pending  # now the job's own
+    assert prepare(out, requests(2), changed, FLAT).pending == plan.pending  # now the job's own
 
 
 def test_rows_without_a_job_record_are_not_appended_to(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
     write_rows(out, [row("item-0")])
     with pytest.raises(ConfigError, match=r"no job record \(o\.jsonl\.job\.json\)"):
-        prepare(out, requests(2), FINGERPRINT)
-    assert [r.id for r in prepare(out, requests(2), FINGERPRINT, force=True).pending] == ["item-1"]
+        prepare(out, requests(2), FINGERPRINT, FLAT)
+    assert [r.id for r in prepare(out, requests(2), FINGERPRINT, FLAT, force=True).pending] == [
+        "item-1"
+    ]
 
 
 def test_finish_counts_by_kind_and_writes_the_quarantine(tmp_path: Path) -> None:
@@ -158,7 +166,7 @@ def test_finish_counts_by_kind_and_writes_the_quarantine(tmp_path: Path) -> None
     corrupt = {"stage": "decode", "kind": "corrupt", "message": "truncated"}
     empty = {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"}
     write_rows(out, [row("item-0", corrupt), row("item-1"), row("item-2", empty)])
-    tally = finish(read_rows(out), requests(3), quarantine_path(out))
+    tally = count_output(read_rows(out), FLAT, ids(3), quarantine_path(out))
     assert (tally.ok, tally.failed) == (1, 2)
     assert tally.failed_by_kind == {"corrupt": 1, "empty": 1}
     assert tally.failed_by_stage == {"decode": 1, "load": 1}
@@ -170,7 +178,7 @@ def test_finish_counts_by_kind_and_writes_the_quarantine(tmp_path: Path) -> None
     ]
     # Once the failures are retried away, the stale quarantine goes too.
     write_rows(out, [row("item-0"), row("item-1"), row("item-2")])
-    assert finish(read_rows(out), requests(3), quarantine_path(out)).quarantine is None
+    assert count_output(read_rows(out), FLAT, ids(3), quarantine_path(out)).quarantine is None
     assert not quarantine_path(out).exists()
 
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
-from fakes import FakeEngine
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK, build_parser
-from mmbatch.cli.common import engine_config_from
-from mmbatch.config import EngineConfig
+from mmbatch.cli.options import engine_config_from
+from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import MediaError, SourceError
 from mmbatch.media.fetch import UrlPolicy, read_source
-from mmbatch.sources import SourcePolicy, image_requests
+from mmbatch.sources.files import SourcePolicy, image_requests
+from mmbatch.testing.fake_engine import FakeEngine
 
 
 def manifest(folder: Path, *paths: str) -> Path:

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from mmbatch.errors import SourceError
-from mmbatch.sources import image_requests
+from mmbatch.sources.files import image_requests
 
 
 def touch(path: Path) -> Path:

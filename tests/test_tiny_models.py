@@ -1,4 +1,4 @@
-"""mmbatch.tiny_models: offline model directories that real vLLM and transformers load.
+"""mmbatch.testing.tiny_models: offline model directories that real vLLM and transformers load.
 
 Fast tests check the files (same seed, same bytes), the tokenizer layout, the processors and
 the real-shape directories. The ``slow`` tests start vLLM's CPU engine on each tiny family,
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mmbatch.errors import ConfigError
-from mmbatch.tiny_models import (
+from mmbatch.testing.tiny_models import (
     FAMILIES,
     QWEN_SPECIAL_TOKENS,
     REAL_SHAPES,
@@ -109,7 +109,7 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def test_import_loads_no_heavy_module() -> None:
     code = (
-        "import sys, mmbatch.tiny_models\n"
+        "import sys, mmbatch.testing.tiny_models\n"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors', 'vllm',"
         " 'numpy', 'PIL') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -297,7 +297,7 @@ def test_audio_processor_makes_25_tokens_per_second(model_dirs: ModelDirs) -> No
     import numpy as np
     from transformers import AutoProcessor
 
-    from mmbatch.tiny_models.qwen_audio import audio_token_count
+    from mmbatch.testing.tiny_models.qwen_audio import audio_token_count
 
     processor = AutoProcessor.from_pretrained(model_dirs.tiny("qwen2_audio"))
     prompt = processor.apply_chat_template(

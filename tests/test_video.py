@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from media_files import VFR_PTS_MS, cfr_video, frame_number, truncated, write_audio, write_video
 
-from mmbatch.config import VideoOptions
 from mmbatch.errors import ConfigError, MediaError
+from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import decode_frames, index_video, sample_clip, select_frames
 
 

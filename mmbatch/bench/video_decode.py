@@ -25,7 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from mmbatch.config import VideoOptions
+from mmbatch.media.options import VideoOptions
 
 FPS = 25
 KEYINT = 250

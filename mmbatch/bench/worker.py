@@ -120,7 +120,7 @@ class _Mmbatch:
     def __init__(self, spec: dict[str, Any]) -> None:
         import vllm
 
-        from mmbatch.config import EngineConfig
+        from mmbatch.engine.config import EngineConfig
         from mmbatch.engine.vllm import VLLMEngine
 
         start = time.perf_counter()
@@ -133,17 +133,17 @@ class _Mmbatch:
         self.vllm_version = vllm.__version__
 
     def run(self, rows: list[Row]) -> dict[str, Any]:
-        from mmbatch.config import ImageOptions, RunConfig
         from mmbatch.media.loader import MediaLoader
-        from mmbatch.pipeline import run_job
-        from mmbatch.sinks import MemorySink
+        from mmbatch.out.sinks import MemorySink
+        from mmbatch.pipeline import RunConfig, run_requests
         from mmbatch.types import MediaRef, Request, Sampling
 
         requests = [Request(r.id, r.prompt, (MediaRef("image", r.image),)) for r in rows]
-        loader = MediaLoader(ImageOptions())
+        loader = MediaLoader()
         sink = MemorySink()
         run = RunConfig(window=self.spec["window"], progress=False)
-        stats = run_job(requests, self.engine, loader, sink, Sampling(**_sampling(self.spec)), run)
+        sampling = Sampling(**_sampling(self.spec))
+        stats = run_requests(requests, self.engine, loader, sink, sampling, run)
         decode_s = loader.store.decode_seconds
         return {
             "output_tokens": stats.output_tokens,

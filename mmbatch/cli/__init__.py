@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mmbatch.cli import (
     bench,
@@ -23,8 +24,11 @@ from mmbatch.cli import (
     run,
     tiny_model,
 )
-from mmbatch.cli.common import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.cli.options import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.errors import MmbatchError
+
+if TYPE_CHECKING:
+    from mmbatch.engine.base import Engine
 
 COMMANDS = (caption, frames, run, check, openai_batch, report, tiny_model, bench)
 
@@ -42,10 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, engine: Engine | None = None) -> int:
+    """Run the command ``argv`` names; ``engine`` replaces the vLLM engine of a job command
+    (the tests' fake engine goes through the real commands this way)."""
     args = build_parser().parse_args(argv)
     try:
-        code: int = args.handler(args)
+        code: int = args.handler(args) if engine is None else args.handler(args, engine)
     except MmbatchError as exc:
         print(f"mmbatch: error: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED

@@ -6,12 +6,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-from mmbatch.cli.common import EXIT_OK
+from mmbatch.cli.options import EXIT_OK, Commands
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "bench",
         help="throughput benchmark: naive vLLM vs mmbatch, each side in its own process",
@@ -60,7 +59,7 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mmbatch.bench.driver import run_bench, table
-    from mmbatch.config import parse_engine_args
+    from mmbatch.engine.config import parse_engine_args
 
     options = {
         "model": args.model,

@@ -8,35 +8,35 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mmbatch.cli.common import (
+from mmbatch.cli import ray
+from mmbatch.cli.options import (
+    Commands,
+    add_audio_options,
     add_input_options,
     add_model_options,
-    add_resume_options,
+    add_prompt_options,
+    add_video_options,
+    audio_options_from,
     engine_config_from,
+    run_to_file,
     sampling_from,
     source_policy_from,
     url_policy_from,
-)
-from mmbatch.cli.jobs import Job, job_fingerprint, run_resumable
-from mmbatch.cli.media import (
-    add_audio_options,
-    add_video_options,
-    audio_options_from,
-    model_modalities,
     video_options_from,
 )
-from mmbatch.cli.on_ray import add_ray_options, run_on_ray
-from mmbatch.engine.base import Engine
-from mmbatch.types import Modality
+
+if TYPE_CHECKING:
+    from mmbatch.engine.base import Engine
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.media.options import MediaOptions
+    from mmbatch.types import Request
 
 DEFAULT_PROMPT = "Describe this image in one sentence."
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "caption",
         help="caption images: one JSON row per input item",
@@ -58,105 +58,72 @@ def register(commands: Any) -> None:
     )
     dataset.add_argument("--split", default=None, help="the dataset split (default: the only one)")
     dataset.add_argument("--id-column", default=None, help="row ids (default: the row index)")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for each item")
-    parser.add_argument("--system", default=None, help="system prompt (default: the model's)")
-    parser.add_argument(
-        "--max-pixels", type=int, default=None, help="downscale images and frames to at most this"
-    )
+    add_prompt_options(parser, DEFAULT_PROMPT, "item")
     parser.add_argument(
         "--as-clip", action="store_true", help="caption each video whole, as one clip"
     )
     add_video_options(parser, sampling_required=False)
     add_audio_options(parser)
     add_model_options(parser)
-    add_ray_options(parser)
-    add_resume_options(parser)
+    ray.add_options(parser)
     add_input_options(parser)
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace, make_engine: Callable[[], Engine] | None = None) -> int:
-    """Caption ``args.inputs`` into ``args.out``. ``make_engine`` replaces the vLLM engine
-    (the tests' fake engine goes through the same command this way)."""
-    from mmbatch.config import ImageOptions
-    from mmbatch.media.loader import MediaLoader
-    from mmbatch.outputs import output_format
+def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
+    """Caption ``args.inputs`` into ``args.out``; ``engine`` replaces the vLLM engine that
+    ``--model`` and ``--engine-arg`` describe (the tests' fake engine comes in this way)."""
+    from dataclasses import asdict
+
+    from mmbatch.jobs import Job, fingerprint
+    from mmbatch.media.options import ImageOptions, MediaOptions
 
     # Everything that can be checked without the engine is checked before it starts.
-    video, audio = video_options_from(args), audio_options_from(args)
-    requests, unusable, summary = _inputs(args, audio)
-    engine_config = engine_config_from(args)
-    out_format = output_format(args.out, args.out_format)
-    image_options = ImageOptions(max_pixels=args.max_pixels)
-    loader = MediaLoader(
-        image_options, urls=url_policy_from(args), video_options=video, audio_options=audio
+    config = engine_config_from(args)
+    media = MediaOptions(
+        image=ImageOptions(max_pixels=args.max_pixels),
+        video=video_options_from(args),
+        audio=audio_options_from(args),
+        urls=url_policy_from(args),
     )
+    requests, info = _inputs(args, config, media)
     sampling = sampling_from(args)
-    print(f"mmbatch: {len(requests) + len(unusable)} items, model {args.model}", file=sys.stderr)
-    if args.ray is not None:
-        _pictures_only(requests)
-        summary |= {"model": args.model, "prompt": args.prompt, "output_format": out_format}
-        # The Ray path writes its own output folder; it is not resumable (yet).
-        return run_on_ray(
-            args,
-            requests,
-            summary,
-            engine_config=engine_config,
-            sampling=sampling,
-            image_options=image_options,
-            out_format=out_format,
-            unusable=unusable,
-        )
-
-    def make_vllm_engine() -> Engine:
-        from mmbatch.engine.shared import shared_engine
-        from mmbatch.media_sources import modalities_in
-
-        engine = shared_engine(engine_config, modalities_in(requests) or {"image": 1})
-        # Prompts are measured against this engine before they are sent (and clips shrunk).
-        loader.budget = engine.prompt_budget()
-        if args.sample_rate is None and loader.budget.audio is not None:
-            loader.audio_options = audio_options_from(args, loader.budget.audio.sample_rate)
-        return engine
-
     job = Job(
-        requests=requests,
-        unusable=unusable,
-        loader=loader,
-        make_engine=make_engine or make_vllm_engine,
-        sampling=sampling,
-        fingerprint=job_fingerprint(
+        requests,
+        sampling,
+        media,
+        fingerprint=fingerprint(
             "caption",
             args.model,
             sampling,
             prompt=args.prompt,
             system=args.system,
-            image_options=asdict(image_options),
-            video_options=asdict(video),
-            audio_options=asdict(audio),
+            image_options=asdict(media.image),
+            video_options=asdict(media.video),
+            audio_options=asdict(media.audio),
             as_clip=args.as_clip,
         ),
-        summary=summary | {"model": args.model, "prompt": args.prompt, "output_format": out_format},
+        info=info | {"model": args.model, "prompt": args.prompt},
     )
-    return run_resumable(args, job, out_format)
+    print(f"mmbatch: {len(job.item_ids)} items, model {args.model}", file=sys.stderr)
+    if args.ray is not None:
+        return ray.run(args, job, config)
+    return run_to_file(job, engine or config, args)
 
 
-def _pictures_only(requests: Any) -> None:
+def _inputs(
+    args: argparse.Namespace, config: EngineConfig, media: MediaOptions
+) -> tuple[list[Request], dict[str, Any]]:
+    """The requests, and what the summary records about the inputs (the gallery reopens a
+    dataset from it). Files are listed once; only if they hold more than pictures is the
+    model asked which media it takes (its processor says), so that a folder walk collects
+    those."""
+    from dataclasses import asdict
+
     from mmbatch.errors import ConfigError
-    from mmbatch.types import Unreadable
-
-    refs = [ref for r in requests for ref in r.media if not isinstance(ref.part, Unreadable)]
-    if any(ref.modality != "image" or ref.part is not None for ref in refs):
-        raise ConfigError("--ray runs image jobs only; caption video and audio without --ray")
-
-
-def _inputs(args: argparse.Namespace, audio: Any) -> tuple[list[Any], list[Any], dict[str, Any]]:
-    """The requests, the dataset rows that cannot become one (as error rows), and what the
-    summary records about the inputs (the gallery reopens a dataset from it)."""
-    from mmbatch.errors import ConfigError
-    from mmbatch.integrations.hf_local import DatasetInput, dataset_requests, detect_format
-    from mmbatch.media_sources import caption_requests, modality_of
-    from mmbatch.sources import AUDIO_SUFFIXES, IMAGE_SUFFIXES, VIDEO_SUFFIXES, expand_inputs
+    from mmbatch.sources.caption import caption_requests, list_media, modality_of
+    from mmbatch.sources.local_datasets import DatasetInput, dataset_requests, detect_format
+    from mmbatch.types import Modality
 
     fmt = args.input_format
     if fmt is None:
@@ -167,27 +134,22 @@ def _inputs(args: argparse.Namespace, audio: Any) -> tuple[list[Any], list[Any],
     if fmt in (None, "files"):
         if args.image_column or args.split or args.id_column:
             raise ConfigError("--image-column, --split and --id-column apply to datasets only")
-        policy = source_policy_from(args)
-        # First that the inputs exist; then, only if they hold more than pictures, which
-        # media the model takes (its processor says), so that a folder is walked for those.
-        everything = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
-        found = {modality_of(path) for _, path, _ in expand_inputs(args.inputs, everything, policy)}
+        files = list_media(args.inputs, source_policy_from(args))
         pictures: frozenset[Modality] = frozenset({"image"})
+        found = {modality_of(f.path) for f in files}
         # On Ray (pictures only) the model is not asked either: its workers load it.
-        only_pictures = found <= pictures or args.ray is not None
-        take = pictures if only_pictures else model_modalities(engine_config_from(args))
+        if found <= pictures or args.ray is not None:
+            take = pictures
+        else:
+            from mmbatch.engine.processor import model_modalities
+
+            take = model_modalities(config)
         requests = caption_requests(
-            args.inputs,
-            args.prompt,
-            args.system,
-            take=take,
-            as_clip=args.as_clip,
-            audio=audio,
-            policy=policy,
+            files, args.prompt, args.system, take=take, as_clip=args.as_clip, audio=media.audio
         )
-        return requests, [], {"inputs": list(args.inputs)}
+        return requests, {"inputs": list(args.inputs)}
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
     spec = DatasetInput(args.inputs[0], fmt, args.image_column, args.split, args.id_column)
-    requests, unusable = dataset_requests(spec, args.prompt, args.system)
-    return requests, unusable, {"inputs": list(args.inputs), "dataset": asdict(spec)}
+    requests = dataset_requests(spec, args.prompt, args.system)
+    return requests, {"inputs": list(args.inputs), "dataset": asdict(spec)}

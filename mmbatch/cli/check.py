@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from mmbatch.cli.common import EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.cli.options import EXIT_JOB_FAILED, EXIT_OK, Commands
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "check",
         help="validate recipe files (unknown keys, types, JSON schemas); starts no engine",
@@ -22,7 +21,7 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mmbatch.errors import ConfigError
-    from mmbatch.recipe import load_recipe
+    from mmbatch.recipe.spec import load_recipe
 
     code = EXIT_OK
     for path in args.recipes:

@@ -1,22 +1,35 @@
 """``mmbatch frames``: one JSON row per sampled video frame, a caption or an error.
 
-Frames of all the job's videos go through the same windows, planner and engine as images
-do; each video is indexed once (to know its frames) and decoded once per window for all of
-its frames there.
+Frames of all the job's videos go through the same planner and engine as images do; each
+video is indexed once (to know its frames) and its frames are decoded together.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import TYPE_CHECKING
 
-from mmbatch.cli.common import add_model_options
-from mmbatch.cli.media import add_video_options, run_requests, video_options_from
+from mmbatch.cli.options import (
+    Commands,
+    add_input_options,
+    add_model_options,
+    add_prompt_options,
+    add_video_options,
+    engine_config_from,
+    run_to_file,
+    sampling_from,
+    source_policy_from,
+    video_options_from,
+)
+
+if TYPE_CHECKING:
+    from mmbatch.engine.base import Engine
 
 DEFAULT_PROMPT = "Describe this video frame in one sentence."
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "frames",
         help="caption sampled video frames: one JSON row per frame",
@@ -24,24 +37,42 @@ def register(commands: Any) -> None:
         "caption each; rows carry video, frame_index and pts (seconds).",
     )
     parser.add_argument("inputs", nargs="+", metavar="VIDEO")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the question for each frame")
-    parser.add_argument("--system", default=None, help="system prompt (default: the model's)")
-    parser.add_argument(
-        "--max-pixels", type=int, default=None, help="downscale frames to at most this"
-    )
+    add_prompt_options(parser, DEFAULT_PROMPT, "frame")
     parser.add_argument(
         "--save-frames", metavar="DIR", default=None, help="also write the frames as JPEG here"
     )
     add_video_options(parser, sampling_required=True)
     add_model_options(parser)
+    add_input_options(parser)
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from mmbatch.media_sources import frame_requests
+def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
+    from dataclasses import asdict
+
+    from mmbatch.jobs import Job, fingerprint
+    from mmbatch.media.options import MediaOptions
+    from mmbatch.sources.timeline import frame_requests
 
     # Everything that can be checked without the engine is checked before it starts.
-    options = video_options_from(args)
-    requests = frame_requests(args.inputs, options, args.prompt, args.system)
-    job = {"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt}
-    return run_requests(args, requests, job=job, video_options=options, frame_dir=args.save_frames)
+    config = engine_config_from(args)
+    video = video_options_from(args)
+    policy = source_policy_from(args)
+    requests = frame_requests(args.inputs, video, args.prompt, args.system, policy)
+    sampling = sampling_from(args)
+    job = Job(
+        requests,
+        sampling,
+        MediaOptions(video=video, frame_dir=args.save_frames),
+        fingerprint=fingerprint(
+            "frames",
+            args.model,
+            sampling,
+            prompt=args.prompt,
+            system=args.system,
+            video_options=asdict(video),
+        ),
+        info={"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt},
+    )
+    print(f"mmbatch: {len(job.item_ids)} frames, model {args.model}", file=sys.stderr)
+    return run_to_file(job, engine or config, args)

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
-from mmbatch.cli.common import (
+from mmbatch.cli.options import (
+    Commands,
     add_engine_options,
+    add_output_options,
     engine_config_from,
-    report,
-    run_config_from,
-    run_into,
+    run_to_file,
 )
 
+if TYPE_CHECKING:
+    from mmbatch.engine.base import Engine
 
-def register(commands: Any) -> None:
+
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "run-openai-batch",
         help="run an OpenAI batch input file (chat completions) and write its output file",
@@ -24,7 +27,7 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("requests", metavar="REQUESTS", help="the batch input .jsonl")
     parser.add_argument("--model", required=True, help="local model directory or hub name")
-    parser.add_argument("--out", required=True, help="the batch output .jsonl")
+    add_output_options(parser, formats=False)
     parser.add_argument(
         "--max-tokens",
         type=int,
@@ -35,31 +38,26 @@ def register(commands: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from mmbatch.config import ImageOptions
-    from mmbatch.engine.shared import shared_engine
-    from mmbatch.media.loader import MediaLoader
-    from mmbatch.openai_batch import DEFAULT_MAX_TOKENS, OpenAIBatchRows, read_batch
-    from mmbatch.sinks import JsonlSink
+def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
+    from mmbatch.jobs import Job, fingerprint
+    from mmbatch.out.openai_batch import OpenAIBatchShape
+    from mmbatch.sources.openai_batch import DEFAULT_MAX_TOKENS, read_batch
     from mmbatch.types import Sampling
 
+    config = engine_config_from(args)
     batch = read_batch(args.requests, args.max_tokens or DEFAULT_MAX_TOKENS)
-    engine_config = engine_config_from(args)
+    sampling = Sampling()  # every line carries its own sampling
+    job = Job(
+        batch.requests,
+        sampling,
+        shape=OpenAIBatchShape(args.model),
+        fingerprint=fingerprint(
+            "run-openai-batch", args.model, sampling, max_tokens=args.max_tokens
+        ),
+        info={"inputs": [args.requests], "model": args.model},
+    )
     print(
-        f"mmbatch: {len(batch.requests)} requests ({len(batch.refused)} refused), "
-        f"model {args.model}",
+        f"mmbatch: {len(batch.requests)} requests ({batch.refused} refused), model {args.model}",
         file=sys.stderr,
     )
-    engine = shared_engine(engine_config, {"image": max(1, batch.max_images)})
-    stats = run_into(
-        JsonlSink(args.out),
-        args.out,
-        batch.requests,
-        engine,
-        MediaLoader(ImageOptions()),
-        Sampling(),  # every line carries its own sampling
-        run_config_from(args),
-        OpenAIBatchRows(args.model),
-        refused=batch.refused,
-    )
-    return report(stats, args.out, {"inputs": [args.requests], "model": args.model})
+    return run_to_file(job, engine or config, args)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mmbatch.cli.common import EXIT_OK
+from mmbatch.cli.options import EXIT_OK, Commands
 
 DEFAULT_MAX_ITEMS = 2000
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "report",
         help="write a self-contained HTML gallery of a job's output",
@@ -33,10 +33,11 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mmbatch.gallery import render
-    from mmbatch.outputs import read_rows, read_summary
+    from mmbatch.out.formats import read_output
+    from mmbatch.out.summary import read_summary
+    from mmbatch.review.gallery import render
 
-    rows = read_rows(args.out)
+    rows = list(read_output(args.out))
     summary = read_summary(args.out)
     shown = _select(rows, args.max_items)
     preview = _previews(summary)
@@ -67,18 +68,18 @@ def _select(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     return shown
 
 
-def _previews(summary: Mapping[str, Any] | None) -> Any:
+def _previews(summary: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]], str]:
     """``preview(row)``: from the file the row names, or, for a job that read a local
     dataset, from the dataset's row (reopened the way the job read it)."""
-    from mmbatch.media_sources import modality_of
-    from mmbatch.thumbnails import NoPreview, thumbnail_uri
+    from mmbatch.review.thumbnails import NoPreview, thumbnail_uri
+    from mmbatch.sources.caption import modality_of
     from mmbatch.types import FrameAt, MediaRef
 
     dataset = (summary or {}).get("job", {}).get("dataset")
     media: dict[str, MediaRef] = {}
     if dataset:
         from mmbatch.errors import SourceError
-        from mmbatch.integrations.hf_local import DatasetInput, media_by_id
+        from mmbatch.sources.local_datasets import DatasetInput, media_by_id
 
         try:
             media = media_by_id(DatasetInput(**dataset))

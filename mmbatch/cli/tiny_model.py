@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from mmbatch.cli.common import EXIT_OK
+from mmbatch.cli.options import EXIT_OK, Commands
 
 
-def register(commands: Any) -> None:
+def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "make-tiny-model",
         help="write a tiny random-weight model that vLLM loads (for offline tests and demos)",
@@ -29,7 +28,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mmbatch.tiny_models import build_tiny_model, write_real_shape
+    from mmbatch.testing.tiny_models import build_tiny_model, write_real_shape
 
     if args.real_shape:
         path = write_real_shape(args.directory, args.real_shape)

@@ -8,28 +8,10 @@ request id, in whatever order they finish. The pipeline never assumes output ord
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from mmbatch.types import LoadedRequest, MediaItem, Result, Sampling
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    """Cumulative cache counters, in tokens (prefix) and items (multimodal)."""
-
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    mm_queries: int = 0
-    mm_hits: int = 0
-
-    @property
-    def prefix_hit_rate(self) -> float | None:
-        return self.prefix_hits / self.prefix_queries if self.prefix_queries else None
-
-    @property
-    def mm_hit_rate(self) -> float | None:
-        return self.mm_hits / self.mm_queries if self.mm_queries else None
+from mmbatch.media.limits import PromptLimits
+from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
 
 class Engine(Protocol):
@@ -52,4 +34,9 @@ class Engine(Protocol):
 
     def cache_stats(self) -> CacheStats:
         """Cumulative prefix and multimodal cache counters, as far as the engine reports them."""
+        ...
+
+    def prompt_limits(self) -> PromptLimits | None:
+        """The model's limits, for the loader to measure (and shrink) requests before they
+        are added; None where the engine has none to tell."""
         ...

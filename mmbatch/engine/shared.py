@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from mmbatch.config import EngineConfig
+from mmbatch.engine.config import EngineConfig
 from mmbatch.types import Modality
 
 if TYPE_CHECKING:

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.config import EngineConfig
-from mmbatch.engine.base import CacheStats
+from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.types import (
+    CacheStats,
     LoadedRequest,
     MediaItem,
     Modality,
@@ -40,7 +40,7 @@ from mmbatch.types import (
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
 
-    from mmbatch.budget import PromptBudget
+    from mmbatch.engine.budget import PromptBudget
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 
@@ -211,10 +211,10 @@ class VLLMEngine:
                 counts[field] += int(getattr(metric, "value", 0))
         return CacheStats(**counts)
 
-    def prompt_budget(self) -> PromptBudget:
+    def prompt_limits(self) -> PromptBudget:
         """The limits and token rules for measuring prompts before they are added: this
         engine's max_model_len and encoder cache, the processor's resize rules, its template."""
-        from mmbatch.budget import PromptBudget
+        from mmbatch.engine.budget import PromptBudget
 
         processor = getattr(self._engine, "input_processor", None)
         cache = getattr(processor, "mm_encoder_cache_size", 0) or None
@@ -299,14 +299,9 @@ class _ChatTemplate:
     """Renders (system, prompt, media) with the model's chat template, media first."""
 
     def __init__(self, model: str, trust_remote_code: bool) -> None:
-        from transformers import AutoProcessor
+        from mmbatch.engine.processor import load_processor
 
-        try:
-            self._processor = AutoProcessor.from_pretrained(
-                model, trust_remote_code=trust_remote_code
-            )
-        except Exception as exc:
-            raise ConfigError(f"cannot load the processor of {model!r}: {exc}") from exc
+        self._processor = load_processor(model, trust_remote_code)
         if getattr(self._processor, "chat_template", None) is None:
             raise ConfigError(f"the model {model!r} has no chat template")
         self.render = lru_cache(maxsize=4096)(self._render)

@@ -35,10 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from mmbatch.config import EngineConfig, ImageOptions, RunConfig
+from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
-from mmbatch.integrations.hf_media import BadCell, media_ref
-from mmbatch.types import Modality, Request, Sampling
+from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.out.rows import output_row
+from mmbatch.sources.cells import BadCell, media_ref
+from mmbatch.types import ItemError, Modality, Request, Result, Sampling
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
@@ -99,22 +101,24 @@ class DatasetMap:
         if not isinstance(cells, (list, tuple)):
             raise ConfigError("DatasetMap takes batches: call Dataset.map with batched=True")
         prompts = batch[self.prompt_column] if self.prompt_column else None
-        requests, outcomes = self._requests(cells, prompts, indices)
-        if requests:
-            outcomes.update(self._run(requests, rank))
+        requests = self._requests(cells, prompts, indices)
+        if any(r.error is None for r in requests):
+            rows = self._run(requests, rank)
+        else:  # every row of the batch failed already: no engine for that
+            rows = [output_row(r, (), Result(r.id, error=r.error)) for r in requests]
+        by_id = {row["id"]: row for row in rows}
         # Exactly one (text, error) per input row, in input order; a missing one is a bug.
-        rows = [outcomes[str(index)] for index in range(len(cells))]
+        ordered = [by_id[str(index)] for index in range(len(cells))]
         return {
-            self.text_column: [text for text, _ in rows],
-            self.error_column: [error for _, error in rows],
+            self.text_column: [row["text"] or "" for row in ordered],
+            self.error_column: [_error_text(row["error"]) for row in ordered],
         }
 
     def _requests(
         self, cells: Sequence[Any], prompts: Sequence[Any] | None, indices: Sequence[int] | None
-    ) -> tuple[list[Request], dict[str, tuple[str, str]]]:
-        """The batch's requests, by position as id, and ``(text, error)`` for unusable rows."""
+    ) -> list[Request]:
+        """The batch's requests, by position as id; an unusable row carries its error."""
         requests: list[Request] = []
-        failed: dict[str, tuple[str, str]] = {}
         for index, cell in enumerate(cells):
             label = f"row {indices[index]}" if indices is not None else f"batch row {index}"
             prompt = self.prompt if prompts is None else prompts[index]
@@ -123,27 +127,18 @@ class DatasetMap:
                     raise BadCell(f"{label}: {self.prompt_column!r} holds no prompt: {prompt!r}")
                 ref = media_ref(cell, self.modality, label)
             except BadCell as exc:
-                failed[str(index)] = ("", f"{exc.stage}: {exc}")
+                error = ItemError(exc.stage, str(exc), exc.kind)
+                requests.append(Request(str(index), "", error=error))
                 continue
             requests.append(Request(str(index), prompt, (ref,), self.system))
-        return requests, failed
+        return requests
 
-    def _run(self, requests: list[Request], rank: int | None) -> dict[str, tuple[str, str]]:
-        from mmbatch.media.loader import MediaLoader
-        from mmbatch.pipeline import run_job
-        from mmbatch.sinks import MemorySink
+    def _run(self, requests: list[Request], rank: int | None) -> list[dict[str, Any]]:
+        from mmbatch.jobs import Job, run_in_memory
 
-        engine = self._engine(rank)
-        sink = MemorySink()
-        run = RunConfig(window=len(requests), progress=False)
-        run_job(requests, engine, MediaLoader(self.image_options), sink, self.sampling, run)
-        return {
-            row["id"]: (
-                row["text"] or "",
-                f"{row['error']['stage']}: {row['error']['message']}" if row["error"] else "",
-            )
-            for row in sink.rows
-        }
+        job = Job(requests, self.sampling, MediaOptions(image=self.image_options))
+        rows, _ = run_in_memory(job, self._engine(rank))
+        return rows
 
     def _engine(self, rank: int | None) -> Engine:
         from mmbatch.engine.shared import shared_engine
@@ -168,6 +163,11 @@ class DatasetMap:
 
     def __repr__(self) -> str:
         return f"DatasetMap({self.engine_config.model!r}, fingerprint={self.fingerprint!r})"
+
+
+def _error_text(error: Any) -> str:
+    """An error column cell: ``stage: message``, or "" for a row that succeeded."""
+    return f"{error['stage']}: {error['message']}" if error else ""
 
 
 def _indices_and_rank(extra: Sequence[Any]) -> tuple[Sequence[int] | None, int | None]:

@@ -10,9 +10,14 @@ The flow on the cluster::
       -> media_group: each file's content key, in CPU tasks; only the key travels on
       -> groupby(media_group).map_groups(pack): one row per distinct picture, holding every
          request that uses it, so a picture's requests are never split across actor batches
-      -> map_batches(EngineReplica): one vLLM engine per actor running the local path's core
-         (loader, planner, engine through ``pipeline.run_job``), one row per request, checked
+      -> map_batches(EngineReplica): one vLLM engine per actor, each batch a ``Job`` run by
+         the local runner (``mmbatch.jobs.run_in_memory``), one row per item, checked
       -> Ray's writer (JSON lines or Parquet) -> one row per input id, checked on the driver.
+
+The driver keeps the local resume rules (``mmbatch.out.resume``): the job's fingerprint in
+``OUT.job.json`` (another job's folder is refused unless forced), ids already in the folder
+skipped, ``--retry-errors``, a file cut short set aside and redone, and the summary, the
+quarantine file and the exit code counted over the whole folder with the local counter.
 
 Why hash before the shuffle, and read the file again in the actor: the shuffle then moves a
 32-character key per row instead of the picture's bytes. The key decides placement only;
@@ -30,17 +35,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.config import DEFAULT_WINDOW, EngineConfig, ImageOptions, RunConfig
 from mmbatch.engine.base import Engine
+from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError, FatalEngineError
-from mmbatch.integrations.row_files import ROW_FORMATS, RowCounts, RowFormat, read_row_files
-from mmbatch.types import MediaRef, Request, Result, Sampling
+from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory
+from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.out.folders import ForeignFile, drop_rows, folder_format, read_folder
+from mmbatch.out.resume import check_same_job, job_record_path, write_record
+from mmbatch.out.rows import FLAT, RowShape, output_row
+from mmbatch.out.stats import JobStats, count_output, quarantine_path
+from mmbatch.out.summary import write_summary
+from mmbatch.types import ItemError, MediaRef, Request, Result, Sampling
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from ray.data import Dataset
 
-    from mmbatch.recipe import Recipe
+    from mmbatch.recipe.spec import Recipe
 
 INSTALL_HINT = "pip install 'mmbatch[ray]'"
 INPUT_COLUMNS = ("id", "path", "prompt", "system")
@@ -69,17 +80,38 @@ def import_ray() -> Any:
 
 @dataclass(frozen=True)
 class RayJob:
-    """What every replica needs to rebuild the local path's core: picklable settings only."""
+    """What every replica needs to make each of its batches a ``Job``: settings only."""
 
     engine: EngineConfig
     sampling: Sampling = field(default_factory=Sampling)
-    image_options: ImageOptions = field(default_factory=ImageOptions)
+    media: MediaOptions = field(default_factory=MediaOptions)
     prompt: str | None = None
     """The prompt of rows whose ``prompt`` is missing or null."""
-    window: int = DEFAULT_WINDOW
     recipe: Recipe | None = None
     """A recipe job (``mmbatch run``): each input row is an item, asked every question of
     the recipe, with its sampling and [media] options; its row holds every answer."""
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    """What makes two runs the same job; kept in the folder's job record."""
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """What the summary records about the job."""
+
+    @property
+    def shape(self) -> RowShape:
+        if self.recipe is None:
+            return FLAT
+        from mmbatch.recipe.requests import recipe_shape
+
+        return recipe_shape(self.recipe)
+
+    def batch_job(self, items: Sequence[Request]) -> Job:
+        """The job of one batch of items."""
+        if self.recipe is None:
+            return Job(items, self.sampling, self.media)
+        from mmbatch.recipe.requests import item_requests, recipe_media
+
+        recipe = self.recipe
+        requests = item_requests(items, recipe)
+        return Job(requests, recipe.sampling, recipe_media(recipe), self.shape)
 
 
 @dataclass(frozen=True)
@@ -112,52 +144,6 @@ class RayResources:
         return float(
             int(kwargs.get("tensor_parallel_size", 1))
             * int(kwargs.get("pipeline_parallel_size", 1))
-        )
-
-
-@dataclass(frozen=True)
-class RayReport:
-    """What a run did, counted from the rows on disk (this run's and earlier ones')."""
-
-    out: Path
-    inputs: int
-    resumed: int
-    """Input ids whose rows were already on disk and were skipped."""
-    rows: RowCounts
-    wall_seconds: float
-
-    @property
-    def failed(self) -> int:
-        return self.rows.failed
-
-    def to_dict(self) -> dict[str, object]:
-        """The summary's numbers, named as the local path's ``JobStats.to_dict`` names them."""
-        rows = self.rows
-        return {
-            "total": self.inputs,
-            "ok": rows.ok,
-            "failed": rows.failed,
-            "failed_by_stage": dict(rows.failed_by_stage),
-            "prompt_tokens": rows.prompt_tokens,
-            "output_tokens": rows.output_tokens,
-            "resumed": self.resumed,
-            "wall_seconds": round(self.wall_seconds, 3),
-        }
-
-    def summary(self) -> str:
-        rows = self.rows
-        failed = ", ".join(f"{n} at {s}" for s, n in sorted(rows.failed_by_stage.items()))
-        wall = self.wall_seconds
-        made = self.inputs - self.resumed
-        return "\n".join(
-            [
-                f"{rows.rows} of {self.inputs} items: {rows.ok} ok, {rows.failed} failed"
-                + (f" ({failed})" if failed else ""),
-                f"this run: {made} items in {wall:.1f} s"
-                + (f" ({made / wall:.2f} items/s)" if wall > 0 and made else "")
-                + (f"; {self.resumed} already done, skipped" if self.resumed else ""),
-                f"tokens (all rows): {rows.prompt_tokens} prompt, {rows.output_tokens} output",
-            ]
         )
 
 
@@ -201,7 +187,7 @@ def caption_dataset(
     if skip:
         ds = ds.map_batches(_drop_ids, fn_kwargs={"skip": skip}, batch_format="pyarrow")
     partitions = resources.shuffle_partitions or 4 * resources.replicas
-    packed = media_groups(ds, job.image_options, partitions)
+    packed = media_groups(ds, job.media.image, partitions)
     return packed.map_batches(
         EngineReplica,
         fn_constructor_args=(job,),
@@ -230,132 +216,134 @@ def media_groups(ds: Dataset, options: ImageOptions, partitions: int) -> Dataset
 
 
 def run_on_ray(
-    ds: Dataset,
-    job: RayJob,
-    resources: RayResources,
-    out: str | Path,
-    fmt: RowFormat = "jsonl",
-    resume: bool = True,
-) -> RayReport:
-    """Caption the rows of ``ds`` into ``out`` (a folder of ``fmt`` files), skipping ids
-    already there when ``resume``; check that every input id has exactly one row."""
+    ds: Dataset, job: RayJob, resources: RayResources, out: FileOutput | str | Path
+) -> JobReport:
+    """Caption the rows of ``ds`` into the folder ``out`` (of JSON-lines or Parquet files),
+    skipping ids already there (the local resume rules), and check that every input id ends
+    with exactly one row."""
     ray = import_ray()
-    if fmt not in ROW_FORMATS:
-        raise ConfigError(f"output format must be one of {ROW_FORMATS}, got {fmt!r}")
-    if job.recipe is not None and fmt != "jsonl":
-        raise ConfigError(
-            "on Ray a recipe's rows are written as jsonl (their shape follows the recipe)"
-        )
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; on Ray the output is a folder of {fmt} files")
-    if not resume and out.exists() and any(out.iterdir()):
-        raise ConfigError(f"{out} is not empty; resume there, or name a new folder")
+    out = out if isinstance(out, FileOutput) else FileOutput(Path(out))
+    _check_output(out, job)
     _check_resources(ray, resources.num_gpus(job.engine))
     started = time.perf_counter()
     inputs = _input_ids(ds, job)
-    before = _read_out(out, fmt)
-    done = inputs & before.ids.keys()
+    shape = job.shape
+    done = _resume(out, job, inputs)
     if len(done) < len(inputs):
         rows = caption_dataset(ds, job, resources, skip_ids=done)
         try:
-            if fmt == "parquet":
-                rows.write_parquet(str(out))
+            if out.format == "parquet":
+                rows.write_parquet(str(out.path))
             else:
-                rows.write_json(str(out), force_ascii=False)
+                rows.write_json(str(out.path), force_ascii=False)
         except ray.exceptions.RayError as exc:
             raise FatalEngineError(
-                f"the Ray job failed: {exc}; rows finished so far are in {out}, and running "
-                "the same command again resumes there"
+                f"the Ray job failed: {exc}; rows finished so far are in {out.path}, and "
+                "running the same command again resumes there"
             ) from exc
-    after = _read_out(out, fmt)
-    _check_one_row_per_input(inputs, after)
-    return RayReport(out, len(inputs), len(done), after, time.perf_counter() - started)
+    rows_by_id = _check_one_row_per_input(inputs, _read(out, shape), shape)
+    made = inputs - done
+    run = JobStats(total=len(made), started=started)
+    for item_id in sorted(made):
+        run.record(shape.outcome(rows_by_id[item_id]))
+    run.finished = time.perf_counter()
+    tally = count_output(rows_by_id.values(), shape, inputs, quarantine_path(out.path))
+    whole = (
+        run.to_dict()
+        | tally.counts()
+        | {
+            "total": len(inputs),
+            "rows_from_earlier_runs": len(done),
+        }
+    )
+    info = {**job.info, "output_format": out.format}
+    summary = write_summary(out.path, whole, info)
+    return JobReport(out.path, len(inputs), len(done), run, tally, summary)
+
+
+def _check_output(out: FileOutput, job: RayJob) -> None:
+    folder_format(out.format)
+    if job.recipe is not None and out.format != "jsonl":
+        raise ConfigError(
+            "on Ray a recipe's rows are written as jsonl (their shape follows the recipe)"
+        )
+    if out.path.exists() and not out.path.is_dir():
+        raise ConfigError(
+            f"--out {out.path} is a file; on Ray the output is a folder of {out.format} files"
+        )
+
+
+def _resume(out: FileOutput, job: RayJob, inputs: set[str]) -> set[str]:
+    """The input ids whose rows are already in the folder (after ``retry_errors`` dropped
+    the error rows), with the job record checked and written: the local resume rules."""
+    record = job_record_path(out.path)
+    shape = job.shape
+    before = {shape.row_id(row) for row in _read(out, shape)}
+    if before and not out.force:
+        check_same_job(out.path, record, job.fingerprint)
+    if before and out.retry_errors:
+        dropped = drop_rows(out.path, folder_format(out.format), shape, inputs)
+        if dropped:
+            print(f"mmbatch: {dropped} error rows removed to be retried", file=sys.stderr)
+        before = {shape.row_id(row) for row in _read(out, shape)}
+    write_record(record, job.fingerprint)
+    done = inputs & before
+    if done:
+        print(
+            f"mmbatch: resuming {out.path}: {len(done)} items already have a row; "
+            f"{len(inputs) - len(done)} items to do",
+            file=sys.stderr,
+        )
+    return done
 
 
 class EngineReplica:
-    """One Ray actor: one engine, and the local path's core run over each batch of groups.
+    """One Ray actor: one engine, and each batch of groups run as a ``Job`` on it.
 
-    The loader (and its decoded-media store) and the engine live as long as the actor, so a
-    picture seen in an earlier batch is neither decoded nor encoded again.
+    The engine and the decoded-media store live as long as the actor, so a picture seen in
+    an earlier batch is neither decoded nor encoded again.
     """
 
     def __init__(self, job: RayJob, engine: Engine | None = None) -> None:
         """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process."""
-        from mmbatch.media.loader import MediaLoader
+        from mmbatch.media.store import MediaStore
 
-        recipe = job.recipe
         if engine is None:
             from mmbatch.engine.vllm import VLLMEngine
 
-            engine = VLLMEngine(job.engine, {recipe.media.kind if recipe else "image": 1})
+            kind = job.recipe.media.kind if job.recipe else "image"
+            engine = VLLMEngine(job.engine, {kind: 1})
         self.job = job
         self.engine = engine
-        if recipe is None:
-            self.loader = MediaLoader(job.image_options)
-        else:
-            from mmbatch.recipe_job import recipe_loader
-
-            self.loader = recipe_loader(recipe)
+        self.store = MediaStore()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         import pyarrow as pa
 
-        from mmbatch.pipeline import run_job
-        from mmbatch.sinks import MemorySink, output_row
-
         items = _unpack_groups(batch, self.job.prompt)
-        sink = MemorySink()
-        runnable = []
-        for item in items:
-            if item.prompt:
-                runnable.append(item)
-            else:
-                failure = Result.failure(item.id, "source", "the row has no prompt")
-                sink.write(output_row(item, (), failure))
-        run = RunConfig(window=self.job.window, progress=False)
-        recipe = self.job.recipe
-        if recipe is None:
-            run_job(runnable, self.engine, self.loader, sink, self.job.sampling, run)
-        else:
-            from mmbatch.recipe_job import item_requests, recipe_rows
-
-            requests = item_requests(runnable, recipe)
-            rows = recipe_rows(recipe, requests)
-            run_job(requests, self.engine, self.loader, sink, recipe.sampling, run, rows)
-        written = sorted(str(row["id"]) for row in sink.rows)
+        rows, _ = run_in_memory(self.job.batch_job(items), self.engine, store=self.store)
+        written = sorted(str(row["id"]) for row in rows)
         if written != sorted(item.id for item in items):
             raise RuntimeError(
                 f"bug: a batch of {len(items)} items gave {len(written)} rows "
                 "that do not match its ids one to one"
             )
-        if recipe is not None:
+        if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
-            return pa.Table.from_pylist(sink.rows)
-        return pa.Table.from_pylist(sink.rows, schema=_output_schema())
+            return pa.Table.from_pylist(rows)
+        return pa.Table.from_pylist(rows, schema=_flat_schema())
 
 
-def _output_schema() -> pa.Schema:
-    """The rows of ``sinks.output_row`` for one-picture requests, as Arrow types (fixed, so
-    that every batch and every file agree, failed or not)."""
+def _flat_schema() -> pa.Schema:
+    """The Arrow types of a flat row for a one-picture request, read off ``output_row``
+    itself (a row that succeeded and one that failed), so that every batch and every file
+    agree, whatever their rows hold."""
     import pyarrow as pa
 
-    # The fields of ItemError.to_dict, in its order.
-    error = pa.struct([("stage", pa.string()), ("kind", pa.string()), ("message", pa.string())])
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("source", pa.string()),
-            ("media_hash", pa.string()),
-            ("prompt", pa.string()),
-            ("text", pa.string()),
-            ("finish_reason", pa.string()),
-            ("prompt_tokens", pa.int64()),
-            ("output_tokens", pa.int64()),
-            ("cached_tokens", pa.int64()),
-            ("error", error),
-        ]
-    )
+    request = Request("id", "prompt", (MediaRef("image", "source"),))
+    ok = output_row(request, ("key",), Result("id", "text", "stop"))
+    failed = output_row(request, ("key",), Result.failure("id", "load", "message", "unreadable"))
+    return pa.Table.from_pylist([ok, failed]).schema
 
 
 def _drop_ids(batch: pa.Table, skip: list[str]) -> pa.Table:
@@ -407,12 +395,14 @@ def _unpack_groups(batch: pa.Table, default_prompt: str | None) -> list[Request]
     for g in range(batch.num_rows):
         ids, paths, prompts, systems = (columns[name][g] for name in INPUT_COLUMNS)
         for item_id, path, prompt, system in zip(ids, paths, prompts, systems, strict=True):
+            text = prompt if prompt is not None else default_prompt or ""
             requests.append(
                 Request(
                     id=item_id,
-                    prompt=prompt if prompt is not None else default_prompt or "",
+                    prompt=text,
                     media=(MediaRef("image", path or ""),),
                     system=system,
+                    error=None if text else ItemError("source", "the row has no prompt"),
                 )
             )
     return requests
@@ -447,10 +437,10 @@ def _input_ids(ds: Dataset, job: RayJob) -> set[str]:
     return seen
 
 
-def _read_out(out: Path, fmt: RowFormat) -> RowCounts:
+def _read(out: FileOutput, shape: RowShape) -> list[dict[str, Any]]:
     try:
-        return read_row_files(out, fmt)
-    except ValueError as exc:
+        return list(read_folder(out.path, folder_format(out.format), shape))
+    except ForeignFile as exc:
         raise ConfigError(str(exc)) from None
 
 
@@ -467,14 +457,24 @@ def _check_resources(ray: Any, gpus: float) -> None:
         )
 
 
-def _check_one_row_per_input(inputs: set[str], rows: RowCounts) -> None:
-    repeated = sorted(i for i, n in rows.ids.items() if n > 1)
-    missing = sorted(inputs - rows.ids.keys())
+def _check_one_row_per_input(
+    inputs: set[str], rows: list[dict[str, Any]], shape: RowShape
+) -> dict[str, dict[str, Any]]:
+    """The rows by item id, after checking that each input has exactly one."""
+    by_id: dict[str, dict[str, Any]] = {}
+    repeated = set()
+    for row in rows:
+        item_id = shape.row_id(row)
+        if item_id in by_id:
+            repeated.add(item_id)
+        by_id[item_id] = row
+    missing = sorted(inputs - by_id.keys())
     if repeated or missing:
         raise RuntimeError(
             f"bug: the output is not one row per input: {len(missing)} ids have no row "
-            f"(e.g. {missing[:3]}), {len(repeated)} have several (e.g. {repeated[:3]})"
+            f"(e.g. {missing[:3]}), {len(repeated)} have several (e.g. {sorted(repeated)[:3]})"
         )
+    return by_id
 
 
 def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.config import AudioOptions
 from mmbatch.errors import MediaError
 from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
+from mmbatch.media.options import AudioOptions
 from mmbatch.types import TimeSpan
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmbatch.config import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.errors import MediaError
+from mmbatch.media.options import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.media.video import VideoIndex
 from mmbatch.types import FrameAt, MediaItem, TimeSpan
 
@@ -129,19 +129,19 @@ def clip_item(key: str, source: str, index: VideoIndex, options: VideoOptions) -
 
 def audio_token(span: TimeSpan | None, options: AudioOptions) -> str:
     window = None if span is None else [round(span.start, 6), round(span.end, 6)]
-    return json.dumps({"sample_rate": options.sample_rate, "span": window}, sort_keys=True)
+    return json.dumps({"sample_rate": options.rate, "span": window}, sort_keys=True)
 
 
 def audio_item(key: str, source: str, span: TimeSpan | None, options: AudioOptions) -> MediaItem:
     """``source`` (or its ``span``) as mono float32 at the model's rate, vLLM's audio form."""
     from mmbatch.media.audio import decode_audio
 
-    samples = decode_audio(source, options.sample_rate, span)
+    samples = decode_audio(source, options.rate, span)
     if samples.size == 0:
         raise MediaError("the audio window holds no samples")
     meta: dict[str, Any] = {
         "samples": int(samples.size),
-        "seconds": samples.size / options.sample_rate,
+        "seconds": samples.size / options.rate,
         "nbytes": samples.nbytes,
     }
-    return MediaItem("audio", key, (samples, options.sample_rate), meta)
+    return MediaItem("audio", key, (samples, options.rate), meta)

@@ -20,8 +20,8 @@ import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from mmbatch.config import ImageOptions
 from mmbatch.errors import MediaError
+from mmbatch.media.options import ImageOptions
 
 
 def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image:
@@ -33,13 +33,7 @@ def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image
             # We enforce our own pixel cap below; Pillow's warning would only duplicate it.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             opened = Image.open(io.BytesIO(data))
-            width, height = opened.size
-            if width * height > options.max_source_pixels:
-                raise MediaError(
-                    f"image is {width}x{height} = {width * height} pixels, over the cap of "
-                    f"{options.max_source_pixels} (raise max_source_pixels if this is intended)",
-                    kind="too_large",
-                )
+            _check_size(*opened.size, options)
             opened.load()
             image = ImageOps.exif_transpose(opened)
     except MediaError:
@@ -81,13 +75,7 @@ def canonical_image_bytes(image: Image.Image) -> bytes:
 def prepare_decoded(image: Image.Image, options: ImageOptions) -> Image.Image:
     """An already decoded picture, made what ``decode_image`` would return: capped, RGB,
     resized. The caller's image is never modified."""
-    width, height = image.size
-    if width * height > options.max_source_pixels:
-        raise MediaError(
-            f"image is {width}x{height} = {width * height} pixels, over the cap of "
-            f"{options.max_source_pixels} (raise max_source_pixels if this is intended)",
-            kind="too_large",
-        )
+    _check_size(*image.size, options)
     rgb = _to_rgb(image)
     if options.max_pixels is not None:
         rgb = _limit_pixels(rgb, options.max_pixels)
@@ -118,3 +106,13 @@ def _limit_pixels(image: Image.Image, max_pixels: int) -> Image.Image:
     scale = (max_pixels / (width * height)) ** 0.5
     size = (max(1, int(width * scale)), max(1, int(height * scale)))
     return image.resize(size, Image.Resampling.BICUBIC)
+
+
+def _check_size(width: int, height: int, options: ImageOptions) -> None:
+    """Refuse a picture over ``max_source_pixels`` (from its header, before decoding)."""
+    if width * height > options.max_source_pixels:
+        raise MediaError(
+            f"image is {width}x{height} = {width * height} pixels, over the cap of "
+            f"{options.max_source_pixels} (raise max_source_pixels if this is intended)",
+            kind="too_large",
+        )

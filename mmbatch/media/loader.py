@@ -13,9 +13,12 @@ Media already in memory (``MediaRef.data`` bytes, or an already decoded ``MediaR
 take the image path minus the file read: hashed once, decoded (or, for a decoded picture,
 prepared) once per distinct key.
 
-With a ``PromptBudget``, a clip that would not fit the model is shrunk before it is decoded
-(within the bounds the options allow), and every request is measured after decoding; one
-that is still over the budget becomes an error row instead of reaching the engine.
+With the model's ``PromptLimits``, a clip that would not fit the model is shrunk before it
+is decoded (within the bounds the options allow), and every request is measured after
+decoding; one that is still over becomes an error row instead of reaching the engine.
+
+A request that its source already found unusable (``Request.error``) is not loaded: its
+error is its result.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mmbatch.config import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.errors import ItemFailure, MediaError
 from mmbatch.media import av_items
-from mmbatch.media.fetch import UrlPolicy, read_source
+from mmbatch.media.fetch import read_source
 from mmbatch.media.hashing import file_digest, media_key
 from mmbatch.media.image import canonical_image_bytes
+from mmbatch.media.limits import PromptLimits
+from mmbatch.media.options import MediaOptions
 from mmbatch.media.store import MediaStore
 from mmbatch.types import (
     FrameAt,
@@ -41,11 +45,9 @@ from mmbatch.types import (
     Request,
     Result,
     TimeSpan,
-    Unreadable,
 )
 
 if TYPE_CHECKING:
-    from mmbatch.budget import PromptBudget
     from mmbatch.media.video import VideoIndex
 
 
@@ -64,24 +66,19 @@ class MediaLoader:
 
     def __init__(
         self,
-        image_options: ImageOptions,
+        options: MediaOptions | None = None,
+        limits: PromptLimits | None = None,
         store: MediaStore | None = None,
-        urls: UrlPolicy | None = None,
-        *,
-        video_options: VideoOptions | None = None,
-        audio_options: AudioOptions | None = None,
-        budget: PromptBudget | None = None,
-        frame_dir: str | Path | None = None,
     ) -> None:
-        self.image_options = image_options
+        options = options or MediaOptions()
+        self.image_options = options.image
+        self.video_options = options.video
+        # Audio reaches vLLM at the model's own rate (vLLM's resampler cannot load here).
+        self.audio_options = options.audio.at_model_rate(limits.audio_rate if limits else None)
+        self.urls = options.urls
+        self.limits = limits
         self.store = store if store is not None else MediaStore()
-        self.urls = urls
-        """Fetch http(s) sources within these limits; None refuses URLs (error rows)."""
-        self.video_options = video_options or VideoOptions()
-        self.audio_options = audio_options or AudioOptions()
-        self.budget = budget
-        self.frame_dir = Path(frame_dir) if frame_dir is not None else None
-        """Where decoded video frames are also written as JPEG (``--save-frames``)."""
+        self.frame_dir = Path(options.frame_dir) if options.frame_dir is not None else None
         if self.frame_dir is not None:
             self.frame_dir.mkdir(parents=True, exist_ok=True)
 
@@ -89,6 +86,9 @@ class MediaLoader:
         window = LoadedWindow()
         plan = _WindowPlan(self, window)
         for request in requests:
+            if request.error is not None:
+                window.failures.append(Result(request.id, error=request.error))
+                continue
             try:
                 keys = tuple(plan.key(ref, request) for ref in request.media)
             except ItemFailure as exc:
@@ -114,8 +114,8 @@ class MediaLoader:
             try:
                 if bad is not None:
                     raise decode_errors[bad]
-                if self.budget is not None:
-                    self.budget.check(loaded.request, [window.media[k] for k in loaded.media_keys])
+                if self.limits is not None:
+                    self.limits.check(loaded.request, [window.media[k] for k in loaded.media_keys])
             except ItemFailure as exc:
                 window.failures.append(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
                 continue
@@ -140,8 +140,6 @@ class _WindowPlan:
 
     def key(self, ref: MediaRef, request: Request) -> str:
         """The media key of ``ref``, registering its decoder; ``ItemFailure`` if unusable."""
-        if isinstance(ref.part, Unreadable):
-            raise MediaError(ref.part.message, ref.part.stage, ref.part.kind)
         if ref.data is not None or ref.image is not None:
             if ref.modality != "image" or ref.part is not None:
                 raise MediaError(
@@ -238,8 +236,8 @@ class _WindowPlan:
         digest = self._digest(source)
         index = self._index(source)
         options = self.loader.video_options
-        if self.loader.budget is not None:
-            options = self.loader.budget.fit_clip(request, index, options)
+        if self.loader.limits is not None:
+            options = self.loader.limits.fit_clip(request, index, options)
         key = media_key("video", digest, options.cache_token())
         self.decoders.setdefault(key, partial(av_items.clip_item, key, source, index, options))
         return key

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.config import VideoOptions
 from mmbatch.errors import MediaError
 from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
+from mmbatch.media.options import VideoOptions
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,0 +1,262 @@
+"""The options every job command shares, declared once, and what they turn into.
+
+``add_*`` declare a group of flags; ``*_from(args)`` turn the parsed flags into mmbatch's own
+settings. Nothing heavy is imported at module level (``mmbatch --help`` stays instant):
+each builder imports what it makes when it is called.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+if TYPE_CHECKING:
+    from mmbatch.engine.base import Engine
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.jobs import FileOutput, Job
+    from mmbatch.media.fetch import UrlPolicy
+    from mmbatch.media.options import AudioOptions, VideoOptions
+    from mmbatch.pipeline import RunConfig
+    from mmbatch.sources.files import SourcePolicy
+    from mmbatch.types import Sampling
+
+EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
+
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""What each command module's ``register`` adds its parser to."""
+
+
+def add_prompt_options(parser: argparse.ArgumentParser, default: str, item: str) -> None:
+    """--prompt, --system and --max-pixels: what is asked of each ``item``, and how large
+    its pictures may be."""
+    parser.add_argument("--prompt", default=default, help=f"the question for each {item}")
+    parser.add_argument("--system", default=None, help="system prompt (default: the model's)")
+    parser.add_argument(
+        "--max-pixels", type=int, default=None, help=f"downscale each {item} to at most this"
+    )
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """--model, --out, sampling and engine options, the same for every job command."""
+    parser.add_argument("--model", required=True, help="local model directory or hub name")
+    add_output_options(parser)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    add_engine_options(parser)
+
+
+def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) -> None:
+    """--out (and --out-format), and how a rerun treats the rows already there."""
+    if formats:
+        parser.add_argument(
+            "--out",
+            required=True,
+            help="output: a JSONL file, a .parquet file, or a datasets folder (--out-format)",
+        )
+        parser.add_argument(
+            "--out-format",
+            choices=("jsonl", "parquet", "datasets"),
+            default=None,
+            help="default: parquet for a .parquet --out, else jsonl; datasets = save_to_disk "
+            "folder",
+        )
+    else:
+        parser.add_argument("--out", required=True, help="the output .jsonl")
+    resume = parser.add_argument_group(
+        "resuming", "rerun the same command with the same --out to continue a stopped job"
+    )
+    resume.add_argument(
+        "--retry-errors", action="store_true", help="redo the items whose row is an error"
+    )
+    resume.add_argument(
+        "--force",
+        action="store_true",
+        help="append to an --out written with other settings (model, prompt, sampling, decode)",
+    )
+
+
+def add_engine_options(
+    parser: argparse.ArgumentParser,
+    engine_help: str = "passed to vllm.LLM untouched (VALUE parsed as JSON when it is JSON)",
+) -> None:
+    """--engine-arg, --window and --no-progress: how any job command drives the engine."""
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"{engine_help}; repeatable",
+    )
+    parser.add_argument("--window", type=int, default=None, help="requests prepared together")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="let the model repository run its own Python code (off by default)",
+    )
+
+
+def add_input_options(parser: argparse.ArgumentParser) -> None:
+    """What inputs may point at: the manifest root and URLs."""
+    from mmbatch.media.fetch import DEFAULT_URL_MAX_BYTES, DEFAULT_URL_TIMEOUT_S
+
+    group = parser.add_argument_group("input safety")
+    group.add_argument(
+        "--input-root",
+        default=None,
+        metavar="DIR",
+        help="manifest paths must resolve inside DIR (default: the manifest's folder)",
+    )
+    group.add_argument(
+        "--allow-outside-root", action="store_true", help="let manifest paths leave the root"
+    )
+    group.add_argument("--allow-urls", action="store_true", help="fetch http(s) inputs")
+    group.add_argument(
+        "--url-max-bytes",
+        type=int,
+        default=DEFAULT_URL_MAX_BYTES,
+        help="largest download per URL (default %(default)s)",
+    )
+    group.add_argument(
+        "--url-timeout",
+        type=float,
+        default=DEFAULT_URL_TIMEOUT_S,
+        help="seconds allowed per URL (default %(default)s)",
+    )
+
+
+def add_video_options(parser: argparse.ArgumentParser, *, sampling_required: bool) -> None:
+    """How frames are sampled: one of --fps, --num-frames, --keyframes, --timestamps."""
+    group = parser.add_argument_group("video sampling")
+    how = group.add_mutually_exclusive_group(required=sampling_required)
+    how.add_argument("--fps", type=float, help="frames per second of video")
+    how.add_argument("--num-frames", type=int, help="this many frames, spread evenly")
+    how.add_argument("--keyframes", action="store_true", help="every key frame")
+    how.add_argument(
+        "--timestamps", help="frames shown at these times, in seconds (comma-separated)"
+    )
+    group.add_argument(
+        "--max-frames", type=int, default=None, help="cap on the frames taken from one video"
+    )
+    group.add_argument(
+        "--min-frames",
+        type=int,
+        default=None,
+        help="a clip too long for the model may be cut down to this many frames",
+    )
+    group.add_argument(
+        "--min-pixels",
+        type=int,
+        default=None,
+        help="a clip too large for the model may have its frames shrunk down to this many pixels",
+    )
+
+
+def add_audio_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("audio")
+    group.add_argument(
+        "--sample-rate", type=int, default=None, help="resample to this (default: the model's)"
+    )
+    group.add_argument(
+        "--audio-window", type=float, default=30.0, help="seconds per window of long audio"
+    )
+    group.add_argument(
+        "--audio-overlap", type=float, default=0.0, help="seconds shared by adjacent windows"
+    )
+
+
+def source_policy_from(args: argparse.Namespace) -> SourcePolicy:
+    from mmbatch.sources.files import SourcePolicy
+
+    return SourcePolicy(args.input_root, args.allow_outside_root, args.allow_urls)
+
+
+def url_policy_from(args: argparse.Namespace) -> UrlPolicy | None:
+    from mmbatch.media.fetch import UrlPolicy
+
+    return UrlPolicy(args.url_max_bytes, args.url_timeout) if args.allow_urls else None
+
+
+def sampling_from(args: argparse.Namespace) -> Sampling:
+    from mmbatch.types import Sampling
+
+    return Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+
+
+def run_config_from(args: argparse.Namespace) -> RunConfig:
+    from mmbatch.pipeline import RunConfig
+
+    window = {"window": args.window} if args.window else {}
+    return RunConfig(progress=not args.no_progress, **window)
+
+
+def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The --engine-arg pairs, with --trust-remote-code when it was given."""
+    from mmbatch.engine.config import parse_engine_args
+
+    engine_args = parse_engine_args(args.engine_arg)
+    if args.trust_remote_code:
+        engine_args["trust_remote_code"] = True
+    return engine_args
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    from mmbatch.engine.config import EngineConfig
+
+    return EngineConfig(args.model, engine_args_from(args))
+
+
+def video_options_from(args: argparse.Namespace) -> VideoOptions:
+    from mmbatch.errors import ConfigError
+    from mmbatch.media.options import DEFAULT_MAX_FRAMES, VideoOptions
+
+    common: dict[str, Any] = {
+        "max_frames": args.max_frames or DEFAULT_MAX_FRAMES,
+        "max_pixels": args.max_pixels,
+        "min_frames": args.min_frames,
+        "min_pixels": args.min_pixels,
+    }
+    if args.fps is not None:
+        return VideoOptions(sampling="fps", fps=args.fps, **common)
+    if args.keyframes:
+        return VideoOptions(sampling="keyframes", **common)
+    if args.timestamps:
+        try:
+            times = tuple(float(t) for t in args.timestamps.split(",") if t.strip())
+        except ValueError:
+            raise ConfigError(f"--timestamps {args.timestamps!r}: not numbers") from None
+        return VideoOptions(sampling="timestamps", timestamps=times, **common)
+    if args.num_frames is not None:
+        return VideoOptions(sampling="num_frames", num_frames=args.num_frames, **common)
+    return VideoOptions(**common)
+
+
+def audio_options_from(args: argparse.Namespace) -> AudioOptions:
+    """The audio flags; without --sample-rate, the model's own rate is used."""
+    from mmbatch.media.options import AudioOptions
+
+    return AudioOptions(args.sample_rate, args.audio_window, args.audio_overlap)
+
+
+def file_output_from(args: argparse.Namespace) -> FileOutput:
+    from mmbatch.jobs import FileOutput
+
+    return FileOutput.at(
+        args.out,
+        getattr(args, "out_format", None),
+        retry_errors=args.retry_errors,
+        force=args.force,
+    )
+
+
+def run_to_file(job: Job, engine: Engine | EngineConfig, args: argparse.Namespace) -> int:
+    """Run ``job`` into ``--out`` (resuming there), print the summary, return the exit code:
+    0 when every row of the output is ok, 1 when any is an error."""
+    from mmbatch.jobs import run_job
+
+    report = run_job(job, engine, file_output_from(args), run_config_from(args))
+    for line in report.lines():
+        print(line, file=sys.stderr)
+    return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED

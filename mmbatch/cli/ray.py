@@ -1,0 +1,122 @@
+"""``--ray``: run a job command's items on a Ray cluster instead of in this process.
+
+The options are declared here so that every job command offers the same ones; ray itself
+is imported only when ``--ray`` is given, and its absence is a one-line error with the
+install hint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mmbatch.cli.options import EXIT_ITEMS_FAILED, EXIT_OK
+
+if TYPE_CHECKING:
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.jobs import Job
+    from mmbatch.recipe.spec import Recipe
+    from mmbatch.types import Request
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Ray", "run on a Ray cluster (needs mmbatch[ray]); --out is then a folder"
+    )
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run on Ray: the cluster at ADDRESS (e.g. auto, ray://head:10001), or without "
+        "ADDRESS Ray's default (a running local cluster, else a new one); put it after INPUT",
+    )
+    group.add_argument("--replicas", type=int, default=1, help="engines, one per Ray actor")
+    group.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        default=None,
+        help="GPUs per engine (default: tensor_parallel_size; 0 on vLLM's CPU build)",
+    )
+    group.add_argument(
+        "--ray-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="distinct pictures per actor batch (every request of each goes with it)",
+    )
+
+
+def run(
+    args: argparse.Namespace, job: Job, engine: EngineConfig, recipe: Recipe | None = None
+) -> int:
+    """Run ``job`` on Ray into the folder ``args.out`` (resuming there), one input row per
+    item: a picture to caption, or a recipe's item, whose questions its replica asks."""
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations import ray_data
+    from mmbatch.jobs import FileOutput
+    from mmbatch.out.folders import FOLDER_FORMATS
+
+    try:
+        ray_data.import_ray()
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from exc
+    items = _one_row_per_item(job.requests)
+    _check_items(items)
+    out_format = getattr(args, "out_format", None) or "jsonl"
+    if out_format not in FOLDER_FORMATS:
+        raise ConfigError(f"on Ray, --out-format is one of {FOLDER_FORMATS}")
+    ray_job = ray_data.RayJob(
+        engine,
+        job.sampling,
+        job.media,
+        prompt=recipe.questions[0].text if recipe is not None else None,
+        recipe=recipe,
+        fingerprint=job.fingerprint,
+        info={**job.info, "ray": {"address": args.ray, "replicas": args.replicas}},
+    )
+    batch = {"batch_groups": args.ray_batch} if args.ray_batch else {}
+    resources = ray_data.RayResources(
+        replicas=args.replicas,
+        gpus_per_replica=args.gpus_per_replica,
+        env=ray_data.forwarded_env(),
+        **batch,
+    )
+    out = FileOutput(Path(args.out), out_format, args.retry_errors, args.force)
+    ray_data.connect(args.ray)
+    report = ray_data.run_on_ray(ray_data.requests_dataset(items), ray_job, resources, out)
+    for line in report.lines():
+        print(line, file=sys.stderr)
+    return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED
+
+
+def _one_row_per_item(requests: Sequence[Request]) -> list[Request]:
+    """The first request of each item, named by the item: a recipe's replica asks the
+    item's other questions itself."""
+    first: dict[str, Request] = {}
+    for request in requests:
+        first.setdefault(request.row_id, request)
+    return [replace(r, id=r.row_id, item_id=None, output=None) for r in first.values()]
+
+
+def _check_items(items: list[Request]) -> None:
+    from mmbatch.errors import ConfigError
+
+    for item in items:
+        if item.error is not None:
+            raise ConfigError(
+                f"{item.id!r}: {item.error.message} (on Ray, every input must be "
+                "an image file that every node can read)"
+            )
+        if len(item.media) != 1:
+            raise ConfigError(f"{item.id!r} has {len(item.media)} pictures; on Ray an item has one")
+        ref = item.media[0]
+        if ref.data is not None or ref.image is not None or ref.modality != "image" or ref.part:
+            raise ConfigError(
+                "--ray runs image files only; run local datasets, video and audio without --ray"
+            )

@@ -1,1 +1,0 @@
-"""Small self-contained fixes for the environments mmbatch runs in."""

@@ -1,0 +1,69 @@
+"""Which model to run and how: the settings of the engine, validated where they are made.
+
+``EngineConfig.engine_kwargs`` is handed to ``vllm.LLM`` untouched: mmbatch does not
+re-declare vLLM's options, it only fills in a few defaults the job needs (metrics on,
+encoder data-parallel mode under tensor parallelism) that the user can still override.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmbatch.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Which model to run and the keyword arguments for ``vllm.LLM``."""
+
+    model: str
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ConfigError("a model is required (a local directory or a hub name)")
+        if "model" in self.engine_kwargs:
+            raise ConfigError("pass the model as EngineConfig.model, not as an engine argument")
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """Arguments for ``vllm.LLM``: the user's, over the few defaults mmbatch relies on."""
+        kwargs: dict[str, Any] = {
+            # The summary's cache hit rates come from llm.get_metrics(), which needs stats on.
+            "disable_log_stats": False,
+            "enable_prefix_caching": True,
+            # Bigger scheduler steps: more image prefills per step (measured on an H200,
+            # mmbatch/bench/results/); the user's value wins.
+            "max_num_batched_tokens": 32768,
+            # A model repository's own Python runs only when the user asks for it
+            # (--trust-remote-code): a hub name is not a reason to execute its code.
+            "trust_remote_code": False,
+        }
+        if int(self.engine_kwargs.get("tensor_parallel_size", 1)) > 1:
+            # Shard the vision encoder by data, not weights: it is small, and all-reduces
+            # across GPUs cost more than they save for it.
+            kwargs["mm_encoder_tp_mode"] = "data"
+        kwargs.update(self.engine_kwargs)
+        kwargs["model"] = self.model
+        return kwargs
+
+
+def parse_engine_args(pairs: Iterable[str]) -> dict[str, Any]:
+    """Parse ``KEY=VALUE`` pairs from the command line; values are JSON when they parse as JSON.
+
+    ``max_model_len=2048`` gives an int, ``enforce_eager=true`` a bool,
+    ``limit_mm_per_prompt={"image":1}`` a dict, and ``dtype=float32`` stays a string.
+    """
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ConfigError(f"engine argument {pair!r} is not KEY=VALUE")
+        try:
+            parsed[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            parsed[key] = raw
+    return parsed

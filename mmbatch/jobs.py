@@ -1,0 +1,241 @@
+"""The one job runner: every face (each command, ``DatasetMap``, a Ray replica) calls it.
+
+    inputs -> plan -> resume -> pipeline -> sink -> summary
+
+A face lists its requests (``mmbatch.sources``) and describes the work as a ``Job``: the
+sampling, how media are decoded, the shape of its rows, and what makes two runs the same
+job. ``run_job`` then
+
+1. resumes: items that already have a row in the output are skipped (``mmbatch.out.resume``);
+2. starts the engine only if something is left to do, sized for the media the job carries;
+3. builds the loader with the engine's limits (the pre-flight budget, the model's audio
+   rate), so that nothing flows back up from the engine to the face;
+4. drives the pipeline, each row written as its item finishes;
+5. counts the whole output (earlier runs' rows too), writes the quarantine file and the
+   summary, and returns the report the face prints.
+
+``run_in_memory`` is the same run without a file: the rows come back as a list, for
+callers that own their output (a ``Dataset.map`` batch, a Ray replica's block).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mmbatch.engine.base import Engine
+from mmbatch.engine.config import EngineConfig
+from mmbatch.errors import FatalEngineError
+from mmbatch.jsonl import write_atomic
+from mmbatch.media.loader import MediaLoader
+from mmbatch.media.options import MediaOptions
+from mmbatch.media.store import MediaStore
+from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
+from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows
+from mmbatch.out.rows import FLAT, RowShape
+from mmbatch.out.sinks import MemorySink, Sink
+from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts, quarantine_path
+from mmbatch.out.summary import write_summary
+from mmbatch.out.tables import SPOOL_SUFFIX
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.types import Modality, Request, Sampling
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to run: the requests and everything that shapes their answers and rows."""
+
+    requests: Sequence[Request]
+    sampling: Sampling = field(default_factory=Sampling)
+    """The job's sampling; a request may carry its own (OpenAI batch lines do)."""
+    media: MediaOptions = field(default_factory=MediaOptions)
+    shape: RowShape = FLAT
+    """How finished requests become rows, and how a written row is read back."""
+    fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    """What makes two runs the same job (see ``fingerprint``): resuming another job's
+    output is refused."""
+    info: Mapping[str, Any] = field(default_factory=dict)
+    """What the summary records about the job (inputs, model, prompt, ...)."""
+
+    @property
+    def item_ids(self) -> set[str]:
+        return {r.row_id for r in self.requests}
+
+
+def fingerprint(command: str, model: str, sampling: Sampling, **task: Any) -> dict[str, Any]:
+    """What makes two runs the same job: the command, model, sampling and the ``task``
+    settings (prompt, decode options). Engine arguments are left out: they change speed
+    and memory, and a user resuming on another machine must be able to change them."""
+    from dataclasses import asdict
+
+    return {"command": command, "model": model, "sampling": asdict(sampling), **task}
+
+
+@dataclass(frozen=True)
+class FileOutput:
+    """Where a job's rows go, and how a rerun treats the rows already there."""
+
+    path: Path
+    format: FileFormat = "jsonl"
+    retry_errors: bool = False
+    """Redo the items whose row is an error (their old rows are removed first)."""
+    force: bool = False
+    """Append to an output written by a job with other settings."""
+
+    @classmethod
+    def at(cls, path: str | Path, format: str | None = None, **rerun: bool) -> FileOutput:
+        """The output at ``path``, in ``format`` or the one its name implies."""
+        return cls(Path(path), output_format(path, format), **rerun)
+
+
+@dataclass
+class JobReport:
+    """What a run did, and what the whole output now holds."""
+
+    out: Path
+    total: int
+    """The job's items."""
+    kept: int
+    """Items whose rows were already in the output, from earlier runs."""
+    run: JobStats
+    """This run's rows (nothing, when every item already had one)."""
+    output: OutputTally
+    """Every row of the job's items in the output, this run's and earlier ones'."""
+    summary_path: Path
+
+    @property
+    def failed(self) -> int:
+        return self.output.failed
+
+    def lines(self) -> list[str]:
+        """The summary a face prints at the end of the job."""
+        lines = [self.run.summary()] if self.run.total else []
+        lines.append(
+            f"rows written to {self.out}: {self.output.ok} ok, {self.output.failed} failed; "
+            f"summary in {self.summary_path}"
+        )
+        if self.output.quarantine is not None:
+            kinds = format_counts(self.output.failed_by_kind)
+            lines.append(f"failed inputs ({kinds}) listed in {self.output.quarantine}")
+        return lines
+
+
+def run_job(
+    job: Job,
+    engine: Engine | EngineConfig,
+    out: FileOutput,
+    run: RunConfig | None = None,
+) -> JobReport:
+    """Run the items of ``job`` that have no row in ``out`` yet, on ``engine`` (an engine, or
+    the config of the vLLM engine to start if anything is left to do)."""
+    run = run or RunConfig()
+    progress = _progress_file(out, job.shape)
+    plan = prepare(
+        progress,
+        job.requests,
+        job.fingerprint,
+        job.shape,
+        record=job_record_path(out.path),
+        force=out.force,
+        retry_errors=out.retry_errors,
+    )
+    note = plan.describe(out.path)
+    if note:
+        print(f"mmbatch: {note}", file=sys.stderr)
+    stats = JobStats()
+    if plan.pending or progress != out.path:
+        sink = open_sink(out.path, out.format, append=True)
+        try:
+            if plan.pending:
+                stats = _run(job, plan.pending, _engine(engine, plan.pending), sink, run)
+        except FatalEngineError as exc:
+            sink.close()
+            tally = _count(out, job)
+            left = len(job.item_ids) - tally.done
+            raise FatalEngineError(
+                f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
+                f"({left} items left); run the same command again to resume."
+            ) from exc
+        sink.close()
+    return _report(job, out, plan, stats)
+
+
+def run_in_memory(
+    job: Job, engine: Engine, run: RunConfig | None = None, store: MediaStore | None = None
+) -> tuple[list[dict[str, Any]], JobStats]:
+    """Run every request of ``job`` on ``engine``; the rows, one per item in the order
+    their items finished, and the run's stats. ``store`` keeps decoded media across calls
+    (a caller that runs batch after batch, such as a Ray replica, passes the same one)."""
+    sink = MemorySink()
+    stats = _run(job, job.requests, engine, sink, run or RunConfig(progress=False), store)
+    return sink.rows, stats
+
+
+def media_per_prompt(requests: Sequence[Request]) -> dict[Modality, int]:
+    """The most items of each modality any one request carries (``{"image": 1}`` for none):
+    the engine reserves memory only for the media the job sends."""
+    limits: dict[Modality, int] = {}
+    for request in requests:
+        if request.error is not None:
+            continue  # never sent: a model that cannot take it must not be asked to
+        counts: dict[Modality, int] = {}
+        for ref in request.media:
+            counts[ref.modality] = counts.get(ref.modality, 0) + 1
+        for modality, count in counts.items():
+            limits[modality] = max(limits.get(modality, 0), count)
+    return limits or {"image": 1}
+
+
+def _run(
+    job: Job,
+    requests: Sequence[Request],
+    engine: Engine,
+    sink: Sink,
+    run: RunConfig,
+    store: MediaStore | None = None,
+) -> JobStats:
+    loader = MediaLoader(job.media, engine.prompt_limits(), store)
+    rows = job.shape.builder(requests)
+    return run_requests(requests, engine, loader, sink, job.sampling, run, rows)
+
+
+def _engine(engine: Engine | EngineConfig, requests: Sequence[Request]) -> Engine:
+    if not isinstance(engine, EngineConfig):
+        return engine
+    from mmbatch.engine.shared import shared_engine
+
+    return shared_engine(engine, media_per_prompt(requests))
+
+
+def _progress_file(out: FileOutput, shape: RowShape) -> Path:
+    """The JSONL file that resume reads: the output itself, or a columnar output's spool
+    (recreated from the output's rows when a finished job is run again)."""
+    if out.format == "jsonl":
+        return out.path
+    spool = out.path.with_name(out.path.name + SPOOL_SUFFIX)
+    if not spool.exists() and out.path.exists():
+        write_atomic(spool, read_output(out.path))
+    return spool
+
+
+def _count(out: FileOutput, job: Job) -> OutputTally:
+    rows = read_rows(out.path, job.shape) if out.format == "jsonl" else read_output(out.path)
+    return count_output(rows, job.shape, job.item_ids, quarantine_path(out.path))
+
+
+def _report(job: Job, out: FileOutput, plan: ResumePlan, stats: JobStats) -> JobReport:
+    tally = _count(out, job)
+    kept = plan.kept_ok + plan.kept_failed
+    whole = (
+        stats.to_dict()
+        | tally.counts()
+        | {
+            "total": len(job.item_ids),
+            "rows_from_earlier_runs": kept,
+        }
+    )
+    summary = write_summary(out.path, whole, {**job.info, "output_format": out.format})
+    return JobReport(out.path, len(job.item_ids), kept, stats, tally, summary)

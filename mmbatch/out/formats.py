@@ -1,0 +1,54 @@
+"""The three file formats of an output, and the two ways through them: rows in (``open_sink``)
+and rows back (``read_output``).
+
+``--out`` picks the format: ``x.parquet`` a Parquet file, ``--out-format datasets`` a
+datasets folder (``save_to_disk``), anything else JSON lines, one row per line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from mmbatch.errors import ConfigError, SourceError
+from mmbatch.jsonl import JsonlError, read_objects
+from mmbatch.out.sinks import JsonlSink, Sink
+
+FileFormat = Literal["jsonl", "parquet", "datasets"]
+FILE_FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet", "datasets")
+
+
+def output_format(out: str | Path, requested: str | None = None) -> FileFormat:
+    """The format ``requested``, else the one ``out``'s name implies."""
+    if requested is not None:
+        if requested not in FILE_FORMATS:
+            raise ConfigError(f"unknown output format {requested!r}; expected {FILE_FORMATS}")
+        return requested
+    return "parquet" if Path(out).suffix.lower() == ".parquet" else "jsonl"
+
+
+def open_sink(out: str | Path, format: FileFormat, append: bool = False) -> Sink:
+    """A sink writing ``format`` to ``out``; ``append`` continues a stopped job's rows."""
+    if format == "jsonl":
+        return JsonlSink(out, append=append)
+    from mmbatch.out.tables import TableSink
+
+    return TableSink(out, format, append=append)
+
+
+def read_output(out: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of a finished output, whichever format it was written in."""
+    path = Path(out)
+    if not path.exists():
+        raise SourceError(f"no output at {out}")
+    if path.is_dir() or path.suffix.lower() == ".parquet":
+        from mmbatch.out.tables import read_table_rows
+
+        yield from read_table_rows(path)
+        return
+    try:
+        for _, row in read_objects(path):
+            yield row
+    except JsonlError as exc:
+        raise SourceError(str(exc)) from None

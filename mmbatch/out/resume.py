@@ -1,0 +1,267 @@
+"""Resume a job from its own JSONL output: the output file is the progress record.
+
+A row is keyed by its item id (``Request.row_id``: one row per item, however many prompts
+it was asked), read back through the job's ``RowShape``, so resuming needs no side database
+and works for every row shape (flat, recipe items, OpenAI batch lines). The
+sink appends whole lines (``mmbatch.sinks.JsonlSink``), so a job killed at any moment
+leaves every finished row intact and at most one torn last line, which is cut off here
+before the job appends again. Rerunning the same command therefore:
+
+1. checks that the file is an output of this job's shape (never touching one that is not,
+   whatever ``force`` says), and that it was written by the same job (a fingerprint of
+   model, prompt, sampling and decode options, kept in ``OUT.job.json``): appending rows
+   made with other settings would mix two jobs in one file, so that needs ``force``;
+2. repairs a torn last line;
+3. skips every item that has a row, or with ``retry_errors`` every item that has an
+   ``ok`` row (error rows are removed first, atomically, so no id ever has two rows).
+
+Columnar outputs (Parquet, datasets folders) resume the same way through the JSONL spool
+their sink writes rows to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmbatch.errors import ConfigError
+from mmbatch.jsonl import JsonlError, read_objects, write_atomic, write_text_atomic
+from mmbatch.out.rows import RowShape
+from mmbatch.types import Request
+
+RECORD_VERSION = 1
+_TAIL_CHUNK = 1 << 16
+
+
+def job_record_path(out: str | Path) -> Path:
+    """Where the fingerprint of the job writing ``out`` is kept."""
+    out = Path(out)
+    return out.with_name(out.name + ".job.json")
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What is left to do, and what was found in the output."""
+
+    pending: list[Request]
+    kept_ok: int = 0
+    kept_failed: int = 0
+    retried: int = 0
+    repaired_bytes: int = 0
+
+    def describe(self, out: str | Path) -> str | None:
+        """A line for the user when anything was resumed or repaired, else None."""
+        kept = self.kept_ok + self.kept_failed
+        if not (kept or self.retried or self.repaired_bytes):
+            return None
+        parts = [f"resuming {out}: {kept} items already have a row"]
+        if self.kept_failed:
+            parts.append(f"{self.kept_failed} of them errors (--retry-errors redoes those)")
+        if self.retried:
+            parts.append(f"{self.retried} error rows removed to be retried")
+        if self.repaired_bytes:
+            parts.append(f"a torn last line ({self.repaired_bytes} bytes) was cut off")
+        return ", ".join(parts) + f"; {len(self.pending)} items to do"
+
+
+def prepare(
+    out: str | Path,
+    requests: Sequence[Request],
+    fingerprint: Mapping[str, Any],
+    shape: RowShape,
+    *,
+    record: str | Path | None = None,
+    force: bool = False,
+    retry_errors: bool = False,
+) -> ResumePlan:
+    """Make the JSONL file ``out`` ready to be appended to by the job ``fingerprint``
+    describes, and return the requests that still need a row. The fingerprint is kept in
+    ``record`` (default ``OUT.job.json``). Raises ``ConfigError``, before touching ``out``,
+    when ``out`` is not an output of ``shape``'s rows, or holds another job's rows and
+    ``force`` is off."""
+    out = Path(out)
+    record = Path(record) if record is not None else job_record_path(out)
+    if not out.exists() or out.stat().st_size == 0:
+        write_record(record, fingerprint)
+        return ResumePlan(pending=list(requests))
+    _check_is_output(out, shape, record)
+    if not force:
+        check_same_job(out, record, fingerprint)
+    repaired = repair_torn_tail(out)
+    wanted = {r.row_id for r in requests}
+    retried = _drop_error_rows(out, shape, wanted) if retry_errors else 0
+    ok_ids: set[str] = set()
+    failed_ids: set[str] = set()
+    for outcome in map(shape.outcome, read_rows(out, shape)):
+        (ok_ids if outcome.ok else failed_ids).add(outcome.request_id)
+    write_record(record, fingerprint)
+    done = ok_ids | failed_ids
+    return ResumePlan(
+        pending=[r for r in requests if r.row_id not in done],
+        kept_ok=len(ok_ids & wanted),
+        kept_failed=len(failed_ids & wanted),
+        retried=retried,
+        repaired_bytes=repaired,
+    )
+
+
+def read_rows(path: str | Path, shape: RowShape) -> Iterator[dict[str, Any]]:
+    """The rows of a JSONL output, checked: each one of ``shape``'s rows, no item twice.
+
+    Call ``repair_torn_tail`` first: a bad line here is damage, not a torn write, and is
+    raised (``ConfigError`` naming the line) rather than guessed around.
+    """
+    seen: set[str] = set()
+    try:
+        for line_no, row in read_objects(path):
+            item_id = _row_id(row, shape, f"{path}:{line_no}")
+            if item_id in seen:
+                raise ConfigError(
+                    f"{path}:{line_no}: a second row for id {item_id!r}; this file was not "
+                    "written by one mmbatch job (write to another --out)"
+                )
+            seen.add(item_id)
+            yield row
+    except JsonlError as exc:
+        raise ConfigError(
+            f"{exc}; the output is damaged beyond a torn last line (fix or remove that line, "
+            "or write to another --out)"
+        ) from None
+
+
+def _row_id(row: Mapping[str, Any], shape: RowShape, where: str) -> str:
+    try:
+        return shape.row_id(row)
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{where}: not an output row of this job's kind") from None
+
+
+def _check_is_output(out: Path, shape: RowShape, record: Path) -> None:
+    """Refuse a file whose first line is not one of ``shape``'s rows before anything is cut
+    from it or appended to it: nothing that is not a job's output is ever modified, ``force``
+    or not. (A damaged line further down is refused by ``read_rows`` before any append.)
+    A first line cut short by a kill, with the job's record beside it, is a torn row."""
+    with out.open("rb") as handle:
+        first = handle.readline()
+    if not first.endswith(b"\n") and record.exists():
+        return
+    try:
+        shape.row_id(json.loads(first))
+    except (ValueError, KeyError, TypeError):
+        raise ConfigError(
+            f"{out} is not an mmbatch output (its first line is not one of its rows); it is "
+            "left as it is: name another --out"
+        ) from None
+
+
+def repair_torn_tail(path: str | Path) -> int:
+    """Cut off a last line that a killed writer left unfinished; return the bytes removed.
+
+    A whole line ends with a newline, which is the last byte its single ``write`` puts
+    down; anything after the last newline is a torn row. A last line that has its newline
+    but is not JSON (a power cut can leave zeros where data was due) is torn as well.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    keep = _end_of_last_line(path, size)
+    if keep > 0:
+        start = _end_of_last_line(path, keep - 1)
+        with path.open("rb") as handle:
+            handle.seek(start)
+            last = handle.read(keep - start)
+        if not _is_json_object(last):
+            keep = start
+    if keep < size:
+        with path.open("r+b") as handle:
+            handle.truncate(keep)
+            handle.flush()
+            os.fsync(handle.fileno())
+    return size - keep
+
+
+def fingerprint_digest(fingerprint: Mapping[str, Any]) -> str:
+    """A stable digest of a job's settings (key order does not matter)."""
+    canonical = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> None:
+    how = (
+        "use another --out, or pass --force to append to it anyway (its rows are kept; "
+        "the job record is replaced by this job's)"
+    )
+    try:
+        stored = json.loads(record.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{out} already has rows but no job record ({record.name}), so it cannot be "
+            f"told whether they come from this job; {how}"
+        ) from None
+    except ValueError:
+        raise ConfigError(f"the job record {record} is not JSON; {how}") from None
+    if stored.get("digest") == fingerprint_digest(fingerprint):
+        return
+    before = stored.get("fingerprint", {})
+    keys = before.keys() | fingerprint.keys()
+    changed = sorted(k for k in keys if before.get(k) != fingerprint.get(k))
+    details = "; ".join(
+        f"{k}: {json.dumps(before.get(k), default=str)} -> "
+        f"{json.dumps(fingerprint.get(k), default=str)}"
+        for k in changed
+    )
+    raise ConfigError(
+        f"{out} was written by a different job ({details or 'settings differ'}); {how}"
+    )
+
+
+def write_record(record: Path, fingerprint: Mapping[str, Any]) -> None:
+    body = {
+        "version": RECORD_VERSION,
+        "digest": fingerprint_digest(fingerprint),
+        "fingerprint": dict(fingerprint),
+    }
+    write_text_atomic(record, json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _drop_error_rows(out: Path, shape: RowShape, ids: set[str]) -> int:
+    """Rewrite ``out`` without the error rows of ``ids`` (atomically); return how many."""
+    dropped = 0
+
+    def kept() -> Iterator[dict[str, Any]]:
+        nonlocal dropped
+        for row in read_rows(out, shape):
+            outcome = shape.outcome(row)
+            if not outcome.ok and outcome.request_id in ids:
+                dropped += 1
+            else:
+                yield row
+
+    write_atomic(out, kept())
+    return dropped
+
+
+def _end_of_last_line(path: Path, end: int) -> int:
+    """The offset just past the last newline before ``end`` (0 if there is none)."""
+    with path.open("rb") as handle:
+        pos = end
+        while pos > 0:
+            start = max(0, pos - _TAIL_CHUNK)
+            handle.seek(start)
+            chunk = handle.read(pos - start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                return start + newline + 1
+            pos = start
+    return 0
+
+
+def _is_json_object(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False

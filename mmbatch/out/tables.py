@@ -1,0 +1,133 @@
+"""Columnar outputs: a Parquet file, or a Hugging Face datasets folder (``save_to_disk``).
+
+Both take rows the way every sink does, one at a time, but a columnar file is written whole.
+So rows first go, as they finish, to a JSONL spool beside the target (``OUT.rows.jsonl``,
+the same row format as ``mmbatch caption``'s JSONL); on ``close`` the spool becomes the
+target, with one schema inferred over every row (a column that is null in the first rows
+and text later is still a text column), written to a temporary name and moved into place,
+so a reader never sees half a file. If the job dies first, the spool keeps the rows done.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from mmbatch.errors import SourceError
+from mmbatch.jsonl import read_objects
+from mmbatch.out.sinks import JsonlSink
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+SPOOL_SUFFIX = ".rows.jsonl"
+ROWS_PER_CHUNK = 50_000
+"""Rows turned into one Arrow table at a time, bounding the Python objects alive at once."""
+
+
+TableFormat = Literal["parquet", "datasets"]
+
+
+class TableSink:
+    """Rows to a Parquet file (``"parquet"``) or a datasets folder (``"datasets"``, opened by
+    ``datasets.load_from_disk``), through a JSONL spool converted on ``close``."""
+
+    def __init__(self, path: str | Path, format: TableFormat, append: bool = False) -> None:
+        if format not in _WRITERS:
+            raise ValueError(f"unknown table format {format!r}; expected one of {list(_WRITERS)}")
+        self.path = Path(path)
+        self.format: TableFormat = format
+        self.spool_path = self.path.with_name(self.path.name + SPOOL_SUFFIX)
+        # append=True continues the spool of a stopped job (``mmbatch.out.resume`` reads it).
+        self._spool = JsonlSink(self.spool_path, append=append)
+        self._closed = False
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._spool.write(row)
+
+    def flush(self) -> None:
+        self._spool.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._spool.close()
+        tables = list(_tables(self.spool_path))
+        schema = _unified_schema(tables)
+        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        _WRITERS[self.format]([t.cast(schema) for t in tables], schema, temporary)
+        _replace(temporary, self.path)
+        self.spool_path.unlink()
+
+
+def _write_parquet(tables: list[pa.Table], schema: pa.Schema, target: Path) -> None:
+    import pyarrow.parquet as pq
+
+    with pq.ParquetWriter(target, schema) as writer:
+        for table in tables:
+            writer.write_table(table)
+
+
+def _write_dataset_folder(tables: list[pa.Table], schema: pa.Schema, target: Path) -> None:
+    import datasets
+    import pyarrow as pa
+
+    shutil.rmtree(target, ignore_errors=True)
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    datasets.Dataset(table).save_to_disk(str(target))
+
+
+_WRITERS: dict[str, Callable[[list[pa.Table], pa.Schema, Path], None]] = {
+    "parquet": _write_parquet,
+    "datasets": _write_dataset_folder,
+}
+
+
+def _replace(temporary: Path, target: Path) -> None:
+    """Move the finished output into place; an older output of the same name goes."""
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    os.replace(temporary, target)
+
+
+def _tables(spool: Path) -> Iterator[pa.Table]:
+    import pyarrow as pa
+
+    chunk: list[dict[str, Any]] = []
+    for _, row in read_objects(spool):
+        chunk.append(row)
+        if len(chunk) == ROWS_PER_CHUNK:
+            yield pa.Table.from_pylist(chunk)
+            chunk = []
+    if chunk:
+        yield pa.Table.from_pylist(chunk)
+
+
+def read_table_rows(path: Path) -> Iterator[dict[str, Any]]:
+    """The rows of a Parquet file or a datasets folder, a batch of rows at a time."""
+    if path.is_dir():
+        import datasets
+
+        try:
+            dataset = datasets.load_from_disk(str(path))
+        except FileNotFoundError as exc:
+            raise SourceError(f"{path} is not a datasets folder: {exc}") from None
+        for batch in dataset.with_format("arrow").iter(ROWS_PER_CHUNK):
+            yield from batch.to_pylist()
+        return
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=ROWS_PER_CHUNK):
+        yield from batch.to_pylist()
+
+
+def _unified_schema(tables: list[pa.Table]) -> pa.Schema:
+    import pyarrow as pa
+
+    if not tables:
+        return pa.schema([])
+    return pa.unify_schemas([t.schema for t in tables], promote_options="permissive")

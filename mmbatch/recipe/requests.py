@@ -1,0 +1,145 @@
+"""A recipe applied to inputs: the requests, media options and row shape of one ``Job``.
+
+Each item found in the inputs becomes one request per question of the recipe. The requests
+of an item share its media references, sit next to each other (so a window never splits an
+item, and the media is read and decoded once), and carry the item's id and the question's
+name, from which ``ItemRows`` assembles the item's single row. Their ids are
+``ITEM#QUESTION``: unique, since question names cannot hold ``#``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from mmbatch.errors import SourceError
+from mmbatch.jobs import Job, fingerprint
+from mmbatch.media.fetch import UrlPolicy
+from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
+from mmbatch.out.rows import ItemShape
+from mmbatch.recipe.spec import Recipe
+from mmbatch.sources.caption import caption_requests, list_media
+from mmbatch.sources.files import SourcePolicy, image_requests
+from mmbatch.sources.timeline import audio_requests, frame_requests
+from mmbatch.types import Modality, Request
+
+
+def recipe_requests(
+    inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None = None
+) -> list[Request]:
+    """One request per (item, question), items in input order, an item's questions together;
+    ``policy`` says what the inputs may point at (see ``mmbatch.sources.files``).
+
+    An item is what the recipe's [media] kind makes of the inputs: an image, a sampled video
+    frame (``as_clip = false``), a whole clip (``as_clip = true``), or an audio window."""
+    return item_requests(_items(inputs, recipe, policy), recipe)
+
+
+def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
+    """The requests of ``items`` already listed (one request each, asking the manifest's
+    prompt or the recipe's first question): one per (item, question). The Ray runner calls
+    this in its actors, on the items that reach them."""
+    first = recipe.questions[0].text
+    single = len(recipe.questions) == 1
+    requests = []
+    for item in items:
+        if not single and item.prompt != first:
+            raise SourceError(
+                f"item {item.id!r} brings its own prompt from its manifest row, which a "
+                f"recipe with several questions cannot use; drop the manifest's 'prompt'"
+            )
+        for question in recipe.questions:
+            requests.append(
+                Request(
+                    id=f"{item.id}#{question.name}",
+                    # A single-question recipe lets a manifest row's prompt replace its own.
+                    prompt=item.prompt if single else question.text,
+                    media=item.media,
+                    system=recipe.system,
+                    columns=item.columns,
+                    item_id=item.id,
+                    output=question.name,
+                )
+            )
+    return requests
+
+
+def recipe_job(
+    recipe: Recipe,
+    inputs: Sequence[str],
+    model: str,
+    policy: SourcePolicy | None = None,
+    urls: UrlPolicy | None = None,
+) -> Job:
+    """The job ``recipe`` describes over ``inputs``, run by ``model``."""
+    requests = recipe_requests(inputs, recipe, policy)
+    return Job(
+        requests,
+        recipe.sampling,
+        recipe_media(recipe, urls),
+        recipe_shape(recipe),
+        fingerprint=fingerprint(
+            "run",
+            model,
+            recipe.sampling,
+            questions=[asdict(q) for q in recipe.questions],
+            system=recipe.system,
+            media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
+            output=asdict(recipe.output),
+        ),
+        info={"inputs": list(inputs), "model": model, "recipe": recipe.path},
+    )
+
+
+def _items(inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None) -> list[Request]:
+    kind, system, prompt = recipe.media.kind, recipe.system, recipe.questions[0].text
+    if kind == "image":
+        return image_requests(inputs, prompt, system, policy)
+    if kind == "audio":
+        return audio_requests(inputs, audio_options(recipe), prompt, system, policy)
+    if recipe.media.options.get("as_clip", False):
+        clips: tuple[Modality, ...] = ("video",)
+        files = list_media(inputs, policy)
+        return caption_requests(files, prompt, system, take=clips, as_clip=True)
+    return frame_requests(inputs, video_options(recipe), prompt, system, policy)
+
+
+def recipe_media(recipe: Recipe, urls: UrlPolicy | None = None) -> MediaOptions:
+    """How the recipe's media are decoded (its [media] options), and whether URLs may be
+    fetched (within ``urls``'s limits)."""
+    kind = recipe.media.kind
+    return MediaOptions(
+        image=image_options(recipe),
+        video=video_options(recipe) if kind == "video" else VideoOptions(),
+        audio=audio_options(recipe) if kind == "audio" else AudioOptions(),
+        urls=urls,
+    )
+
+
+def image_options(recipe: Recipe) -> ImageOptions:
+    """The [media] options that decode pictures (and a video's frames: ``max_pixels``)."""
+    options = recipe.media.options
+    return ImageOptions(
+        **{k: options[k] for k in ("max_pixels", "max_source_pixels") if k in options}
+    )
+
+
+def video_options(recipe: Recipe) -> VideoOptions:
+    options = dict(recipe.media.options)
+    options.pop("as_clip", None)
+    if "timestamps" in options:
+        options["timestamps"] = tuple(options["timestamps"])
+    return VideoOptions(**options)
+
+
+def audio_options(recipe: Recipe) -> AudioOptions:
+    return AudioOptions(**recipe.media.options)
+
+
+def recipe_shape(recipe: Recipe) -> ItemShape:
+    """One row per item; JSON answers parsed and checked against the recipe's schema."""
+    if recipe.output.schema is None:
+        return ItemShape()
+    from mmbatch.out.answers import JsonParser
+
+    return ItemShape(JsonParser(recipe.output.schema))

@@ -1,0 +1,84 @@
+"""Requests for ``mmbatch caption``: each file's modality picked by its suffix.
+
+Images are one request each, audio files one per window, videos one clip each when asked to
+caption them whole. What the model takes decides what a walk collects: a folder or glob
+contributes only those files (a photo folder's stray wav is not the VL model's business),
+while a file named explicitly that the model cannot take, or a video without ``as_clip``,
+gets an error row saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+from mmbatch.errors import SourceError
+from mmbatch.media.options import AudioOptions
+from mmbatch.sources.files import (
+    AUDIO_SUFFIXES,
+    IMAGE_SUFFIXES,
+    VIDEO_SUFFIXES,
+    InputFile,
+    SourcePolicy,
+    list_inputs,
+)
+from mmbatch.sources.timeline import audio_windows
+from mmbatch.types import ItemError, MediaRef, Modality, Request
+
+MEDIA_SUFFIXES = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
+
+
+def list_media(inputs: Sequence[str], policy: SourcePolicy | None = None) -> list[InputFile]:
+    """Every image, video and audio file of ``inputs``, once (what ``caption_requests``
+    takes; listing first lets a caller see which modalities the job holds)."""
+    return list_inputs(inputs, MEDIA_SUFFIXES, policy, "media file")
+
+
+def caption_requests(
+    files: Sequence[InputFile],
+    prompt: str,
+    system: str | None = None,
+    *,
+    take: Collection[Modality] = ("image", "audio"),
+    as_clip: bool = False,
+    audio: AudioOptions | None = None,
+) -> list[Request]:
+    """The requests of ``files`` (from ``list_media``) for a model that takes ``take``."""
+    audio = audio or AudioOptions()
+    wanted = set(take) - ({"video"} if not as_clip else set())
+    requests: list[Request] = []
+    for file in files:
+        text = file.prompt or prompt
+        kind = modality_of(file.path)
+        if kind not in wanted:
+            if file.walked:
+                continue
+            if kind == "video" and not as_clip:
+                why = (
+                    "a video: caption it whole with --as-clip, or its frames with `mmbatch frames`"
+                )
+            else:
+                why = f"the model takes no {kind} input"
+            error = ItemError("validate", why, "unsupported")
+            requests.append(
+                Request(file.id, text, (MediaRef(kind, file.path),), system, error=error)
+            )
+        elif kind == "audio":
+            requests.extend(audio_windows(file, text, system, audio))
+        else:
+            requests.append(Request(file.id, text, (MediaRef(kind, file.path),), system))
+    if not requests:
+        kinds = " or ".join(sorted(wanted)) or "media"
+        names = ", ".join(sorted({f.path for f in files})[:3])
+        raise SourceError(f"no {kinds} the model takes found among {names}")
+    return requests
+
+
+def modality_of(path: str) -> Modality:
+    """The modality a file's suffix names (anything unknown is tried as an image)."""
+    suffix = Path(path).suffix.lower()
+    if suffix in VIDEO_SUFFIXES:
+        return "video"
+    if suffix in AUDIO_SUFFIXES:
+        return "audio"
+    return "image"

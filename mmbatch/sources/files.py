@@ -1,0 +1,192 @@
+"""Turn what the user named on the command line into ``Request`` values, reading no media.
+
+Accepted inputs: an image file, a directory (walked recursively, sorted, so the order is
+the same on every machine), a glob pattern, or a manifest (``.jsonl`` / ``.csv``) whose rows
+have a ``path`` and optionally an ``id`` and a ``prompt``. Manifest paths are relative to
+the manifest's folder.
+
+Ids are the identity of a row in the output and on resume, so they must be unique: a file
+named twice is one item; two manifest rows with one id are an error, raised before any work.
+
+A manifest is data from elsewhere, read as JSON or CSV and nothing else, and it is not
+trusted with the file system: its paths must resolve (symlinks followed) inside the input
+root, the manifest's own folder unless ``SourcePolicy.root`` names another, and URLs are
+refused unless ``SourcePolicy.allow_urls``. Both are checked here, before any work starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmbatch.errors import SourceError
+from mmbatch.jsonl import JsonlError, read_objects
+from mmbatch.media.fetch import is_url
+from mmbatch.types import MediaRef, Request
+
+IMAGE_SUFFIXES = frozenset(
+    {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif"}
+)
+MANIFEST_SUFFIXES = frozenset({".jsonl", ".csv"})
+VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".mpg", ".mpeg"})
+AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wma"})
+
+
+@dataclass(frozen=True)
+class SourcePolicy:
+    """What the inputs may point at."""
+
+    root: str | None = None
+    """Manifest paths must resolve inside this folder; None means each manifest's folder."""
+    allow_outside_root: bool = False
+    allow_urls: bool = False
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One distinct file (or URL) the inputs name, with the manifest's id and prompt if any."""
+
+    id: str
+    path: str
+    prompt: str | None = None
+    walked: bool = False
+    """Found in a folder or by a glob, rather than named (directly or in a manifest)."""
+
+
+def list_inputs(
+    inputs: Sequence[str],
+    suffixes: frozenset[str] = IMAGE_SUFFIXES,
+    policy: SourcePolicy | None = None,
+    kind: str = "image",
+) -> list[InputFile]:
+    """The distinct files of ``inputs``, each once: a file reached twice (named, and inside
+    a folder) is one item; two manifest rows with one id are a ``SourceError``, as is finding
+    no ``kind`` at all."""
+    files: list[InputFile] = []
+    seen: set[str] = set()
+    for raw in inputs:
+        walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
+        for item_id, path, prompt in expand_inputs([raw], suffixes, policy):
+            if item_id in seen:
+                if item_id == path:
+                    continue
+                raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
+            seen.add(item_id)
+            files.append(InputFile(item_id, path, prompt, walked))
+    if not files:
+        raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
+    return files
+
+
+def image_requests(
+    inputs: Sequence[str],
+    prompt: str,
+    system: str | None = None,
+    policy: SourcePolicy | None = None,
+) -> list[Request]:
+    """One request per image found in ``inputs``, each asking ``prompt`` (unless its
+    manifest row brings its own)."""
+    return [
+        Request(f.id, f.prompt or prompt, (MediaRef("image", f.path),), system)
+        for f in list_inputs(inputs, IMAGE_SUFFIXES, policy, "images")
+    ]
+
+
+def expand_inputs(
+    inputs: Sequence[str],
+    suffixes: frozenset[str] = IMAGE_SUFFIXES,
+    policy: SourcePolicy | None = None,
+) -> Iterator[tuple[str, str, str | None]]:
+    """Yield ``(id, path, prompt-or-None)`` for every input, in a deterministic order.
+
+    Folders and globs contribute the files whose suffix is in ``suffixes``; a file named
+    explicitly is taken whatever its suffix, so that a bad file gets an error row."""
+    policy = policy or SourcePolicy()
+    kinds = "image" if suffixes == IMAGE_SUFFIXES else "media file"
+    for raw in inputs:
+        path = Path(raw)
+        if is_url(raw):
+            _check_url(raw, "input", policy)
+            yield raw, raw, None
+        elif path.is_dir():
+            for found in _walk(path, suffixes):
+                yield str(found), str(found), None
+        elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
+            yield from _read_manifest(path, policy)
+        elif path.exists() or path.is_symlink():
+            # Named explicitly: taken whatever its suffix, so a bad file yields an error row.
+            yield raw, raw, None
+        elif glob.has_magic(raw):
+            matches = sorted(glob.glob(raw, recursive=True))
+            files = [m for m in matches if Path(m).suffix.lower() in suffixes]
+            if not files:
+                raise SourceError(f"the pattern {raw!r} matches no {kinds}")
+            for file in files:
+                yield file, file, None
+        else:
+            raise SourceError(f"input {raw!r} does not exist")
+
+
+def _walk(root: Path, suffixes: frozenset[str]) -> list[Path]:
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith(".") and Path(name).suffix.lower() in suffixes:
+                found.append(Path(dirpath) / name)
+    return found
+
+
+def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[str, str, str | None]]:
+    base = manifest.parent
+    root = os.path.realpath(policy.root if policy.root is not None else base)
+    for line_no, row in _manifest_rows(manifest):
+        where = f"{manifest}:{line_no}"
+        raw_path = row.get("path")
+        if not isinstance(raw_path, str) or not raw_path:
+            raise SourceError(f"{where}: row has no 'path' (got {row!r})")
+        item_id = row.get("id", raw_path)
+        prompt = row.get("prompt")
+        if prompt is not None and not isinstance(prompt, str):
+            raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
+        if is_url(raw_path):
+            _check_url(raw_path, where, policy)
+            yield str(item_id), raw_path, prompt or None
+            continue
+        path = base / raw_path
+        if not policy.allow_outside_root and not _inside(os.path.realpath(path), root):
+            raise SourceError(
+                f"{where}: {raw_path!r} resolves outside the input root {root}; manifest "
+                "paths must stay inside it (pass --input-root DIR to declare a wider root, "
+                "or --allow-outside-root)"
+            )
+        yield str(item_id), str(path), prompt or None
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _check_url(url: str, where: str, policy: SourcePolicy) -> None:
+    if not policy.allow_urls:
+        raise SourceError(
+            f"{where}: {url!r} is a URL; URLs are fetched only with --allow-urls "
+            "(which bounds each download in size and time)"
+        )
+
+
+def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    if manifest.suffix.lower() != ".csv":
+        try:
+            yield from read_objects(manifest)
+        except JsonlError as exc:
+            raise SourceError(str(exc)) from None
+        return
+    with manifest.open(newline="", encoding="utf-8") as handle:
+        for line_no, row in enumerate(csv.DictReader(handle), start=2):
+            yield line_no, {k: v for k, v in row.items() if v not in (None, "")}

@@ -1,0 +1,219 @@
+"""Read a local Hugging Face dataset as ``Request``s: what ``mmbatch caption`` does with a
+``save_to_disk`` folder, Parquet files, an ``imagefolder`` (with a metadata file) or
+WebDataset tars.
+
+The image column is read from the Arrow data as it is stored, undecoded and uncopied: each
+row's bytes are a view into the memory-mapped file, hashed as they are and decoded once by
+the loader, like a file's. Every format is read through datasets' Arrow files, which are
+memory-mapped, so a dataset larger than memory is paged in as the job reads it. Row ids are
+the row's index in the split (or the ``id_column``'s value), which is what output rows,
+resume and the review gallery know an item by.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from mmbatch.errors import ItemFailure, SourceError
+from mmbatch.sources.cells import media_ref
+from mmbatch.sources.files import IMAGE_SUFFIXES
+from mmbatch.types import ItemError, MediaRef, Request
+
+if TYPE_CHECKING:
+    import datasets
+
+DatasetFormat = Literal["disk", "parquet", "imagefolder", "webdataset"]
+DATASET_FORMATS: tuple[DatasetFormat, ...] = ("disk", "parquet", "imagefolder", "webdataset")
+IMAGE_FOLDER_METADATA = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+ROWS_PER_READ = 1024
+"""Rows taken from the Arrow data at a time while listing a dataset's media."""
+
+
+@dataclass(frozen=True)
+class DatasetInput:
+    """Which local dataset to read and how: everything needed to open it again later (the
+    review gallery does, to show each row's picture)."""
+
+    path: str
+    format: DatasetFormat
+    image_column: str | None = None
+    split: str | None = None
+    id_column: str | None = None
+
+
+def detect_format(path: str) -> DatasetFormat | None:
+    """The dataset format ``path`` is stored in, or None for plain media files."""
+    root = Path(path)
+    if root.is_file():
+        suffix = root.suffix.lower()
+        return "parquet" if suffix == ".parquet" else "webdataset" if suffix == ".tar" else None
+    if not root.is_dir():
+        return None
+    if (root / "state.json").is_file() or (root / "dataset_dict.json").is_file():
+        return "disk"
+    if any((root / name).is_file() for name in IMAGE_FOLDER_METADATA):
+        return "imagefolder"
+    suffixes = {p.suffix.lower() for p in root.rglob("*") if p.is_file()}
+    if suffixes & IMAGE_SUFFIXES:
+        return None  # a folder of pictures: read by path, unless --input-format says otherwise
+    if ".parquet" in suffixes:
+        return "parquet"
+    if ".tar" in suffixes:
+        return "webdataset"
+    return None
+
+
+def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
+    """The split ``spec`` names, and its image column."""
+    import datasets
+
+    loaded = _load(spec)
+    if isinstance(loaded, datasets.DatasetDict):
+        loaded = loaded[_pick_split(spec, list(loaded))]
+    elif spec.split is not None:
+        raise SourceError(f"{spec.path} holds a single split, not {spec.split!r}: drop --split")
+    column = spec.image_column or _pick_image_column(spec.path, loaded.features)
+    if column not in loaded.column_names:
+        raise SourceError(
+            f"{spec.path}: no column {column!r}; columns: {', '.join(loaded.column_names)}"
+        )
+    if spec.id_column is not None and spec.id_column not in loaded.column_names:
+        raise SourceError(f"{spec.path}: no id column {spec.id_column!r}")
+    return loaded, column
+
+
+def dataset_requests(spec: DatasetInput, prompt: str, system: str | None = None) -> list[Request]:
+    """One request per row; a row without usable media (an empty cell, a cell of the wrong
+    type) carries its error, so that every row still ends as one output row."""
+    dataset, column = open_dataset(spec)
+    requests: list[Request] = []
+    seen: set[str] = set()
+    for index, (row_id, ref) in enumerate(_rows(spec, dataset, column)):
+        if row_id in seen:
+            raise SourceError(f"{spec.path}: duplicate id {row_id!r} in {spec.id_column!r}")
+        seen.add(row_id)
+        if isinstance(ref, MediaRef):
+            requests.append(Request(row_id, prompt, (ref,), system))
+        else:
+            named = (MediaRef("image", f"{spec.path}#{index}"),)
+            error = ItemError(ref.stage, str(ref), ref.kind)
+            requests.append(Request(row_id, prompt, named, system, error=error))
+    if not requests:
+        raise SourceError(f"{spec.path}: the dataset has no rows")
+    return requests
+
+
+def media_by_id(spec: DatasetInput) -> dict[str, MediaRef]:
+    """Each row's media, by row id (for the gallery's thumbnails)."""
+    dataset, column = open_dataset(spec)
+    rows = _rows(spec, dataset, column)
+    return {row_id: ref for row_id, ref in rows if isinstance(ref, MediaRef)}
+
+
+def _rows(
+    spec: DatasetInput, dataset: datasets.Dataset, column: str
+) -> list[tuple[str, MediaRef | ItemFailure]]:
+    ids = dataset[spec.id_column] if spec.id_column else None
+    base = Path(spec.path) if Path(spec.path).is_dir() else Path(spec.path).parent
+    rows: list[tuple[str, MediaRef | ItemFailure]] = []
+    for index, cell in enumerate(_cells(dataset, column)):
+        row_id = str(ids[index]) if ids is not None else str(index)
+        try:
+            label = f"{spec.path}#{index}"
+            rows.append((row_id, media_ref(_relative(cell, base), "image", label)))
+        except ItemFailure as exc:
+            rows.append((row_id, exc))
+    return rows
+
+
+def _cells(dataset: datasets.Dataset, column: str) -> Iterator[Any]:
+    """The column's cells, read from the Arrow data without decoding or copying: media
+    bytes come as memoryviews into the (memory-mapped) Arrow buffers."""
+    import pyarrow as pa
+
+    for table in dataset.select_columns([column]).with_format("arrow").iter(ROWS_PER_READ):
+        for chunk in table.column(0).chunks:
+            kind = chunk.type
+            if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+                children = dict(zip([f.name for f in kind], chunk.flatten(), strict=True))
+                data = _binary_views(children["bytes"])
+                paths = children["path"].to_pylist() if "path" in children else [None] * len(chunk)
+                present = chunk.is_valid().to_pylist()
+                for cell_present, cell_data, path in zip(present, data, paths, strict=True):
+                    yield {"bytes": cell_data, "path": path} if cell_present else None
+            elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+                yield from _binary_views(chunk)
+            else:
+                yield from chunk.to_pylist()
+
+
+def _binary_views(array: Any) -> list[memoryview | None]:
+    """Each value of a binary Arrow array as a view into its data buffer (Arrow's scalars
+    would copy every value)."""
+    import numpy as np
+    import pyarrow as pa
+
+    _, offsets_buffer, data_buffer = array.buffers()[:3]
+    width = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    data = memoryview(data_buffer if data_buffer is not None else b"").cast("B")
+    present = array.is_valid().to_pylist()
+    return [
+        data[int(offsets[i]) : int(offsets[i + 1])] if present[i] else None
+        for i in range(len(array))
+    ]
+
+
+def _relative(cell: Any, base: Path) -> Any:
+    """A bare relative path in a cell is relative to the dataset, not to the working dir."""
+    if isinstance(cell, str) and cell and not Path(cell).is_absolute():
+        return str(base / cell)
+    return cell
+
+
+def _load(spec: DatasetInput) -> Any:
+    import datasets
+
+    path = spec.path
+    try:
+        if spec.format == "disk":
+            return datasets.load_from_disk(path)
+        if spec.format == "imagefolder":
+            return datasets.load_dataset("imagefolder", data_dir=path)
+        pattern = {"parquet": "*.parquet", "webdataset": "*.tar"}[spec.format]
+        files = [path] if Path(path).is_file() else sorted(map(str, Path(path).rglob(pattern)))
+        if not files:
+            raise SourceError(f"{path}: no {pattern} files for the {spec.format} format")
+        return datasets.load_dataset(spec.format, data_files={"train": files})
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetGenerationError) as exc:
+        raise SourceError(f"cannot read {path} as a {spec.format} dataset: {exc}") from exc
+
+
+def _pick_split(spec: DatasetInput, splits: list[str]) -> str:
+    if spec.split is not None:
+        if spec.split not in splits:
+            raise SourceError(f"{spec.path}: no split {spec.split!r}; splits: {', '.join(splits)}")
+        return spec.split
+    if len(splits) == 1:
+        return splits[0]
+    if "train" in splits:
+        return "train"
+    raise SourceError(f"{spec.path} has splits {', '.join(splits)}: pick one with --split")
+
+
+def _pick_image_column(path: str, features: datasets.Features) -> str:
+    import datasets
+
+    images = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
+    if len(images) == 1:
+        return str(images[0])
+    raise SourceError(
+        f"{path}: "
+        + (f"several image columns ({', '.join(images)})" if images else "no image column")
+        + f"; name one with --image-column (columns: {', '.join(features)})"
+    )

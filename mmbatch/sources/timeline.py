@@ -1,0 +1,132 @@
+"""Requests from parts of videos and audio files: one per sampled frame, one per audio window.
+
+Expanding a video into frame requests needs to know its frames, so these sources index each
+video (demux only, no decoding: see ``mmbatch.media.video``) and probe each audio file's
+duration. Nothing is decoded here; the loader decodes the frames of a video together.
+
+A file that cannot be expanded (no video stream, a timestamp past its end) still becomes
+exactly one request, carrying its error (``Request.error``): that is the file's row, and the
+job goes on.
+
+Ids: ``clip.mp4@12.500`` for a frame (the file, then the frame's time in seconds),
+``talk.wav@30.000`` for an audio window after the first (the first keeps the file's name, so
+a short file's id is its path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from mmbatch.errors import MediaError
+from mmbatch.media.options import AudioOptions, VideoOptions
+from mmbatch.sources.files import (
+    AUDIO_SUFFIXES,
+    VIDEO_SUFFIXES,
+    InputFile,
+    SourcePolicy,
+    list_inputs,
+)
+from mmbatch.types import FrameAt, ItemError, MediaRef, Request
+
+Columns = tuple[tuple[str, Any], ...]
+
+
+def frame_requests(
+    inputs: Sequence[str],
+    options: VideoOptions,
+    prompt: str,
+    system: str | None = None,
+    policy: SourcePolicy | None = None,
+) -> list[Request]:
+    """One image request per frame that ``options`` samples from each video in ``inputs``.
+
+    Rows carry ``video``, ``frame_index`` (in presentation order) and ``pts`` (seconds).
+    """
+    from mmbatch.media.video import index_video, select_frames
+
+    requests: list[Request] = []
+    for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video"):
+        path, text = file.path, file.prompt or prompt
+        try:
+            index = index_video(path)
+            frames = select_frames(index, options)
+        except MediaError as exc:
+            failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
+            ref = MediaRef("image", path)
+            requests.append(Request(path, text, (ref,), system, columns=failed, error=_error(exc)))
+            continue
+        for i in frames:
+            pts = index.seconds(i)
+            ref = MediaRef("image", path, part=FrameAt(i, pts))
+            columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)))
+            requests.append(Request(frame_id(path, pts), text, (ref,), system, columns=columns))
+    return _unique_frame_ids(requests)
+
+
+def frame_id(video: str, pts: float, index: int | None = None) -> str:
+    """``clip.mp4@12.500``: the video, then the frame's time; ``#index`` only if needed."""
+    return f"{video}@{pts:.3f}" + (f"#{index}" if index is not None else "")
+
+
+def _unique_frame_ids(requests: list[Request]) -> list[Request]:
+    """Frames less than a millisecond apart share a time at three decimals: those (and only
+    those) get their index appended, so ids stay unique and short."""
+    counts: dict[str, int] = {}
+    for r in requests:
+        counts[r.id] = counts.get(r.id, 0) + 1
+    unique = []
+    for r in requests:
+        part = r.media[0].part
+        if counts[r.id] > 1 and isinstance(part, FrameAt):
+            r = Request(
+                frame_id(r.media[0].source, part.pts, part.index),
+                r.prompt,
+                r.media,
+                r.system,
+                columns=r.columns,
+            )
+        unique.append(r)
+    return unique
+
+
+def audio_requests(
+    inputs: Sequence[str],
+    options: AudioOptions,
+    prompt: str,
+    system: str | None = None,
+    policy: SourcePolicy | None = None,
+) -> list[Request]:
+    """One audio request per window of each audio file in ``inputs`` (rows carry ``start``
+    and ``end`` in seconds)."""
+    requests: list[Request] = []
+    for file in list_inputs(inputs, AUDIO_SUFFIXES, policy, "audio file"):
+        requests.extend(audio_windows(file, file.prompt or prompt, system, options))
+    return requests
+
+
+def audio_windows(
+    file: InputFile, prompt: str, system: str | None, options: AudioOptions
+) -> Iterator[Request]:
+    """The requests of one audio file, a window each."""
+    from mmbatch.media.audio import audio_windows as windows
+    from mmbatch.media.audio import probe_audio
+
+    path = file.path
+    try:
+        duration = probe_audio(path).duration
+    except MediaError as exc:
+        columns: Columns = (("start", None), ("end", None))
+        ref = MediaRef("audio", path)
+        yield Request(file.id, prompt, (ref,), system, columns=columns, error=_error(exc))
+        return
+    for n, span in enumerate(windows(duration, options)):
+        item_id = file.id if n == 0 else f"{file.id}@{span.start:.3f}"
+        columns = (("start", span.start), ("end", span.end))
+        yield Request(
+            item_id, prompt, (MediaRef("audio", path, part=span),), system, columns=columns
+        )
+
+
+def _error(exc: MediaError) -> ItemError:
+    return ItemError(exc.stage, str(exc), exc.kind)

@@ -1,0 +1,72 @@
+"""A deterministic stand-in for the engine, for fast tests of the pipeline's bookkeeping.
+
+Its text is a function of the request's media keys and prompt only, so a test can tell
+whether a row got the right caption. It finishes requests out of order on purpose (newest
+first, a few per step) to catch any code that matches results by position.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from mmbatch.errors import FatalEngineError, RequestRejected
+from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling, Usage
+
+
+def expected_text(media_keys: Sequence[str], prompt: str) -> str:
+    return f"{'+'.join(media_keys)}|{prompt}"
+
+
+class FakeEngine:
+    """``step_seconds`` makes each step take that long (so a job lasts long enough to be
+    killed mid-way); ``die_after_steps`` raises ``FatalEngineError`` on that step."""
+
+    def __init__(
+        self,
+        per_step: int = 3,
+        reject_prompts: frozenset[str] = frozenset(),
+        reject_in_step: bool = False,
+        step_seconds: float = 0.0,
+        die_after_steps: int | None = None,
+    ) -> None:
+        self.per_step = per_step
+        self.reject_prompts = reject_prompts
+        self.reject_in_step = reject_in_step  # refuse from step(), as a background renderer does
+        self.step_seconds = step_seconds
+        self.die_after_steps = die_after_steps
+        self.steps = 0
+        self.added: list[str] = []
+        self._queue: list[Result] = []
+
+    def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        assert [m.key for m in media] == list(request.media_keys)
+        if request.request.prompt in self.reject_prompts:
+            message = f"prompt {request.request.prompt!r} refused"
+            if not self.reject_in_step:
+                raise RequestRejected(message)
+            self._queue.append(Result.failure(request.id, "validate", message))
+            return
+        self.added.append(request.id)
+        text = expected_text(request.media_keys, request.request.prompt)
+        self._queue.append(
+            Result(request.id, text, "stop", Usage(prompt_tokens=10, output_tokens=len(text)))
+        )
+
+    def step(self) -> list[Result]:
+        self.steps += 1
+        if self.die_after_steps is not None and self.steps > self.die_after_steps:
+            raise FatalEngineError("the fake engine died")
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
+        done, self._queue = self._queue[-self.per_step :], self._queue[: -self.per_step]
+        return done[::-1]
+
+    def num_unfinished(self) -> int:
+        return len(self._queue)
+
+    def cache_stats(self) -> CacheStats:
+        return CacheStats()
+
+    def prompt_limits(self) -> None:
+        """The fake engine has no model, hence no limits."""
