@@ -30,9 +30,7 @@ from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import FatalEngineError
 from mmbatch.jsonl import write_atomic
-from mmbatch.media.loader import MediaLoader
 from mmbatch.media.options import MediaOptions
-from mmbatch.media.store import MediaStore
 from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
 from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows
 from mmbatch.out.rows import FLAT, RowShape
@@ -40,7 +38,7 @@ from mmbatch.out.sinks import MemorySink, Sink
 from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts, quarantine_path
 from mmbatch.out.summary import write_summary
 from mmbatch.out.tables import SPOOL_SUFFIX
-from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
 
 
@@ -164,14 +162,29 @@ def run_job(
 
 
 def run_in_memory(
-    job: Job, engine: Engine, run: RunConfig | None = None, store: MediaStore | None = None
+    job: Job, engine: Engine, run: RunConfig | None = None
 ) -> tuple[list[dict[str, Any]], JobStats]:
     """Run every request of ``job`` on ``engine``; the rows, one per item in the order
-    their items finished, and the run's stats. ``store`` keeps decoded media across calls
-    (a caller that runs batch after batch, such as a Ray replica, passes the same one)."""
-    sink = MemorySink()
-    stats = _run(job, job.requests, engine, sink, run or RunConfig(progress=False), store)
-    return sink.rows, stats
+    their items finished, and the run's stats. The engine's pipeline (its feeder, its
+    decoded media) is kept for the next call, so batch after batch costs no start-up."""
+    return rows_of(start_in_memory(job, engine, run))
+
+
+def start_in_memory(job: Job, engine: Engine, run: RunConfig | None = None) -> Submission:
+    """``run_in_memory`` without the wait: the submission, to wait on (``rows_of``) from any
+    thread or event loop, while other submissions keep the engine busy."""
+    run = run or RunConfig(progress=False)
+    requests = list(job.requests)
+    return pipeline_for(engine, run).submit(
+        requests, job.sampling, job.media, job.shape.builder(requests), MemorySink(), run.progress
+    )
+
+
+def rows_of(submission: Submission) -> tuple[list[dict[str, Any]], JobStats]:
+    """The rows and stats of a finished in-memory submission (waiting for it first)."""
+    stats = submission.wait()
+    assert isinstance(submission.sink, MemorySink)
+    return submission.sink.rows, stats
 
 
 def media_per_prompt(requests: Sequence[Request]) -> dict[Modality, int]:
@@ -190,16 +203,11 @@ def media_per_prompt(requests: Sequence[Request]) -> dict[Modality, int]:
 
 
 def _run(
-    job: Job,
-    requests: Sequence[Request],
-    engine: Engine,
-    sink: Sink,
-    run: RunConfig,
-    store: MediaStore | None = None,
+    job: Job, requests: Sequence[Request], engine: Engine, sink: Sink, run: RunConfig
 ) -> JobStats:
-    loader = MediaLoader(job.media, engine.prompt_limits(), store)
-    rows = job.shape.builder(requests)
-    return run_requests(requests, engine, loader, sink, job.sampling, run, rows)
+    pending = list(requests)
+    rows = job.shape.builder(pending)
+    return run_requests(pending, engine, job.media, sink, job.sampling, run, rows)
 
 
 def _engine(engine: Engine | EngineConfig, requests: Sequence[Request]) -> Engine:

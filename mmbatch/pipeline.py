@@ -1,182 +1,419 @@
-"""Drive requests: windows -> loader -> planner -> engine -> one row per item, to a sink.
+"""Drive an engine: requests in, through the feeder, kept saturated, rows out.
 
-The engine is kept fed: while it works through the requests already added, a background
-thread reads, hashes and decodes the next window, and that window is added as soon as the
-engine's queue runs low. Results are matched to requests by id as they finish.
+One ``Pipeline`` serves one engine for as long as the process has work for it: a command's
+whole job, or the batches of a ``Dataset.map`` and the blocks of a Ray replica one after the
+other, so that neither the engine nor the decode workers start again, and (with submissions
+that overlap) the engine does not drain between batches. Each ``submit`` plans its requests
+over the whole submission (``mmbatch.planner``), hands them to the feeder, and returns a
+``Submission`` to wait on; a driver thread adds ready requests to the engine, steps it and
+routes each result, by id, to its submission's rows and sink.
 
-Every request ends as exactly one row, a result or an error; that invariant is checked at
-the end (and a broken one is a bug, raised loudly). Per-item failures are rows; a fatal
-engine error propagates after the rows finished so far are flushed to the sink.
+The engine is kept saturated: while work remains, the requests in flight are topped up to
+the engine's ``capacity`` (vLLM: ``max_num_seqs`` plus a prefill's worth), so its waiting
+queue does not run dry; the first requests go in as soon as their own media are decoded.
+The engine's running and waiting counts are sampled once a second into each submission's
+stats, so the summary shows whether that held.
+
+Every request ends as exactly one result, checked when its submission finishes (a broken
+invariant is a bug, raised loudly). Per-item failures are results; a fatal engine error
+ends every open submission with that error, after the rows finished so far were written.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import queue
+import threading
 import time
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tqdm import tqdm
 
 from mmbatch import planner
 from mmbatch.engine.base import Engine
-from mmbatch.errors import ConfigError, RequestRejected
-from mmbatch.media.loader import LoadedWindow, MediaLoader
+from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
+from mmbatch.media.feeder import Feeder, Ready
+from mmbatch.media.options import MediaOptions
 from mmbatch.out.rows import FLAT, RowBuilder
-from mmbatch.out.sinks import Sink
+from mmbatch.out.sinks import MemorySink, Sink
 from mmbatch.out.stats import JobStats
-from mmbatch.types import Request, Result, Sampling
+from mmbatch.types import LoadedRequest, Request, Result, Sampling
 
-DEFAULT_WINDOW = 512
-"""Requests prepared (read, hashed, decoded, planned) together; large enough that repeated
-media and shared prefixes land together, small enough to bound decoded pixels in memory."""
+IDLE_WAIT = 0.05
+"""Seconds the driver waits for ready media when the engine has nothing to do."""
+SAMPLE_SECONDS = 1.0
+"""How often the engine's running and waiting counts are sampled."""
+FLUSH_SECONDS = 2.0
+"""How often written rows are made durable (fsync): a power cut costs at most this much."""
+MAX_AUTO_WORKERS = 8
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """How the pipeline drives the engine."""
 
-    window: int = DEFAULT_WINDOW
     progress: bool = True
+    decode_workers: int | None = None
+    """Processes decoding media; None: one per core beyond two (at most 8); 0: a thread of
+    this process (what a machine with few cores does best)."""
+    memory_budget: int | None = None
+    """Bytes of media held at once (read, decoded, on their way to the engine); None: an
+    eighth of the machine's memory, between 256 MiB and 16 GiB."""
 
     def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ConfigError(f"window must be >= 1, got {self.window}")
+        if self.decode_workers is not None and self.decode_workers < 0:
+            raise ConfigError(f"decode_workers must be >= 0, got {self.decode_workers}")
+        if self.memory_budget is not None and self.memory_budget < 1:
+            raise ConfigError(f"memory_budget must be >= 1 byte, got {self.memory_budget}")
+
+    def workers(self) -> int:
+        if self.decode_workers is not None:
+            return self.decode_workers
+        return min(MAX_AUTO_WORKERS, max(0, (os.cpu_count() or 1) - 2))
+
+    def budget(self) -> int:
+        if self.memory_budget is not None:
+            return self.memory_budget
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return min(16 * 1024**3, max(256 * 1024**2, total // 8))
 
 
-def run_requests(
-    requests: Sequence[Request],
-    engine: Engine,
-    loader: MediaLoader,
-    sink: Sink,
-    sampling: Sampling,
-    run: RunConfig | None = None,
-    rows: RowBuilder | None = None,
-) -> JobStats:
-    """Process every request through ``engine`` and write one row per item to ``sink``.
-
-    An item is a request, or the requests sharing an ``item_id`` (assembled by ``rows``,
-    by default ``FLAT``: one flat row per request)."""
-    run = run or RunConfig()
-    job = _Job(requests, engine, sink, rows or FLAT)
-    low_water = max(1, run.window // 2)
-    windows = _chunks(requests, run.window)
-    bar = tqdm(total=job.stats.total, unit="item", disable=not run.progress, dynamic_ncols=True)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mmbatch-load") as pool:
-        upcoming: Future[LoadedWindow] | None = _load_next(pool, loader, windows)
-        try:
-            while True:
-                busy = engine.num_unfinished()
-                # Top up when the queue runs low, but never stall a busy engine on decoding.
-                if upcoming is not None and busy < low_water and (upcoming.done() or not busy):
-                    with job.stats.timed("load_wait"):
-                        window = upcoming.result()
-                    upcoming = _load_next(pool, loader, windows)
-                    with job.stats.timed("add"):
-                        job.add_window(window, sampling)
-                elif busy:
-                    with job.stats.timed("step"):
-                        results = engine.step()
-                    for result in results:
-                        job.emit(result)
-                elif upcoming is None:
-                    break
-                job.update_progress(bar)
-        finally:
-            if upcoming is not None:
-                upcoming.cancel()
-            bar.close()
-            job.stats.decodes = loader.store.decodes
-            job.stats.cache = engine.cache_stats()
-    job.check_complete()
-    job.stats.finished = time.perf_counter()
-    return job.stats
-
-
-class _Job:
-    """The bookkeeping of one run: which requests are open, and the stats."""
+class Submission:
+    """Requests handed to a pipeline together: where their rows go, and when they are done."""
 
     def __init__(
-        self, requests: Sequence[Request], engine: Engine, sink: Sink, rows: RowBuilder
+        self,
+        tag: int,
+        requests: list[Request],
+        sampling: Sampling,
+        rows: RowBuilder,
+        sink: Sink,
+        options: MediaOptions,
+        progress: bool,
     ) -> None:
-        self.engine = engine
-        self.sink = sink
-        self.rows = rows
+        self.tag = tag
         self.requests = {r.id: r for r in requests}
         if len(self.requests) != len(requests):
             raise ValueError("request ids must be unique")
+        self.order = requests
+        self.sampling = sampling
+        self.rows = rows
+        self.sink = sink
+        self.options = options
+        self.progress = progress
+        self.stats = JobStats(total=len({r.row_id for r in requests}))
         self.media_keys: dict[str, tuple[str, ...]] = {}
         self.emitted: set[str] = set()
         self.written = 0
-        self.stats = JobStats(total=len({r.row_id for r in requests}))
+        self.in_flight = 0
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._callbacks: list[Callable[[], object]] = []
+        self._callbacks_lock = threading.Lock()
+        self._bar: tqdm[Any] | None = None
         self._shown = 0
 
-    def add_window(self, window: LoadedWindow, sampling: Sampling) -> None:
-        # Once per window, the rows written so far are made durable (fsync): cheap at this
-        # rate, and a power cut then costs at most about a window of rows, redone on resume.
-        self.sink.flush()
-        self.stats.bytes_read += window.bytes_read
-        for failure in window.failures:
-            self.emit(failure)
-        for loaded in planner.ordered(window.requests):
-            self.media_keys[loaded.id] = loaded.media_keys
-            media = [window.media[key] for key in loaded.media_keys]
-            try:
-                self.engine.add(loaded, media, loaded.request.sampling or sampling)
-            except RequestRejected as exc:
-                self.emit(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> JobStats:
+        """Block until every request has its result; the stats, or the error that ended it."""
+        while not self._done.wait(0.2):  # a timed wait keeps Ctrl-C responsive
+            pass
+        if self.error is not None:
+            raise self.error
+        return self.stats
+
+    def on_done(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (on the driver thread) once this submission is done; at once if
+        it is already (an event loop passes ``call_soon_threadsafe`` here)."""
+        with self._callbacks_lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     def emit(self, result: Result) -> None:
         request_id = result.request_id
         if request_id in self.emitted:
             raise RuntimeError(f"bug: a second result for request {request_id!r}")
-        request = self.requests[request_id]
         self.emitted.add(request_id)
-        row = self.rows.add(request, self.media_keys.get(request_id, ()), result)
+        row = self.rows.add(self.requests[request_id], self.media_keys.get(request_id, ()), result)
         if row is not None:
             self.written += 1
             self.stats.record(row.outcome)
             self.sink.write(row.data)
 
-    def update_progress(self, bar: tqdm[Any]) -> None:
+    def complete(self) -> bool:
+        return len(self.emitted) == len(self.requests)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if error is None:
+            missing = self.requests.keys() - self.emitted
+            if missing:
+                error = RuntimeError(
+                    f"bug: {len(missing)} requests got no row, e.g. {min(missing)!r}"
+                )
+            elif self.written != self.stats.total:
+                error = RuntimeError(f"bug: {self.written} rows for {self.stats.total} items")
+        self.error = error
+        self.stats.finished = time.perf_counter()
+        if self._bar is not None:
+            self.show_progress()
+            self._bar.close()
+        with self._callbacks_lock:
+            self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def show_progress(self) -> None:
+        if not self.progress:
+            return
+        if self._bar is None:
+            self._bar = tqdm(total=self.stats.total, unit="item", dynamic_ncols=True)
         done = self.stats.done
         if done == self._shown:
             return
-        bar.update(done - self._shown)
+        self._bar.update(done - self._shown)
         self._shown = done
         wall = self.stats.wall_seconds
-        bar.set_postfix_str(
-            f"{self.stats.output_tokens / wall:.0f} tok/s, {self.stats.failed} failed"
-            if wall > 0
-            else "",
-            refresh=False,
-        )
-
-    def check_complete(self) -> None:
-        missing = self.requests.keys() - self.emitted
-        if missing:
-            raise RuntimeError(
-                f"bug: {len(missing)} requests produced no row, e.g. {min(missing)!r}"
+        if wall > 0:
+            self._bar.set_postfix_str(
+                f"{self.stats.output_tokens / wall:.0f} tok/s, {self.stats.failed} failed",
+                refresh=False,
             )
-        if self.written != self.stats.total:
-            raise RuntimeError(f"bug: {self.written} rows written for {self.stats.total} items")
 
 
-def _chunks(requests: Sequence[Request], size: int) -> Iterator[Sequence[Request]]:
-    start = 0
-    while start < len(requests):
-        end = min(start + size, len(requests))
-        # An item's requests stay in one window: its media is read once and its questions
-        # reach the engine together, sharing the prefix and the encoder output.
-        while end < len(requests) and requests[end].row_id == requests[end - 1].row_id:
-            end += 1
-        yield requests[start:end]
-        start = end
+class Pipeline:
+    """One engine, its feeder and a driver thread, serving submissions in turn."""
+
+    def __init__(self, engine: Engine, run: RunConfig | None = None) -> None:
+        run = run or RunConfig()
+        self.engine = engine
+        self.feeder = Feeder(
+            engine.prompt_limits(),
+            workers=run.workers(),
+            budget=run.budget(),
+            lookahead=engine.capacity(),
+        )
+        self._inbox: queue.SimpleQueue[Submission] = queue.SimpleQueue()
+        self._open: dict[int, Submission] = {}
+        self._in_flight: dict[str, tuple[Submission, LoadedRequest]] = {}
+        self._tags = itertools.count()
+        self._wake = threading.Event()
+        self._closed = False
+        self._dead: BaseException | None = None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._next_sample = self._next_flush = time.perf_counter() + SAMPLE_SECONDS
+
+    def submit(
+        self,
+        requests: list[Request],
+        sampling: Sampling,
+        options: MediaOptions | None = None,
+        rows: RowBuilder | None = None,
+        sink: Sink | None = None,
+        progress: bool = False,
+    ) -> Submission:
+        """Queue ``requests``; their rows go to ``sink`` (default: kept in memory) as they
+        finish. Safe to call from any thread."""
+        submission = Submission(
+            next(self._tags),
+            requests,
+            sampling,
+            rows or FLAT,
+            sink or MemorySink(),
+            options or MediaOptions(),
+            progress,
+        )
+        with self._lock:
+            if self._dead is not None:
+                raise FatalEngineError(f"the engine is gone: {self._dead}") from self._dead
+            if self._closed:
+                raise RuntimeError("the pipeline is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="mmbatch-driver", daemon=True
+                )
+                self._thread.start()
+        self._inbox.put(submission)
+        self._wake.set()
+        return submission
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._dead is not None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._open) or not self._inbox.empty()
+
+    def close(self) -> None:
+        """Stop the driver (after the step in progress) and the feeder; a submission still
+        open ends with an error (its rows so far are written)."""
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        if self.busy:
+            self._die(RuntimeError("the pipeline was closed before this work was done"))
+        self.feeder.close()
+
+    # -- the driver thread ---------------------------------------------------------------
+
+    def _serve(self) -> None:
+        try:
+            while not self._closed:
+                if not self._open and self._inbox.empty():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                self._tick()
+        except BaseException as exc:
+            self._die(exc)
+
+    def _tick(self) -> None:
+        self._accept()
+        busy = self.engine.num_unfinished()
+        room = self.engine.capacity() - busy
+        if room > 0:
+            for ready in self.feeder.take(room, timeout=0 if busy else IDLE_WAIT):
+                self._add(ready)
+        if self.engine.num_unfinished():
+            for result in self.engine.step():
+                self._finish(result)
+        self._housekeeping()
+
+    def _accept(self) -> None:
+        while not self._inbox.empty():
+            submission = self._inbox.get()
+            self._open[submission.tag] = submission
+            if submission.order:
+                plan = planner.plan(submission.order)
+                self.feeder.add(submission.tag, submission.order, plan, submission.options)
+            else:
+                self._close_if_complete(submission)
+
+    def _add(self, ready: Ready) -> None:
+        submission = self._open[ready.tag]  # type: ignore[index]
+        for failure in ready.failures:
+            submission.emit(failure)
+        sampling = submission.sampling
+        for loaded in ready.loaded:
+            submission.media_keys[loaded.id] = loaded.media_keys
+            engine_id = f"{submission.tag}:{loaded.id}"
+            media = [ready.media[key] for key in loaded.media_keys]
+            request = replace(loaded.request, id=engine_id)
+            try:
+                self.engine.add(
+                    LoadedRequest(request, loaded.media_keys),
+                    media,
+                    loaded.request.sampling or sampling,
+                )
+            except RequestRejected as exc:
+                self.feeder.done(loaded)
+                submission.emit(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
+                continue
+            self._in_flight[engine_id] = (submission, loaded)
+            submission.in_flight += 1
+        self._close_if_complete(submission)
+
+    def _finish(self, result: Result) -> None:
+        submission, loaded = self._in_flight.pop(result.request_id)
+        submission.in_flight -= 1
+        self.feeder.done(loaded)
+        submission.emit(replace(result, request_id=loaded.id))
+        self._close_if_complete(submission)
+
+    def _close_if_complete(self, submission: Submission) -> None:
+        if submission.complete():
+            del self._open[submission.tag]
+            submission.stats.decodes, submission.stats.bytes_read = self.feeder.counts(
+                submission.tag
+            )
+            self.feeder.forget(submission.tag)
+            submission.stats.cache = self.engine.cache_stats()
+            submission.sink.flush()
+            submission.finish()
+
+    def _housekeeping(self) -> None:
+        now = time.perf_counter()
+        if now >= self._next_sample:
+            self._next_sample = now + SAMPLE_SECONDS
+            depths = self.engine.queue_depths()
+            for submission in self._open.values():
+                if depths is not None:
+                    backlog = len(submission.requests) - len(submission.emitted)
+                    backlog -= submission.in_flight
+                    submission.stats.sample_queue(*depths, backlog)
+                submission.show_progress()
+        if now >= self._next_flush:
+            self._next_flush = now + FLUSH_SECONDS
+            for submission in self._open.values():
+                submission.sink.flush()
+
+    def _die(self, exc: BaseException) -> None:
+        with self._lock:
+            self._dead = exc
+        if self._in_flight and not isinstance(exc, FatalEngineError):
+            # The engine lives on (a shared one serves the next caller): what this pipeline
+            # left in it would come back to nobody.
+            self.engine.abort(list(self._in_flight))
+            self._in_flight.clear()
+        while not self._inbox.empty():
+            self._accept()
+        for submission in list(self._open.values()):
+            submission.sink.flush()
+            submission.finish(exc)
+        self._open.clear()
 
 
-def _load_next(
-    pool: ThreadPoolExecutor, loader: MediaLoader, windows: Iterator[Sequence[Request]]
-) -> Future[LoadedWindow] | None:
-    window = next(windows, None)
-    return None if window is None else pool.submit(loader.load, window)
+def run_requests(
+    requests: list[Request],
+    engine: Engine,
+    options: MediaOptions,
+    sink: Sink,
+    sampling: Sampling,
+    run: RunConfig | None = None,
+    rows: RowBuilder | None = None,
+) -> JobStats:
+    """Run ``requests`` on ``engine`` through a pipeline of their own, one row per item to
+    ``sink``; the pipeline stops when they are done (a job that is the process's work)."""
+    run = run or RunConfig()
+    pipeline = Pipeline(engine, run)
+    try:
+        submission = pipeline.submit(requests, sampling, options, rows, sink, run.progress)
+        return submission.wait()
+    finally:
+        pipeline.close()
+
+
+KEPT_PIPELINES = 4
+"""Engines whose pipelines ``pipeline_for`` keeps running; the least recently used one
+beyond these is stopped (its engine stays usable: a later call starts a new pipeline)."""
+
+_PIPELINES: OrderedDict[int, Pipeline] = OrderedDict()
+_PIPELINES_LOCK = threading.Lock()
+
+
+def pipeline_for(engine: Engine, run: RunConfig | None = None) -> Pipeline:
+    """This process's long-lived pipeline for ``engine``, started on first use and kept for
+    the batches that follow (a ``Dataset.map``, a Ray replica): its feeder's workers and
+    decoded media last across them, and batches submitted together keep the engine busy.
+    ``run``'s decode workers and budget apply when the pipeline starts."""
+    with _PIPELINES_LOCK:
+        pipeline = _PIPELINES.get(id(engine))
+        if pipeline is None or pipeline.engine is not engine or pipeline.closed:
+            pipeline = _PIPELINES[id(engine)] = Pipeline(engine, run)
+        _PIPELINES.move_to_end(id(engine))
+        idle = [key for key, kept in _PIPELINES.items() if not kept.busy and kept is not pipeline]
+        for key in idle[: max(0, len(_PIPELINES) - KEPT_PIPELINES)]:
+            _PIPELINES.pop(key).close()
+        return pipeline

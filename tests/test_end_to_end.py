@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mmbatch.media.loader import MediaLoader
+from mmbatch.media.options import MediaOptions
 from mmbatch.out.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.types import MediaRef, Request, Sampling
@@ -27,12 +27,9 @@ pytestmark = pytest.mark.slow
 SAMPLING = Sampling(max_tokens=12)
 
 
-def run_rows(engine, requests: list[Request], out: Path, window: int) -> dict[str, dict]:  # type: ignore[no-untyped-def]
-    loader = MediaLoader()
+def run_rows(engine, requests: list[Request], out: Path) -> dict[str, dict]:  # type: ignore[no-untyped-def]
     with JsonlSink(out) as sink:
-        run_requests(
-            requests, engine, loader, sink, SAMPLING, RunConfig(window=window, progress=False)
-        )
+        run_requests(requests, engine, MediaOptions(), sink, SAMPLING, RunConfig(progress=False))
     return {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
 
 
@@ -58,7 +55,7 @@ def test_reordering_and_caching_never_change_a_caption(
         for i in range(2)
         for name in names
     ]
-    batched = run_rows(vl_engine, requests, tmp_path / "batched.jsonl", window=7)
+    batched = run_rows(vl_engine, requests, tmp_path / "batched.jsonl")
     assert len(batched) == len(requests)
     # The caches did hit (read now: vLLM's metrics registry is per process, and the
     # uncached engine below would take it over).
@@ -70,7 +67,7 @@ def test_reordering_and_caching_never_change_a_caption(
     uncached_vl_engine = request.getfixturevalue("uncached_vl_engine")
     texts = set()
     for request in requests:
-        alone = run_rows(uncached_vl_engine, [request], tmp_path / "alone.jsonl", window=1)
+        alone = run_rows(uncached_vl_engine, [request], tmp_path / "alone.jsonl")
         row, solo = batched[request.id], alone[request.id]
         assert row["error"] is None
         assert solo["error"] is None
@@ -177,20 +174,17 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
                 handle.write(json.dumps(row) + "\n")
     requests = image_requests([str(manifest)], "unused")
     reference = MemorySink()
-    run_requests(
-        requests,
-        vl_engine,
-        MediaLoader(),
-        reference,
-        Sampling(max_tokens=16),
-        RunConfig(window=4, progress=False),
-    )
+    run = RunConfig(progress=False)
+    run_requests(requests, vl_engine, MediaOptions(), reference, Sampling(max_tokens=16), run)
     expected = {r["id"]: (r["text"], r["error"]) for r in reference.rows}
 
     out = tmp_path / "out.jsonl"
     argv = [sys.executable, "-m", "mmbatch", "caption", str(manifest), "--model"]
-    argv += [str(tiny_vl_model), "--out", str(out), "--max-tokens", "16", "--window", "4"]
+    argv += [str(tiny_vl_model), "--out", str(out), "--max-tokens", "16"]
     argv += [*TINY_ENGINE_ARGS, "--engine-arg", "block_size=32", "--no-progress"]
+    # Four requests at a time, so that rows come out one after another and a kill soon
+    # after the first lands in the middle of the job (at full width they finish together).
+    argv += ["--engine-arg", "max_num_seqs=4"]
 
     def whole_rows() -> list[dict]:  # type: ignore[type-arg]
         data = out.read_bytes() if out.exists() else b""

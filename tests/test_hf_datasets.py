@@ -25,7 +25,7 @@ from mmbatch.integrations.hf_datasets import (
     prepare_engine_process,
     select_gpu,
 )
-from mmbatch.media.loader import MediaLoader
+from mmbatch.media.options import MediaOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.types import MediaRef, Request, Sampling
@@ -161,7 +161,7 @@ def texts_from_files(engine, samples: Path) -> dict[str, str]:  # type: ignore[n
     """Each good sample captioned from its file: the reference the map must agree with."""
     requests = [Request(n, PROMPT, (MediaRef("image", str(samples / n)),)) for n in GOOD]
     sink = MemorySink()
-    run_requests(requests, engine, MediaLoader(), sink, SAMPLING, RunConfig(progress=False))
+    run_requests(requests, engine, MediaOptions(), sink, SAMPLING, RunConfig(progress=False))
     return {row["id"]: row["text"] for row in sink.rows}
 
 
@@ -195,6 +195,45 @@ def test_map_over_raw_bytes_gives_each_row_its_own_caption(
         else:
             assert error == ""
             assert text == reference[name], name
+
+
+@pytest.mark.slow
+def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``DatasetMap.pipelined``: datasets runs the batches as concurrent coroutines, all on
+    the process's one engine, which holds the next batch's requests before the last one's
+    are done (a plain call drains the engine after every batch)."""
+    reference = texts_from_files(vl_engine, samples)
+    names = [*GOOD, "truncated.jpg", *reversed(GOOD), "sunset.jpg"]
+    cells = [{"bytes": (samples / n).read_bytes(), "path": n} for n in names]
+    ds = datasets.Dataset.from_dict({"image": cells, "name": names})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+
+    batches_in_engine: list[int] = []
+    real_step = type(vl_engine).step
+
+    def counting_step(engine):  # type: ignore[no-untyped-def]
+        batches = {engine_id.split(":")[0] for engine_id in engine._pending.values()}
+        batches_in_engine.append(len(batches))
+        return real_step(engine)
+
+    monkeypatch.setattr(type(vl_engine), "step", counting_step)
+    captioner = mapper(tiny_vl_model)
+    out = ds.map(captioner.pipelined, batched=True, batch_size=3, with_indices=True)
+    monkeypatch.undo()
+    plain = ds.map(captioner, batched=True, batch_size=3, with_indices=True)
+    assert out["text"] == plain["text"]
+    assert out["error"] == plain["error"]
+    for name, text, error in zip(out["name"], out["text"], out["error"], strict=True):
+        if name == "truncated.jpg":
+            assert error.startswith("decode: corrupt or unsupported image")
+        else:
+            assert text == reference[name], name
+    assert max(batches_in_engine) >= 2, batches_in_engine
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from hostile_media import ENGINE_DEPENDENT, make_hostile_corpus, make_thin_strip
 from mmbatch.cli import EXIT_ITEMS_FAILED
 from mmbatch.media.image import decode_image
 from mmbatch.media.loader import MediaLoader
-from mmbatch.media.options import ImageOptions
+from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
@@ -38,7 +38,7 @@ def test_every_hostile_file_is_one_row_with_its_outcome(
     folder, expected = hostile
     out = tmp_path / "o.jsonl"
     argv = ["caption", str(folder), "--model", "fake", "--out", str(out), "--no-progress"]
-    assert main([*argv, "--window", "3"], FakeEngine()) == EXIT_ITEMS_FAILED
+    assert main(argv, FakeEngine(capacity=3)) == EXIT_ITEMS_FAILED
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     by_name = {Path(r["id"]).name: r for r in rows}
     assert len(rows) == len(by_name) == len(expected)
@@ -111,14 +111,8 @@ def test_hostile_corpus_on_vllm_gives_rows_and_the_engine_survives(
     requests.append(Request("after_all_that", "Describe.", picture))
     expected |= {"too_long": ("validate", "too_long"), "after_all_that": "ok"}
     sink = MemorySink()
-    stats = run_requests(
-        requests,
-        vl_engine,
-        MediaLoader(),
-        sink,
-        Sampling(max_tokens=6),
-        RunConfig(window=4, progress=False),
-    )
+    run = RunConfig(progress=False)
+    stats = run_requests(requests, vl_engine, MediaOptions(), sink, Sampling(max_tokens=6), run)
     by_id = {row["id"]: row for row in sink.rows}
     assert len(sink.rows) == len(by_id) == len(requests)
     assert {item_id: outcome(row) for item_id, row in by_id.items()} == expected
@@ -126,7 +120,8 @@ def test_hostile_corpus_on_vllm_gives_rows_and_the_engine_survives(
         if row["error"] is None:
             assert row["text"], row
             assert row["output_tokens"] > 0, row
-    assert "maximum context length" in by_id["too_long"]["error"]["message"]
+    # Measured before it reached vLLM (the pre-flight budget), with the numbers.
+    assert "over max_model_len 1024" in by_id["too_long"]["error"]["message"]
     assert stats.failed_by_kind["too_long"] == 1
 
 

@@ -3,7 +3,7 @@ every input exactly once with the text an uninterrupted run gives.
 
 The 20 kills run the real command (sources, loader, pipeline, resumable sink) in a
 subprocess with the fake engine, so that they cost seconds, not 20 engine starts: most land
-at a random time (start-up, loading, mid-window, between steps, writing), and four make the
+at a random time (start-up, loading, mid-job, between steps, writing), and four make the
 process kill itself half-way through writing a row, the torn write a kill during ``write``
 can leave. ``test_end_to_end.py`` kills the real vLLM command a few times the same way.
 """
@@ -46,7 +46,7 @@ def start(inputs: Path, out: Path, **env: str) -> subprocess.Popen[bytes]:
 
 def start_command(command: list[str], out: Path, **env: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, str(FAKE_CLI), *command, "--model", "fake"]
-    argv += ["--out", str(out), "--no-progress", "--window", "6"]
+    argv += ["--out", str(out), "--no-progress"]
     return subprocess.Popen(
         argv,
         env=os.environ | {"FAKE_STEP_SECONDS": STEP_SECONDS, **env},
@@ -113,7 +113,7 @@ def test_twenty_kills_lose_nothing_and_duplicate_nothing(tmp_path: Path) -> None
             job.wait(timeout=120)
             tear_rounds += 1
         elif phase in (1, 3):
-            # Any moment of start-up: imports, listing, repair, the first window's decode.
+            # Any moment of start-up: imports, listing, repair, the first decodes.
             job = start(inputs, out)
             kill_after(job, rng.uniform(0, startup))
         else:

@@ -13,11 +13,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
 
 LAYERS = [
-    {"types", "errors", "jsonl"},
+    {"types", "errors", "jsonl", "planner"},
     {"media"},
     {"out"},
     {"sources", "engine"},
-    {"planner", "pipeline"},
+    {"pipeline"},
     {"jobs"},
     {"recipe"},
     {"review", "integrations"},

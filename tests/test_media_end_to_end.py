@@ -19,8 +19,7 @@ import pytest
 from media_files import cfr_video, write_audio
 from test_budget import budget_for
 
-from mmbatch.media.loader import MediaLoader
-from mmbatch.media.options import MediaOptions, VideoOptions
+from mmbatch.media.options import MediaOptions, VideoOptions, scaled_size
 from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.timeline import frame_requests
@@ -32,9 +31,9 @@ SAMPLING = Sampling(max_tokens=6)
 TINY_ARGS = ["--engine-arg", "dtype=float32", "--engine-arg", "enforce_eager=true"]
 
 
-def run_rows(engine, requests: list[Request], loader: MediaLoader, window: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
+def run_rows(engine, requests: list[Request], options: MediaOptions) -> dict:  # type: ignore[no-untyped-def, type-arg]
     sink = MemorySink()
-    run_requests(requests, engine, loader, sink, SAMPLING, RunConfig(window=window, progress=False))
+    run_requests(requests, engine, options, sink, SAMPLING, RunConfig(progress=False))
     return {row["id"]: row for row in sink.rows}
 
 
@@ -47,11 +46,10 @@ def test_each_frame_row_has_the_text_that_frame_gets_alone(
     options = VideoOptions(sampling="fps", fps=2)
     requests = frame_requests([str(samples / "clip.mp4"), str(other)], options, "What is here?")
     budget = vl_engine.prompt_limits()
-    loader = MediaLoader(MediaOptions(video=options), budget)
-    batched = run_rows(vl_engine, requests, loader, window=3)
+    batched = run_rows(vl_engine, requests, MediaOptions(video=options))
     assert len(batched) == len(requests) == 4 + 3  # 2 s and 1.6 s at 2 fps
     for request in requests:
-        alone = run_rows(vl_engine, [request], MediaLoader(), window=1)
+        alone = run_rows(vl_engine, [request], MediaOptions(video=options))
         row, solo = batched[request.id], alone[request.id]
         assert row["error"] is None, row
         assert (row["text"], row["output_tokens"]) == (solo["text"], solo["output_tokens"])
@@ -169,5 +167,8 @@ def test_a_clip_on_qwen2_5_vl_with_its_metadata(
     budget = budget_for(model, 512)
     assert budget.video is not None
     text = budget.text_tokens(None, "Describe.", ("video",))
-    assert row["prompt_tokens"] == text + budget.video.tokens(96, 64, 8)
+    # Frames are decoded no larger than the video processor keeps them (its max_pixels).
+    width, height = scaled_size(96, 64, budget.video.max_pixels)
+    assert (width, height) == (68, 45)
+    assert row["prompt_tokens"] == text + budget.video.tokens(width, height, 8)
     assert row["output_tokens"] > 0

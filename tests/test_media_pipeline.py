@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,12 +26,12 @@ from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Sampling
 
 
-def run(requests: list[Request], loader: MediaLoader, window: int = 64) -> list[dict]:  # type: ignore[type-arg]
+def run(requests: list[Request], options: MediaOptions | None = None) -> tuple[list[dict], Any]:  # type: ignore[type-arg]
+    """Through the streaming pipeline and the fake engine: the rows and the stats."""
     sink = MemorySink()
-    run_requests(
-        requests, FakeEngine(), loader, sink, Sampling(), RunConfig(window, progress=False)
-    )
-    return sink.rows
+    run = RunConfig(progress=False, decode_workers=0)  # decoded here, where the spy sees it
+    stats = run_requests(requests, FakeEngine(), options or MediaOptions(), sink, Sampling(), run)
+    return sink.rows, stats
 
 
 @pytest.fixture
@@ -56,8 +57,7 @@ def test_frames_job_one_row_per_frame_each_video_decoded_once(
     broken.write_bytes(b"\x00" * 100)
     options = VideoOptions(sampling="fps", fps=5)
     requests = frame_requests([str(a), str(broken), str(b)], options, "What is this?")
-    loader = MediaLoader(MediaOptions(video=options))
-    rows = run(requests, loader)
+    rows, stats = run(requests, MediaOptions(video=options))
     assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
     ok = [r for r in rows if r["error"] is None]
     assert len(ok) == 10 + 6
@@ -72,7 +72,7 @@ def test_frames_job_one_row_per_frame_each_video_decoded_once(
     assert "not a media file" in failed["error"]["message"]
     # One decoding pass per video for all of its frames, not one per frame.
     assert sorted(decode_passes) == ["a.mp4", "b.mp4"]
-    assert loader.store.decodes == 16
+    assert stats.decodes == 16
 
 
 def test_decoded_frames_are_the_frames_the_rows_name(tmp_path: Path) -> None:
@@ -104,8 +104,7 @@ def test_frame_keys_follow_the_frame_not_the_sampling(samples: Path) -> None:
 def test_save_frames_writes_jpegs_named_by_video_and_pts(samples: Path, tmp_path: Path) -> None:
     options = VideoOptions(sampling="fps", fps=1)
     requests = frame_requests([str(samples / "clip.mp4")], options, "p")
-    loader = MediaLoader(MediaOptions(video=options, frame_dir=str(tmp_path / "frames")))
-    run(requests, loader)
+    run(requests, MediaOptions(video=options, frame_dir=str(tmp_path / "frames")))
     names = sorted(p.name for p in (tmp_path / "frames").iterdir())
     flat = str(samples / "clip.mp4").lstrip("/").replace("/", "_")
     assert names == [f"{flat}@0.000.jpg", f"{flat}@1.000.jpg"]
@@ -131,7 +130,7 @@ def test_audio_windows_through_the_pipeline(tmp_path: Path) -> None:
     window = loader.load(requests)
     payloads = [window.media[r.media_keys[0]].payload for r in window.requests]
     assert [(s.dtype, s.size, rate) for s, rate in payloads] == [(np.float32, 16000, 16000)] * 3
-    rows = sorted(run(requests, loader), key=lambda r: r["start"])  # the fake finishes backwards
+    rows = sorted(run(requests, loader.options)[0], key=lambda r: r["start"])  # finished backwards
     assert [(r["start"], r["end"], r["error"]) for r in rows] == [
         (0.0, 1.0, None),
         (0.75, 1.75, None),
@@ -144,7 +143,7 @@ def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> Non
     from mmbatch.sources.caption import caption_requests, list_media
 
     requests = caption_requests(list_media([str(samples / "tone.wav")]), "p", take=("image",))
-    [row] = run(requests, MediaLoader())
+    [row], _ = run(requests)
     assert row["error"] == {
         "stage": "validate",
         "kind": "unsupported",
@@ -154,7 +153,7 @@ def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> Non
 
 def test_rows_are_json(tmp_path: Path, samples: Path) -> None:
     requests = frame_requests([str(samples / "clip.mp4")], VideoOptions(num_frames=2), "p")
-    rows = run(requests, MediaLoader())
+    rows, _ = run(requests)
     assert json.loads(json.dumps(rows)) == rows
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mmbatch.errors import SourceError
-from mmbatch.media.loader import MediaLoader
+from mmbatch.media.options import MediaOptions
 from mmbatch.out.answers import JsonParser, canonical_schema
 from mmbatch.out.rows import ItemRows
 from mmbatch.out.sinks import MemorySink
@@ -30,14 +30,13 @@ def corpus(tmp_path: Path, samples: Path) -> Path:
     return folder
 
 
-def run(requests: list[Request], rows: ItemRows, window: int, **engine_kwargs: object) -> tuple:
-    engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
-    loader = MediaLoader()
+def run(requests: list[Request], rows: ItemRows, capacity: int, **engine_kwargs: object) -> tuple:
+    """Through the pipeline, the fake engine holding at most ``capacity`` requests."""
+    engine = FakeEngine(capacity=capacity, **engine_kwargs)  # type: ignore[arg-type]
     sink = MemorySink()
-    stats = run_requests(
-        requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False), rows
-    )
-    return stats, sink.rows, loader, engine
+    run = RunConfig(progress=False)
+    stats = run_requests(requests, engine, MediaOptions(), sink, Sampling(), run, rows)
+    return stats, sink.rows, engine
 
 
 def test_every_item_gets_one_row_with_every_answer(corpus: Path) -> None:
@@ -45,8 +44,8 @@ def test_every_item_gets_one_row_with_every_answer(corpus: Path) -> None:
     names = [q.name for q in recipe.questions]
     requests = recipe_requests([str(corpus)], recipe)
     assert len(requests) == len(names) * 7
-    # A window of 3 is smaller than an item's 4 questions: windows grow to whole items.
-    stats, rows, loader, engine = run(requests, recipe_shape(recipe).builder(requests), window=3)
+    # The engine holds 3 requests at once, fewer than an item's 4 questions.
+    stats, rows, engine = run(requests, recipe_shape(recipe).builder(requests), capacity=3)
     assert sorted(r["id"] for r in rows) == sorted({r.item_id for r in requests})
     assert stats.total == stats.done == 7
     for row in rows:
@@ -61,7 +60,7 @@ def test_every_item_gets_one_row_with_every_answer(corpus: Path) -> None:
         assert row["output_tokens"] == sum(a["output_tokens"] for a in row["outputs"].values())
     # 7 files, 6 readable, 5 distinct pictures (two names for one), 4 of them decodable:
     # each decoded once, though 4 questions ask about each.
-    assert loader.store.decodes == 4
+    assert stats.decodes == 4
     # An item's questions reach the engine together (the planner groups them by image).
     items = [request_id.rsplit("#", 1)[0] for request_id in engine.added]
     runs = [items[i : i + 4] for i in range(0, len(items), 4)]
@@ -72,7 +71,7 @@ def test_every_item_gets_one_row_with_every_answer(corpus: Path) -> None:
 def test_a_bad_picture_fails_every_answer_with_one_reason(corpus: Path) -> None:
     recipe = load_recipe(RECIPES / "multi_question.toml")
     requests = recipe_requests([str(corpus)], recipe)
-    stats, rows, _, _ = run(requests, recipe_shape(recipe).builder(requests), window=8)
+    stats, rows, _ = run(requests, recipe_shape(recipe).builder(requests), capacity=8)
     by_name = {Path(r["id"]).name: r for r in rows}
     empty = by_name["empty.jpg"]
     assert empty["error"] == {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"}
@@ -86,10 +85,10 @@ def test_a_refused_question_fails_alone(samples: Path) -> None:
     recipe = load_recipe(RECIPES / "multi_question.toml")
     requests = recipe_requests([str(samples / "sunset.jpg")], recipe)
     refused = recipe.questions[1].text
-    stats, rows, _, _ = run(
+    stats, rows, _ = run(
         requests,
         recipe_shape(recipe).builder(requests),
-        window=8,
+        capacity=8,
         reject_prompts=frozenset({refused}),
     )
     (row,) = rows
@@ -201,6 +200,6 @@ def test_items_sharing_a_picture_still_get_their_own_rows(samples: Path) -> None
         for item in ("one", "two")
         for q in ("a", "b")
     ]
-    _, rows, loader, _ = run(requests, ItemRows(requests), window=2, per_step=1)
+    stats, rows, _ = run(requests, ItemRows(requests), capacity=2, per_step=1)
     assert sorted(r["id"] for r in rows) == ["one", "two"]
-    assert loader.store.decodes == 1
+    assert stats.decodes == 1

@@ -173,7 +173,9 @@ def test_output_lines_through_the_pipeline(tmp_path: Path, samples: Path) -> Non
         )
     )
     job = Job(batch.requests, shape=OpenAIBatchShape("tiny"))
-    lines, stats = run_in_memory(job, FakeEngine(per_step=1), RunConfig(window=10, progress=False))
+    lines, stats = run_in_memory(
+        job, FakeEngine(per_step=1, capacity=10), RunConfig(progress=False)
+    )
     rows = {row["custom_id"]: row for row in lines}
     assert sorted(rows) == ["a", "b", "c", "d"]
     assert stats.decodes == 1  # the inline sunset and the file copy share one key

@@ -35,7 +35,7 @@ def test_the_format_follows_the_name_unless_asked() -> None:
 def job_rows(samples: Path, out: Path, fmt: str) -> list[dict]:  # type: ignore[no-untyped-def]
     """A real job over the samples (a fake engine): ok rows and a decode error row."""
     job = Job(image_requests([str(samples)], "Describe."), Sampling())
-    run_job(job, FakeEngine(), FileOutput.at(out, fmt), RunConfig(window=2, progress=False))
+    run_job(job, FakeEngine(), FileOutput.at(out, fmt), RunConfig(progress=False))
     return list(read_output(out))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mmbatch.media.loader import MediaLoader
+from mmbatch.media.options import MediaOptions
 from mmbatch.out.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.files import image_requests
@@ -27,20 +27,21 @@ def corpus(tmp_path: Path, samples: Path) -> Path:
     return folder
 
 
-def run(requests: list[Request], out: Path, window: int = 4, **engine_kwargs: object) -> tuple:
-    engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
-    loader = MediaLoader()
+def run(requests: list[Request], out: Path, capacity: int = 4, **engine_kwargs: object) -> tuple:
+    """Through the streaming pipeline, the fake engine holding at most ``capacity`` requests
+    (so that the media of later ones are still being read while earlier ones run)."""
+    engine = FakeEngine(capacity=capacity, **engine_kwargs)  # type: ignore[arg-type]
     with JsonlSink(out) as sink:
         stats = run_requests(
-            requests, engine, loader, sink, Sampling(), RunConfig(window=window, progress=False)
+            requests, engine, MediaOptions(), sink, Sampling(), RunConfig(progress=False)
         )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    return stats, rows, loader, engine
+    return stats, rows, engine
 
 
 def test_one_row_per_item_with_the_right_text(corpus: Path, tmp_path: Path) -> None:
     requests = image_requests([str(corpus)], "Describe.")
-    stats, rows, _, _ = run(requests, tmp_path / "out.jsonl")
+    stats, rows, _ = run(requests, tmp_path / "out.jsonl")
     assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
     for row in rows:
         if row["error"] is None:
@@ -49,7 +50,7 @@ def test_one_row_per_item_with_the_right_text(corpus: Path, tmp_path: Path) -> N
 
 
 def test_bad_files_become_error_rows_naming_stage_and_cause(corpus: Path, tmp_path: Path) -> None:
-    _, rows, _, _ = run(image_requests([str(corpus)], "p"), tmp_path / "out.jsonl")
+    _, rows, _ = run(image_requests([str(corpus)], "p"), tmp_path / "out.jsonl")
     errors = {Path(r["id"]).name: r["error"] for r in rows if r["error"]}
     assert errors == {
         "empty.jpg": {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"},
@@ -69,22 +70,21 @@ def test_bad_files_become_error_rows_naming_stage_and_cause(corpus: Path, tmp_pa
 
 
 def test_identical_bytes_share_a_key_and_are_decoded_once(corpus: Path, tmp_path: Path) -> None:
-    # Window 100 holds everything: each distinct picture is decoded exactly once.
-    stats, rows, loader, _ = run(
-        image_requests([str(corpus)], "p"), tmp_path / "o.jsonl", window=100
-    )
+    stats, rows, _ = run(image_requests([str(corpus)], "p"), tmp_path / "o.jsonl", capacity=100)
     by_name = {Path(r["id"]).name: r for r in rows}
     assert by_name["sunset.jpg"]["media_hash"] == by_name["sunset_copy.jpg"]["media_hash"]
     assert by_name["checkerboard.png"]["media_hash"] == by_name["checker_again.png"]["media_hash"]
     assert by_name["sunset.jpg"]["media_hash"] != by_name["checkerboard.png"]["media_hash"]
     decodable = {r["media_hash"] for r in rows if r["error"] is None}
-    assert stats.decodes == loader.store.decodes == len(decodable) == 4
+    assert stats.decodes == len(decodable) == 4
 
 
-def test_store_spares_decodes_across_windows(samples: Path, tmp_path: Path) -> None:
+def test_a_repeated_picture_is_decoded_once_however_the_engine_takes_it(
+    samples: Path, tmp_path: Path
+) -> None:
     path = str(samples / "sunset.jpg")
     requests = [Request(str(i), "p", (MediaRef("image", path),)) for i in range(10)]
-    stats, rows, _, _ = run(requests, tmp_path / "o.jsonl", window=3)
+    stats, rows, _ = run(requests, tmp_path / "o.jsonl", capacity=3)
     assert stats.decodes == 1
     assert len(rows) == 10
 
@@ -97,7 +97,7 @@ def test_out_of_order_completion_never_swaps_captions(samples: Path, tmp_path: P
         for prompt in ["caption", "tags", "ocr", "json"]
         for name in images
     ]
-    _, rows, _, engine = run(requests, tmp_path / "o.jsonl", window=5, per_step=4)
+    _, rows, engine = run(requests, tmp_path / "o.jsonl", capacity=5, per_step=4)
     keys = {Path(r["source"]).name: r["media_hash"] for r in rows}
     for row in rows:
         prompt, name = row["id"].split(":")
@@ -112,7 +112,7 @@ def test_a_refused_request_fails_alone(samples: Path, tmp_path: Path, reject_in_
     requests = [
         Request(str(i), "bad" if i == 2 else "good", (MediaRef("image", path),)) for i in range(5)
     ]
-    stats, rows, _, _ = run(
+    stats, rows, _ = run(
         requests,
         tmp_path / "o.jsonl",
         reject_prompts=frozenset({"bad"}),
@@ -127,13 +127,13 @@ def test_a_refused_request_fails_alone(samples: Path, tmp_path: Path, reject_in_
 
 def test_missing_file_is_a_load_error_row(tmp_path: Path) -> None:
     requests = [Request("gone", "p", (MediaRef("image", str(tmp_path / "gone.jpg")),))]
-    _, rows, _, _ = run(requests, tmp_path / "o.jsonl")
+    _, rows, _ = run(requests, tmp_path / "o.jsonl")
     assert rows[0]["error"]["stage"] == "load"
     assert "cannot read" in rows[0]["error"]["message"]
 
 
 def test_summary_counts(corpus: Path, tmp_path: Path) -> None:
-    stats, _, _, _ = run(image_requests([str(corpus)], "p"), tmp_path / "o.jsonl")
+    stats, _, _ = run(image_requests([str(corpus)], "p"), tmp_path / "o.jsonl")
     text = stats.summary()
     assert f"{stats.total} of {stats.total} items: {stats.ok} ok, 3 failed" in text
     assert "1 at load" in text

@@ -9,6 +9,7 @@ path's run of the same requests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -201,7 +202,7 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
 
     job = recipe_job(load_recipe(recipe_file), inputs, str(tiny_vl_model))
     engine = request.getfixturevalue("vl_engine")
-    rows, _ = run_in_memory(job, engine, RunConfig(window=16, progress=False))
+    rows, _ = run_in_memory(job, engine, RunConfig(progress=False))
     local = {row["id"]: row for row in rows}
     for item_id, row in ray_rows.items():
         assert row["error"] == local[item_id]["error"], item_id
@@ -215,7 +216,7 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
 
 
 def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
-    rows, _ = run_in_memory(Job(requests, SAMPLING), engine, RunConfig(window=5, progress=False))
+    rows, _ = run_in_memory(Job(requests, SAMPLING), engine, RunConfig(progress=False))
     return {row["id"]: row for row in rows}
 
 
@@ -266,7 +267,8 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     ]
     assert len(groups) == 4  # a, b and f share one picture
     job = ray_data.RayJob(EngineConfig("unused"))
-    out = ray_data.EngineReplica(job, engine=FakeEngine())(pa.concat_tables(groups))
+    replica = ray_data.EngineReplica(job, engine=FakeEngine())
+    out = asyncio.run(replica(pa.concat_tables(groups)))
 
     assert out.schema == ray_data._flat_schema()
     by_id = {row["id"]: row for row in out.to_pylist()}
@@ -302,7 +304,8 @@ def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_
     keyed = ray_data._add_media_group(pa.Table.from_pylist(rows), ImageOptions())
     groups = [ray_data._pack_group(keyed.slice(i, 1)) for i in range(keyed.num_rows)]
     job = ray_data.RayJob(EngineConfig("unused"), prompt=recipe.questions[0].text, recipe=recipe)
-    out = ray_data.EngineReplica(job, engine=FakeEngine())(pa.concat_tables(groups))
+    replica = ray_data.EngineReplica(job, engine=FakeEngine())
+    out = asyncio.run(replica(pa.concat_tables(groups)))
     by_id = {row["id"]: row for row in out.to_pylist()}
     assert sorted(by_id) == ["a", "b"]
     assert by_id["b"]["error"]["stage"] == "decode"

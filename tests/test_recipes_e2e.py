@@ -82,7 +82,7 @@ def run_recipe(
     """The recipe's job, as `mmbatch run` does it, on the tiny model's engine."""
     job = recipe_job(recipe, inputs, "tiny")
     engine = engine or engines["for"](recipe, job.requests)
-    return run_in_memory(job, engine, RunConfig(window=16, progress=False))
+    return run_in_memory(job, engine, RunConfig(progress=False))
 
 
 def short(recipe: Recipe) -> Recipe:
@@ -172,7 +172,9 @@ def test_questions_of_one_item_share_its_prefix_and_match_asked_alone(
     )
     names = ["sunset.jpg", "checkerboard.png"]
     rows, stats = run_recipe(recipe, {}, [str(samples / n) for n in names], vl_engine)
-    assert stats.decodes == 2  # each picture decoded once for its four questions
+    # Each picture decoded at most once for its four questions (not at all when an earlier
+    # job on this engine's pipeline still holds it).
+    assert stats.decodes <= 2
     by_name = {Path(r["id"]).name: r for r in rows}
     for row in rows:
         cached = [a["cached_tokens"] for a in row["outputs"].values()]
@@ -189,11 +191,13 @@ def test_questions_of_one_item_share_its_prefix_and_match_asked_alone(
         for name in names
         for q in recipe.questions
     ]
-    reference, _ = run_in_memory(
-        Job(alone, recipe.sampling, MediaOptions(image=ImageOptions(**recipe.media.options))),
-        request.getfixturevalue("uncached_vl_engine"),
-        RunConfig(window=1, progress=False),
-    )
+    media = MediaOptions(image=ImageOptions(**recipe.media.options))
+    uncached = request.getfixturevalue("uncached_vl_engine")
+    reference = [  # each question asked on its own, on an engine with its caches off
+        row
+        for solo in alone
+        for row in run_in_memory(Job([solo], recipe.sampling, media), uncached)[0]
+    ]
     texts = set()
     for solo in reference:
         name, question = solo["id"].rsplit("#", 1)

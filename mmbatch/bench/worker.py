@@ -133,26 +133,25 @@ class _Mmbatch:
         self.vllm_version = vllm.__version__
 
     def run(self, rows: list[Row]) -> dict[str, Any]:
-        from mmbatch.media.loader import MediaLoader
-        from mmbatch.out.sinks import MemorySink
-        from mmbatch.pipeline import RunConfig, run_requests
+        """The rows as a user's job: the runner, writing JSON lines, as ``mmbatch caption``."""
+        import tempfile
+
+        from mmbatch.jobs import FileOutput, Job, run_job
+        from mmbatch.pipeline import RunConfig
         from mmbatch.types import MediaRef, Request, Sampling
 
         requests = [Request(r.id, r.prompt, (MediaRef("image", r.image),)) for r in rows]
-        loader = MediaLoader()
-        sink = MemorySink()
-        run = RunConfig(window=self.spec["window"], progress=False)
-        sampling = Sampling(**_sampling(self.spec))
-        stats = run_requests(requests, self.engine, loader, sink, sampling, run)
-        decode_s = loader.store.decode_seconds
+        job = Job(requests, Sampling(**_sampling(self.spec)))
+        with tempfile.TemporaryDirectory() as folder:
+            out = FileOutput.at(f"{folder}/rows.jsonl")
+            stats = run_job(job, self.engine, out, RunConfig(progress=False)).run
         return {
             "output_tokens": stats.output_tokens,
             "prompt_tokens": stats.prompt_tokens,
             "cached_tokens": stats.cached_tokens,
             "failed": stats.failed,
             "decodes": stats.decodes,
-            "decode_per_s": stats.decodes / decode_s if decode_s else None,
-            "driver_seconds": stats.host_seconds,
+            "engine_queue": stats.queue_summary(),
         }
 
     def metrics(self) -> dict[str, float]:

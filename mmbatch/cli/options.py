@@ -89,7 +89,22 @@ def add_engine_options(
         metavar="KEY=VALUE",
         help=f"{engine_help}; repeatable",
     )
-    parser.add_argument("--window", type=int, default=None, help="requests prepared together")
+    parser.add_argument(
+        "--decode-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes decoding media (default: one per core beyond two, at most 8; 0: a "
+        "thread of this process)",
+    )
+    parser.add_argument(
+        "--memory-budget",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="media held in memory at once, e.g. 4G or 512M (default: an eighth of RAM, "
+        "at most 16G)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--trust-remote-code",
@@ -188,8 +203,25 @@ def sampling_from(args: argparse.Namespace) -> Sampling:
 def run_config_from(args: argparse.Namespace) -> RunConfig:
     from mmbatch.pipeline import RunConfig
 
-    window = {"window": args.window} if args.window else {}
-    return RunConfig(progress=not args.no_progress, **window)
+    return RunConfig(
+        progress=not args.no_progress,
+        decode_workers=args.decode_workers,
+        memory_budget=args.memory_budget,
+    )
+
+
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def _size(text: str) -> int:
+    """``4G``, ``512M``, ``1.5G`` or plain bytes, for ``--memory-budget``."""
+    number, unit = text.strip().upper().rstrip("IB"), ""
+    if number and number[-1] in _UNITS:
+        number, unit = number[:-1], number[-1]
+    try:
+        return int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4G, 512M)") from None
 
 
 def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The boundary between the pipeline and an inference engine.
 
 An engine takes requests one at a time (so one bad request is refused alone, never taking
-its window down with it), advances in steps, and hands back finished ``Result``s keyed by
+its neighbours down with it), advances in steps, and hands back finished ``Result``s keyed by
 request id, in whatever order they finish. The pipeline never assumes output order.
 """
 
@@ -30,6 +30,19 @@ class Engine(Protocol):
 
     def num_unfinished(self) -> int:
         """Requests added and not yet returned by ``step``."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Forget these requests: they return no result (their caller is gone)."""
+        ...
+
+    def capacity(self) -> int:
+        """How many requests to keep in flight so that the engine never waits for work:
+        what it runs at once, plus what it can take in while those run."""
+        ...
+
+    def queue_depths(self) -> tuple[int, int] | None:
+        """The engine's own running and waiting requests now (None where it cannot say)."""
         ...
 
     def cache_stats(self) -> CacheStats:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mmbatch.errors import RequestRejected
-from mmbatch.media.options import VideoOptions
-from mmbatch.media.video import VideoIndex, scaled_size, select_frames
+from mmbatch.media.options import VideoOptions, scaled_size
+from mmbatch.media.video import VideoIndex, select_frames
 from mmbatch.types import MediaItem, Modality, Request
 
 SHRINK_STEP = 0.8
@@ -136,6 +136,11 @@ class PromptBudget:
             if features is not None and hasattr(features, "nb_max_frames")
             else None,
         )
+
+    def max_pixels(self, modality: Modality) -> int | None:
+        """The processor's own pixel cap for a picture or a video frame."""
+        rules = self.image if modality == "image" else self.video if modality == "video" else None
+        return rules.max_pixels if rules is not None else None
 
     @property
     def audio_rate(self) -> int | None:

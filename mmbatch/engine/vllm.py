@@ -1,11 +1,11 @@
 """The vLLM adapter: the only module that imports vllm.
 
 It drives vLLM's offline engine through its request-level API (``LLMEngine.add_request`` and
-``step``) rather than one blocking ``LLM.generate`` per window, for three reasons:
+``step``) rather than one blocking ``LLM.generate`` call, for three reasons:
 
 * a request that vLLM refuses (too long, media its processor rejects) fails alone in
   ``add_request``, where ``generate`` would abort the whole call;
-* the pipeline can top the engine up with the next window while it still runs this one;
+* the pipeline tops the engine up as its media are decoded, while it runs what it has;
 * outputs come back keyed by request id as they finish, never by position.
 
 Each request carries our content keys as ``multi_modal_uuids``, so vLLM's processor and
@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from mmbatch.engine.budget import PromptBudget
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
+
+PROMPT_TOKENS_GUESS = 256
+"""The prompt length assumed until the first requests finish (an image and a question)."""
 
 DEFAULT_RENDER_THREADS = 1
 """One background renderer: overlaps preprocessing with the engine, keeps the processor cache."""
@@ -102,6 +105,7 @@ class VLLMEngine:
         self._template = _ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
         self._tokenizer = self.llm.get_tokenizer()
         self._ids = itertools.count()
+        self._prompt_tokens = [0, 0]  # finished requests' prompt tokens, and their count
         self._rendering: deque[_Rendering] = deque()
         self._pending: dict[str, str] = {}  # engine request id -> our request id
         self._pool = (
@@ -143,6 +147,8 @@ class VLLMEngine:
                 message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
                 results.append(Result.failure(request_id, "engine", message, "engine"))
                 continue
+            self._prompt_tokens[0] += len(output.prompt_token_ids or ())
+            self._prompt_tokens[1] += 1
             results.append(
                 Result(
                     request_id=request_id,
@@ -202,6 +208,32 @@ class VLLMEngine:
 
     def num_unfinished(self) -> int:
         return len(self._rendering) + len(self._pending)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        dropped = set(request_ids)
+        self._rendering = deque(r for r in self._rendering if r.request_id not in dropped)
+        engine_ids = [e for e, ours in self._pending.items() if ours in dropped]
+        for engine_id in engine_ids:
+            del self._pending[engine_id]
+        if engine_ids:
+            self._engine.abort_request(engine_ids)
+
+    def capacity(self) -> int:
+        """``max_num_seqs`` (what the scheduler runs at once) plus a prefill's worth
+        (``max_num_batched_tokens`` of the prompts seen so far), so that the waiting queue
+        still holds work when a running request finishes."""
+        scheduler = self._engine.vllm_config.scheduler_config
+        total, count = self._prompt_tokens
+        mean = total / count if count else PROMPT_TOKENS_GUESS
+        prefill = int(scheduler.max_num_batched_tokens // max(1.0, mean))
+        return int(scheduler.max_num_seqs) + max(1, prefill)
+
+    def queue_depths(self) -> tuple[int, int] | None:
+        counts = {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 0}
+        for metric in self.llm.get_metrics():
+            if metric.name in counts:
+                counts[metric.name] += int(getattr(metric, "value", 0))
+        return counts["vllm:num_requests_running"], counts["vllm:num_requests_waiting"]
 
     def cache_stats(self) -> CacheStats:
         counts = dict.fromkeys(_METRICS.values(), 0)

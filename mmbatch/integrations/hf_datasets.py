@@ -25,6 +25,7 @@ What datasets' ``map`` asks of a function, and how this one answers:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -37,6 +38,7 @@ import xxhash
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
+from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.rows import output_row
 from mmbatch.sources.cells import BadCell, media_ref
@@ -92,6 +94,37 @@ class DatasetMap:
     ) -> dict[str, list[str]]:
         """Caption one batch. datasets appends the rows' indices (``with_indices=True``, a
         list) and the worker's rank (``with_rank=True``, an int or None), in that order."""
+        job, engine, size = self._batch_job(batch, indices_and_rank)
+        if engine is None:
+            return self._columns(job, [], size)
+        rows, _ = run_in_memory(job, engine)
+        return self._columns(job, rows, size)
+
+    async def pipelined(
+        self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any
+    ) -> dict[str, list[str]]:
+        """The same as calling this object, as a coroutine: ``Dataset.map`` then keeps many
+        batches in flight at once, all on this process's one engine, which therefore never
+        drains between batches (a plain call returns only once its batch is done)::
+
+            ds.map(captioner.pipelined, batched=True, batch_size=256, with_rank=True)
+        """
+        job, engine, size = self._batch_job(batch, indices_and_rank)
+        if engine is None:
+            return self._columns(job, [], size)
+        submission = start_in_memory(job, engine)
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        submission.on_done(lambda: loop.call_soon_threadsafe(_resolve, finished))
+        await finished
+        rows, _ = rows_of(submission)
+        return self._columns(job, rows, size)
+
+    def _batch_job(
+        self, batch: Mapping[str, Sequence[Any]], indices_and_rank: Sequence[Any]
+    ) -> tuple[Job, Engine | None, int]:
+        """The batch as a job, the engine to run it on (None when every row of the batch
+        failed already: no engine is started for that), and the batch's size."""
         indices, rank = _indices_and_rank(indices_and_rank)
         if self.column not in batch:
             raise ConfigError(
@@ -102,13 +135,17 @@ class DatasetMap:
             raise ConfigError("DatasetMap takes batches: call Dataset.map with batched=True")
         prompts = batch[self.prompt_column] if self.prompt_column else None
         requests = self._requests(cells, prompts, indices)
-        if any(r.error is None for r in requests):
-            rows = self._run(requests, rank)
-        else:  # every row of the batch failed already: no engine for that
-            rows = [output_row(r, (), Result(r.id, error=r.error)) for r in requests]
+        job = Job(requests, self.sampling, MediaOptions(image=self.image_options))
+        usable = any(r.error is None for r in requests)
+        return job, self._engine(rank) if usable else None, len(cells)
+
+    def _columns(self, job: Job, rows: list[dict[str, Any]], size: int) -> dict[str, list[str]]:
+        """Exactly one (text, error) per input row, in input order; a missing one is a bug."""
         by_id = {row["id"]: row for row in rows}
-        # Exactly one (text, error) per input row, in input order; a missing one is a bug.
-        ordered = [by_id[str(index)] for index in range(len(cells))]
+        for request in job.requests:
+            if request.id not in by_id:  # failed before any work: its error is its row
+                by_id[request.id] = output_row(request, (), Result(request.id, error=request.error))
+        ordered = [by_id[str(index)] for index in range(size)]
         return {
             self.text_column: [row["text"] or "" for row in ordered],
             self.error_column: [_error_text(row["error"]) for row in ordered],
@@ -133,13 +170,6 @@ class DatasetMap:
             requests.append(Request(str(index), prompt, (ref,), self.system))
         return requests
 
-    def _run(self, requests: list[Request], rank: int | None) -> list[dict[str, Any]]:
-        from mmbatch.jobs import Job, run_in_memory
-
-        job = Job(requests, self.sampling, MediaOptions(image=self.image_options))
-        rows, _ = run_in_memory(job, self._engine(rank))
-        return rows
-
     def _engine(self, rank: int | None) -> Engine:
         from mmbatch.engine.shared import shared_engine
 
@@ -163,6 +193,11 @@ class DatasetMap:
 
     def __repr__(self) -> str:
         return f"DatasetMap({self.engine_config.model!r}, fingerprint={self.fingerprint!r})"
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _error_text(error: Any) -> str:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError, FatalEngineError
-from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory
+from mmbatch.jobs import FileOutput, Job, JobReport, rows_of, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.folders import ForeignFile, drop_rows, folder_format, read_folder
 from mmbatch.out.resume import check_same_job, job_record_path, write_record
@@ -62,8 +62,10 @@ GROUP_COLUMN = "media_group"
 ROWS_PER_INPUT_BLOCK = 512
 """Rows per block of a Dataset built from requests: enough files per hashing task that a
 small job is not hundreds of tiny tasks, few enough that a large one spreads out."""
-DEFAULT_BATCH_GROUPS = 64
-"""Distinct pictures per actor batch; a batch holds every request of each of them."""
+DEFAULT_BATCH_GROUPS = 256
+"""Distinct pictures per actor batch; a batch holds every request of each of them. Ray Data
+runs a few batches at once in an actor (its async concurrency, 4 by default), so that the
+engine holds about a thousand requests: what an H200 runs at once for a 7B model."""
 
 
 def import_ray() -> Any:
@@ -300,14 +302,14 @@ def _resume(out: FileOutput, job: RayJob, inputs: set[str]) -> set[str]:
 class EngineReplica:
     """One Ray actor: one engine, and each batch of groups run as a ``Job`` on it.
 
-    The engine and the decoded-media store live as long as the actor, so a picture seen in
-    an earlier batch is neither decoded nor encoded again.
+    ``__call__`` is a coroutine, so Ray Data hands an actor several batches at once; they
+    all go to the actor's one pipeline (``mmbatch.pipeline``), whose engine and decoded
+    media live as long as the actor: the engine does not drain between batches, and a
+    picture seen in an earlier batch is neither decoded nor encoded again.
     """
 
     def __init__(self, job: RayJob, engine: Engine | None = None) -> None:
         """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process."""
-        from mmbatch.media.store import MediaStore
-
         if engine is None:
             from mmbatch.engine.vllm import VLLMEngine
 
@@ -315,13 +317,19 @@ class EngineReplica:
             engine = VLLMEngine(job.engine, {kind: 1})
         self.job = job
         self.engine = engine
-        self.store = MediaStore()
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    async def __call__(self, batch: pa.Table) -> pa.Table:
+        import asyncio
+
         import pyarrow as pa
 
         items = _unpack_groups(batch, self.job.prompt)
-        rows, _ = run_in_memory(self.job.batch_job(items), self.engine, store=self.store)
+        submission = start_in_memory(self.job.batch_job(items), self.engine)
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[None] = loop.create_future()
+        submission.on_done(lambda: loop.call_soon_threadsafe(finished.set_result, None))
+        await finished
+        rows, _ = rows_of(submission)
         written = sorted(str(row["id"]) for row in rows)
         if written != sorted(item.id for item in items):
             raise RuntimeError(

@@ -21,7 +21,7 @@ import warnings
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmbatch.errors import MediaError
-from mmbatch.media.options import ImageOptions
+from mmbatch.media.options import ImageOptions, scaled_size
 
 
 def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image:
@@ -34,6 +34,10 @@ def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             opened = Image.open(io.BytesIO(data))
             _check_size(*opened.size, options)
+            if options.max_pixels is not None:
+                # A JPEG bound for far fewer pixels decodes at 1/2 to 1/8 scale (DCT scaling),
+                # a fraction of a full decode; Pillow keeps the result at least this large.
+                opened.draft("RGB", scaled_size(*opened.size, options.max_pixels))
             opened.load()
             image = ImageOps.exif_transpose(opened)
     except MediaError:
@@ -100,11 +104,9 @@ def _to_rgb(image: Image.Image) -> Image.Image:
 
 
 def _limit_pixels(image: Image.Image, max_pixels: int) -> Image.Image:
-    width, height = image.size
-    if width * height <= max_pixels:
+    size = scaled_size(*image.size, max_pixels)
+    if size == image.size:
         return image
-    scale = (max_pixels / (width * height)) ** 0.5
-    size = (max(1, int(width * scale)), max(1, int(height * scale)))
     return image.resize(size, Image.Resampling.BICUBIC)
 
 

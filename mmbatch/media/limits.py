@@ -9,10 +9,11 @@ handed an implementation and never imports the engine.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from mmbatch.media.options import VideoOptions
-from mmbatch.types import MediaItem, Request
+from mmbatch.media.options import MediaOptions, VideoOptions
+from mmbatch.types import MediaItem, Modality, Request
 
 if TYPE_CHECKING:
     from mmbatch.media.video import VideoIndex
@@ -26,6 +27,11 @@ class PromptLimits(Protocol):
         """The sample rate the model's audio features expect (None: it takes no audio)."""
         ...
 
+    def max_pixels(self, modality: Modality) -> int | None:
+        """The most pixels the model's processor keeps of a picture (``"image"``) or of a
+        video frame (``"video"``): it resizes anything larger down to this anyway."""
+        ...
+
     def fit_clip(self, request: Request, index: VideoIndex, options: VideoOptions) -> VideoOptions:
         """``options``, or options sampling a smaller clip that fits the model; raise
         ``RequestRejected`` (saying by how much it is over) when none does."""
@@ -34,3 +40,21 @@ class PromptLimits(Protocol):
     def check(self, request: Request, media: Sequence[MediaItem]) -> None:
         """Raise ``RequestRejected`` if ``request`` with its decoded ``media`` does not fit."""
         ...
+
+
+def settle(options: MediaOptions, limits: PromptLimits | None) -> MediaOptions:
+    """``options`` with what the user left open settled by the model: audio at the model's
+    rate, and pictures and frames decoded no larger than its processor keeps them, so that
+    nothing larger than needed is decoded and held (an option the user set wins)."""
+    if limits is None:
+        return replace(options, audio=options.audio.at_model_rate(None))
+    image_cap = options.image.max_pixels or limits.max_pixels("image")
+    frame_cap = options.video.max_pixels or limits.max_pixels("image")
+    clip_cap = options.video.max_pixels or limits.max_pixels("video")
+    return replace(
+        options,
+        image=replace(options.image, max_pixels=image_cap),
+        video=replace(options.video, max_pixels=clip_cap),
+        frame_pixels=frame_cap,
+        audio=options.audio.at_model_rate(limits.audio_rate),
+    )

@@ -158,3 +158,19 @@ class MediaOptions:
     """Fetch http(s) sources within these limits; None refuses URLs (error rows)."""
     frame_dir: str | None = None
     """Where decoded video frames are also written as JPEG (``--save-frames``); None: nowhere."""
+    frame_pixels: int | None = None
+    """The most pixels of a video frame captioned as a picture (``mmbatch frames``); None:
+    the video options' ``max_pixels``. Set when the model's limits are settled."""
+
+    @property
+    def frame_max_pixels(self) -> int | None:
+        return self.frame_pixels or self.video.max_pixels
+
+
+def scaled_size(width: int, height: int, max_pixels: int | None) -> tuple[int, int]:
+    """``(width, height)`` scaled down, keeping aspect, to at most ``max_pixels`` pixels (the
+    size a picture or a frame is decoded to under a ``max_pixels`` option)."""
+    if max_pixels is None or width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(1, int(width * scale)), max(1, int(height * scale))

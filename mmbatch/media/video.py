@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.errors import MediaError
 from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
-from mmbatch.media.options import VideoOptions
+from mmbatch.media.options import VideoOptions, scaled_size
 
 if TYPE_CHECKING:
     import numpy as np
@@ -177,14 +177,6 @@ def spread(items: Sequence[int], limit: int) -> list[int]:
     if limit == 1:
         return [items[len(items) // 2]]
     return [items[round(k * (len(items) - 1) / (limit - 1))] for k in range(limit)]
-
-
-def scaled_size(width: int, height: int, max_pixels: int | None) -> tuple[int, int]:
-    """``(width, height)`` scaled down, keeping aspect, to at most ``max_pixels`` pixels."""
-    if max_pixels is None or width * height <= max_pixels:
-        return width, height
-    scale = (max_pixels / (width * height)) ** 0.5
-    return max(1, int(width * scale)), max(1, int(height * scale))
 
 
 @dataclass

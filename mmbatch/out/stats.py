@@ -71,6 +71,9 @@ class JobStats(Tally):
     cache: CacheStats = field(default_factory=CacheStats)
     host_seconds: dict[str, float] = field(default_factory=dict)
     """Where the driving thread spent its time: waiting for the loader, adding, stepping."""
+    queue: list[tuple[int, int, int]] = field(default_factory=list)
+    """The engine's (running, waiting) requests, and this run's requests not yet handed to
+    it, sampled once a second: whether the engine was kept fed."""
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
 
@@ -82,6 +85,26 @@ class JobStats(Tally):
         finally:
             elapsed = time.perf_counter() - started
             self.host_seconds[phase] = self.host_seconds.get(phase, 0.0) + elapsed
+
+    def sample_queue(self, running: int, waiting: int, backlog: int) -> None:
+        self.queue.append((running, waiting, backlog))
+
+    def queue_summary(self) -> dict[str, float] | None:
+        """Medians of the sampled queue, and the share of samples in which the engine's
+        waiting queue was empty while this run still had requests to give it (starved)."""
+        if not self.queue:
+            return None
+        running = sorted(r for r, _, _ in self.queue)
+        waiting = sorted(w for _, w, _ in self.queue)
+        feeding = [w for _, w, b in self.queue if b > 0]
+        starved = sum(1 for w in feeding if w == 0)
+        return {
+            "samples": len(self.queue),
+            "running_median": running[len(running) // 2],
+            "running_max": running[-1],
+            "waiting_median": waiting[len(waiting) // 2],
+            "starved_share": round(starved / len(feeding), 3) if feeding else 0.0,
+        }
 
     @property
     def wall_seconds(self) -> float:
@@ -106,6 +129,14 @@ class JobStats(Tally):
                 f"cache hit rates: prefix {_pct(self.cache.prefix_hit_rate)}, "
                 f"multimodal {_pct(self.cache.mm_hit_rate)}"
             )
+        queue = self.queue_summary()
+        if queue is not None:
+            lines.append(
+                f"engine queue: running median {queue['running_median']:.0f} "
+                f"(max {queue['running_max']:.0f}), waiting median "
+                f"{queue['waiting_median']:.0f}; waiting empty while work remained in "
+                f"{queue['starved_share']:.0%} of {queue['samples']:.0f} samples"
+            )
         if self.host_seconds:
             phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.host_seconds.items()))
             lines.append(f"driver thread: {phases}")
@@ -124,6 +155,7 @@ class JobStats(Tally):
             "output_tokens_per_second": _rate(self.output_tokens, self.wall_seconds),
             "prefix_cache_hit_rate": self.cache.prefix_hit_rate,
             "mm_cache_hit_rate": self.cache.mm_hit_rate,
+            "engine_queue": self.queue_summary(),
         }
 
 

@@ -1,10 +1,10 @@
 """A recipe applied to inputs: the requests, media options and row shape of one ``Job``.
 
 Each item found in the inputs becomes one request per question of the recipe. The requests
-of an item share its media references, sit next to each other (so a window never splits an
-item, and the media is read and decoded once), and carry the item's id and the question's
-name, from which ``ItemRows`` assembles the item's single row. Their ids are
-``ITEM#QUESTION``: unique, since question names cannot hold ``#``.
+of an item share its media references, so they are planned together (the media is read and
+decoded once), and carry the item's id and the question's name, from which ``ItemRows``
+assembles the item's single row. Their ids are ``ITEM#QUESTION``: unique, since question
+names cannot hold ``#``.
 """
 
 from __future__ import annotations

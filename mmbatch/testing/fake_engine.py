@@ -29,12 +29,14 @@ class FakeEngine:
         reject_in_step: bool = False,
         step_seconds: float = 0.0,
         die_after_steps: int | None = None,
+        capacity: int = 64,
     ) -> None:
         self.per_step = per_step
         self.reject_prompts = reject_prompts
         self.reject_in_step = reject_in_step  # refuse from step(), as a background renderer does
         self.step_seconds = step_seconds
         self.die_after_steps = die_after_steps
+        self.max_in_flight = capacity
         self.steps = 0
         self.added: list[str] = []
         self._queue: list[Result] = []
@@ -64,6 +66,17 @@ class FakeEngine:
 
     def num_unfinished(self) -> int:
         return len(self._queue)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        dropped = set(request_ids)
+        self._queue = [r for r in self._queue if r.request_id not in dropped]
+
+    def capacity(self) -> int:
+        return self.max_in_flight
+
+    def queue_depths(self) -> tuple[int, int]:
+        running = min(len(self._queue), self.per_step)
+        return running, len(self._queue) - running
 
     def cache_stats(self) -> CacheStats:
         return CacheStats()

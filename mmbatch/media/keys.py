@@ -1,0 +1,215 @@
+"""Read and hash the media of some requests: their content keys, and the decode jobs that
+would make each keyed item. Nothing is decoded here.
+
+The bytes of each source are read once and hashed once. Images are read whole (the bytes
+go on to their decode job); videos and audio are hashed by streaming the file (an hour of
+video does not fit in memory) and decoded from the path. All the frames a set of requests
+wants from one video become one job, decoded in one pass. A clip that would not fit the
+model is shrunk here, before anything is decoded, within the bounds its options allow.
+
+A reference that cannot be keyed (a missing file, a video without a video stream) fails the
+requests that use it, and only those: they come back as failure ``Result``s.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from mmbatch.errors import ItemFailure, MediaError
+from mmbatch.media.decode import (
+    AudioJob,
+    ClipJob,
+    DecodedImageJob,
+    DecodeJob,
+    FramesJob,
+    ImageJob,
+    audio_token,
+    frame_token,
+)
+from mmbatch.media.fetch import read_source
+from mmbatch.media.hashing import file_digest, media_key
+from mmbatch.media.image import canonical_image_bytes
+from mmbatch.media.limits import PromptLimits
+from mmbatch.media.options import MediaOptions
+from mmbatch.types import FrameAt, LoadedRequest, MediaRef, Request, Result, TimeSpan
+
+if TYPE_CHECKING:
+    from mmbatch.media.video import VideoIndex
+
+V = TypeVar("V")
+
+CACHE_ENTRIES = 4096
+"""Sources whose digest or index is remembered: a job's requests on one source are planned
+together, so a small cache catches every repeat (a source also named by a later group)."""
+
+
+@dataclass
+class KeyedUnit:
+    """Some requests with their media keys, the jobs that decode those keys, and the
+    requests that failed before any decoding."""
+
+    loaded: list[LoadedRequest] = field(default_factory=list)
+    jobs: list[DecodeJob] = field(default_factory=list)
+    failures: list[Result] = field(default_factory=list)
+    bytes_read: int = 0
+
+
+class Keyer:
+    """Keys requests for one job's media options (with the model's limits, if known)."""
+
+    def __init__(self, options: MediaOptions, limits: PromptLimits | None = None) -> None:
+        self.options = options
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._digests: dict[str, tuple[bytes, int]] = {}
+        """Streamed files' digests: a video's frames may be keyed in several units."""
+
+    def key(self, requests: Sequence[Request]) -> KeyedUnit:
+        """Key every request of ``requests`` (a request already failed by its source is a
+        failure at once)."""
+        unit = KeyedUnit()
+        frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]] = {}
+        jobs: dict[str, DecodeJob] = {}
+        unusable: dict[str, MediaError] = {}
+        for request in requests:
+            if request.error is not None:
+                unit.failures.append(Result(request.id, error=request.error))
+                continue
+            try:
+                keys = tuple(
+                    self._key(ref, request, unit, jobs, frames, unusable) for ref in request.media
+                )
+            except ItemFailure as exc:
+                unit.failures.append(Result.failure(request.id, exc.stage, str(exc), exc.kind))
+                continue
+            unit.loaded.append(LoadedRequest(request, keys))
+        unit.jobs = list(jobs.values())
+        max_pixels = self.options.frame_max_pixels
+        save_dir = self.options.frame_dir
+        for source, (index, wanted) in frames.items():
+            unit.jobs.append(FramesJob(source, index, tuple(wanted.items()), max_pixels, save_dir))
+        return unit
+
+    def _key(
+        self,
+        ref: MediaRef,
+        request: Request,
+        unit: KeyedUnit,
+        jobs: dict[str, DecodeJob],
+        frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]],
+        unusable: dict[str, MediaError],
+    ) -> str:
+        if ref.data is not None or ref.image is not None:
+            return self._in_memory_image(ref, unit, jobs)
+        if ref.source in unusable:
+            raise unusable[ref.source]
+        try:
+            if ref.modality == "image" and ref.part is None:
+                return self._image(ref.source, unit, jobs)
+            if ref.modality == "image" and isinstance(ref.part, FrameAt):
+                return self._frame(ref.source, ref.part, unit, frames)
+            if ref.modality == "video" and ref.part is None:
+                return self._clip(ref.source, request, unit, jobs)
+            if ref.modality == "audio" and not isinstance(ref.part, FrameAt):
+                return self._audio(ref.source, ref.part, unit, jobs)
+        except MediaError as exc:
+            if exc.stage == "load":  # the file itself is unusable: so is every ref to it
+                unusable[ref.source] = exc
+            raise
+        raise MediaError(
+            f"cannot load {ref.modality} from {ref.part!r}", stage="load", kind="unsupported"
+        )
+
+    def _image(self, source: str, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
+        # Always hashed from the bytes that will be decoded: a key remembered by name could
+        # outlive a change to the file, and vLLM trusts our keys blindly.
+        data = read_source(source, self.options.urls)
+        unit.bytes_read += len(data)
+        key = media_key("image", data, self.options.image.cache_token())
+        jobs.setdefault(key, ImageJob(key, data, self.options.image))
+        return key
+
+    def _in_memory_image(self, ref: MediaRef, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
+        # Never remembered by name: in-memory items may share a label, not content.
+        if ref.modality != "image" or ref.part is not None:
+            raise MediaError(
+                f"in-memory {ref.modality} input is not supported", stage="load", kind="unsupported"
+            )
+        options = self.options.image
+        job: DecodeJob
+        if ref.image is not None:
+            key = media_key("image", canonical_image_bytes(ref.image), options.cache_token())
+            job = DecodedImageJob(key, ref.image, options)
+        else:
+            assert ref.data is not None
+            unit.bytes_read += len(ref.data)
+            key = media_key("image", ref.data, options.cache_token())
+            job = ImageJob(key, ref.data, options)
+        jobs.setdefault(key, job)
+        return key
+
+    def _digest(self, source: str, unit: KeyedUnit) -> bytes:
+        with self._lock:
+            known = self._digests.get(source)
+        if known is None:
+            try:
+                known = file_digest(source)
+            except OSError as exc:
+                raise MediaError(
+                    f"cannot read {source!r}: {exc.strerror or exc}",
+                    stage="load",
+                    kind="unreadable",
+                ) from None
+            if known[1] == 0:
+                raise MediaError("empty file (0 bytes)", stage="load", kind="empty")
+            unit.bytes_read += known[1]
+            with self._lock:
+                _remember(self._digests, source, known)
+        return known[0]
+
+    def _frame(
+        self,
+        source: str,
+        frame: FrameAt,
+        unit: KeyedUnit,
+        frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]],
+    ) -> str:
+        from mmbatch.media.video import index_video
+
+        token = frame_token(frame, self.options.frame_max_pixels)
+        key = media_key("image", self._digest(source, unit), token)
+        if source not in frames:
+            frames[source] = (index_video(source), {})
+        frames[source][1][key] = frame
+        return key
+
+    def _clip(
+        self, source: str, request: Request, unit: KeyedUnit, jobs: dict[str, DecodeJob]
+    ) -> str:
+        from mmbatch.media.video import index_video
+
+        digest = self._digest(source, unit)
+        index = index_video(source)
+        options = self.options.video
+        if self.limits is not None:
+            options = self.limits.fit_clip(request, index, options)
+        key = media_key("video", digest, options.cache_token())
+        jobs.setdefault(key, ClipJob(key, source, index, options))
+        return key
+
+    def _audio(
+        self, source: str, span: TimeSpan | None, unit: KeyedUnit, jobs: dict[str, DecodeJob]
+    ) -> str:
+        options = self.options.audio
+        key = media_key("audio", self._digest(source, unit), audio_token(span, options))
+        jobs.setdefault(key, AudioJob(key, source, span, options))
+        return key
+
+
+def _remember(cache: dict[str, V], source: str, value: V) -> None:
+    if len(cache) >= CACHE_ENTRIES:
+        cache.pop(next(iter(cache)))
+    cache[source] = value

@@ -1,0 +1,197 @@
+"""The streaming pipeline against the fake engine: the plan's grouping as the engine sees it,
+the first request's latency, a saturated engine, the byte budget, overlapping submissions,
+and decoding in worker processes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from mmbatch.media import decode as decode_module
+from mmbatch.media.decode import ImageJob
+from mmbatch.media.options import MediaOptions
+from mmbatch.out.sinks import MemorySink
+from mmbatch.pipeline import Pipeline, RunConfig, run_requests
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.types import MediaRef, Request, Sampling
+
+
+def pictures(folder: Path, count: int, size: int = 32) -> list[Path]:
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"{i:03d}.png"
+        Image.new("RGB", (size, size), (i * 7 % 256, i * 13 % 256, i * 29 % 256)).save(path)
+        paths.append(path)
+    return paths
+
+
+def caption(paths: list[Path], prompts: list[str]) -> list[Request]:
+    """Prompt-major rows: every picture for the first prompt, then for the next."""
+    return [
+        Request(f"{p}:{path.name}", prompt, (MediaRef("image", str(path)),))
+        for p, prompt in enumerate(prompts)
+        for path in paths
+    ]
+
+
+class RecordingEngine(FakeEngine):
+    """The fake engine, noting when requests arrive and how full it is at each step."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.first_add: float | None = None
+        self.depths: list[int] = []
+        self.tags_in_flight: list[set[str]] = []
+
+    def add(self, request, media, sampling):  # type: ignore[no-untyped-def]
+        if self.first_add is None:
+            self.first_add = time.perf_counter()
+        super().add(request, media, sampling)
+
+    def step(self):  # type: ignore[no-untyped-def]
+        self.depths.append(self.num_unfinished())
+        self.tags_in_flight.append({r.request_id.split(":")[0] for r in self._queue})
+        return super().step()
+
+
+def run(requests: list[Request], engine: FakeEngine, **run: object) -> tuple[list[dict], object]:  # type: ignore[type-arg]
+    sink = MemorySink()
+    config = RunConfig(progress=False, **run)  # type: ignore[arg-type]
+    stats = run_requests(requests, engine, MediaOptions(), sink, Sampling(), config)
+    return sink.rows, stats
+
+
+def test_prompt_major_input_reaches_the_engine_image_major(tmp_path: Path) -> None:
+    paths = pictures(tmp_path / "p", 20)
+    requests = caption(paths, ["caption", "tags", "ocr", "json"])
+    engine = RecordingEngine(capacity=1000)
+    rows, stats = run(requests, engine)
+    added = [engine_id.split(":", 1)[1] for engine_id in engine.added]
+    pictures_in_order = [request_id.split(":")[1] for request_id in added]
+    # Each picture's four prompts went in one after another (its encoder output and prefix
+    # shared), though the input put 20 other rows between each of them.
+    runs = [pictures_in_order[i : i + 4] for i in range(0, len(added), 4)]
+    assert all(len(set(run)) == 1 for run in runs)
+    assert len({run[0] for run in runs}) == 20
+    assert stats.decodes == 20  # each picture decoded once for its four prompts
+    for row in rows:
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+
+
+def test_the_first_request_reaches_the_engine_before_the_job_is_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = pictures(tmp_path / "p", 40)
+    decoded_at: list[float] = []
+    real = decode_module._DECODERS[ImageJob]
+
+    def slow(job):  # type: ignore[no-untyped-def]
+        time.sleep(0.02)
+        made = real(job)
+        decoded_at.append(time.perf_counter())
+        return made
+
+    monkeypatch.setitem(decode_module._DECODERS, ImageJob, slow)
+    engine = RecordingEngine(capacity=1000)
+    started = time.perf_counter()
+    run(caption(paths, ["p"]), engine, decode_workers=0)
+    assert engine.first_add is not None
+    # The first picture went to the engine as soon as it was decoded, not after all 40
+    # (about 0.8 s of decoding here).
+    before_first = sum(1 for t in decoded_at if t <= engine.first_add)
+    assert before_first <= 5, before_first
+    assert engine.first_add - started < 0.5
+    assert decoded_at[-1] - engine.first_add > 0.3
+
+
+def test_the_engine_is_kept_at_its_capacity_while_work_remains(tmp_path: Path) -> None:
+    paths = pictures(tmp_path / "p", 80)
+    engine = RecordingEngine(capacity=8, per_step=1, step_seconds=0.003)
+    run(caption(paths, ["p"]), engine)
+    # Until fewer than 8 requests were left to finish, every step found the engine full.
+    working = engine.depths[: len(engine.depths) - 8]
+    assert max(engine.depths) == 8
+    full = sum(1 for depth in working[2:] if depth == 8)
+    assert full >= 0.9 * len(working[2:]), engine.depths
+
+
+def test_media_held_stay_within_the_byte_budget(tmp_path: Path) -> None:
+    paths = pictures(tmp_path / "p", 60, size=200)  # 120 kB each, decoded
+    item = 200 * 200 * 3
+    peaks = {}
+    for budget in (10**6, 10**9):
+        engine = FakeEngine(capacity=64, per_step=1, step_seconds=0.002)
+        pipeline = Pipeline(engine, RunConfig(progress=False, memory_budget=budget))
+        try:
+            requests = caption(paths, ["p"])
+            pipeline.submit(requests, Sampling(), MediaOptions(), sink=MemorySink()).wait()
+            peaks[budget] = pipeline.feeder.peak_bytes
+            preparing = pipeline.feeder.preparing_cap
+        finally:
+            pipeline.close()
+    # Over the budget by at most the units in preparation when it was reached.
+    assert peaks[10**6] <= 10**6 + preparing * item, peaks
+    # Without that bound the same job holds every picture the engine has room for.
+    assert peaks[10**9] > 4 * 10**6, peaks
+
+
+def test_overlapping_submissions_keep_the_engine_busy_between_them(tmp_path: Path) -> None:
+    paths = pictures(tmp_path / "p", 30)
+    engine = RecordingEngine(capacity=16, per_step=2, step_seconds=0.002)
+    pipeline = Pipeline(engine, RunConfig(progress=False))
+    try:
+        first, second = (
+            pipeline.submit(caption(paths[i : i + 15], [f"p{i}"]), Sampling(), MediaOptions())
+            for i in (0, 15)
+        )
+        results = [first.wait(), second.wait()]
+    finally:
+        pipeline.close()
+    assert [r.ok for r in results] == [15, 15]
+    # The second batch's requests were in the engine while the first's still ran, and the
+    # engine never stood empty between the two.
+    both = [tags for tags in engine.tags_in_flight if len(tags) == 2]
+    assert both
+    assert all(depth > 0 for depth in engine.depths)
+
+
+def test_rows_arrive_to_each_submission_by_id_from_many_threads(tmp_path: Path) -> None:
+    paths = pictures(tmp_path / "p", 12)
+    engine = FakeEngine(capacity=6, per_step=3)
+    pipeline = Pipeline(engine, RunConfig(progress=False))
+    outputs: dict[int, list[dict]] = {}  # type: ignore[type-arg]
+
+    def one(n: int) -> None:
+        sink = MemorySink()
+        requests = caption(paths, [f"prompt {n}"])
+        pipeline.submit(requests, Sampling(), MediaOptions(), sink=sink).wait()
+        outputs[n] = sink.rows
+
+    try:
+        threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        pipeline.close()
+    assert sorted(outputs) == [0, 1, 2, 3]
+    for n, rows in outputs.items():
+        assert len(rows) == 12
+        for row in rows:
+            assert row["prompt"] == f"prompt {n}"
+            assert row["text"] == expected_text([row["media_hash"]], f"prompt {n}")
+
+
+def test_decoding_in_worker_processes_gives_the_same_rows(samples: Path, tmp_path: Path) -> None:
+    paths = [p for p in sorted(samples.iterdir()) if p.suffix in (".jpg", ".png")]
+    requests = caption(paths, ["a", "b"])
+    here, _ = run(requests, FakeEngine(), decode_workers=0)
+    workers, stats = run(requests, FakeEngine(), decode_workers=2)
+    assert sorted(map(str, here)) == sorted(map(str, workers))
+    assert stats.failed == 2  # truncated.jpg, under both prompts
