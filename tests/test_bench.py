@@ -76,11 +76,15 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
             str(tiny_vl_model),
             "--images",
             "4",
+            "--w1-images",
+            "5",
+            "--videos",
+            "2",
+            "--video-seconds",
+            "3",
             "--size",
             "56",
             "--max-tokens",
-            "3",
-            "--window",
             "3",
             "--out",
             str(out),
@@ -102,9 +106,9 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     report = json.loads(out.read_text())
     assert report["command"].startswith("mmbatch bench --model")
     assert report["machine"]["gpus"] == ["none (CPU)"]
-    assert set(report["workloads"]) == {"W1", "W2", "W4"}
+    assert set(report["workloads"]) == {"W1", "W2", "W3", "W4"}
     w2 = report["workloads"]["W2"]
-    for side in ("naive", "mmbatch"):
+    for side in ("naive", "prebuilt", "mmbatch"):
         assert w2[side]["requests"] == 16
         assert w2[side]["images"] == 4
         assert w2[side]["output_tokens"] == 16 * 3  # ignore_eos: every request runs to 3
@@ -113,5 +117,14 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     assert w2["ratio_mmbatch_over_naive"] == pytest.approx(
         w2["mmbatch"]["requests_per_s"] / w2["naive"]["requests_per_s"]
     )
+    assert w2["ratio_mmbatch_over_prebuilt"] == pytest.approx(
+        w2["mmbatch"]["requests_per_s"] / w2["prebuilt"]["requests_per_s"]
+    )
     assert report["workloads"]["W4"]["mmbatch"]["distinct_images"] == 3
+    w3 = report["workloads"]["W3"]
+    for side in ("naive", "prebuilt", "mmbatch"):
+        assert w3[side]["requests"] == 2 * 3  # two videos of 3 s at 1 frame per second
+        assert w3[side]["output_tokens"] == 6 * 3
+    assert w3["mmbatch"]["decodes"] == 6
     assert "mmbatch / naive" in proc.stdout
+    assert "mmbatch / prebuilt" in proc.stdout

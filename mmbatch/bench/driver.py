@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.bench.flops import minimal_flops
-from mmbatch.bench.workloads import make_images
+from mmbatch.bench.workloads import FRAME_FPS, make_images, make_videos
 from mmbatch.engine.vllm import DEFAULT_RENDER_THREADS
 
 PEAK_BF16_FLOPS = 790e12
@@ -22,32 +22,32 @@ PEAK_BF16_FLOPS = 790e12
 
 def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     work = Path(options["work_dir"] or tempfile.mkdtemp(prefix="mmbatch-bench-"))
-    count, size, seed = options["images"], options["size"], options["seed"]
-    # Each workload gets its own images, so no side profits from caches of the one before.
-    pool = make_images(work / "images", count * (len(options["workloads"]) + 1), size, seed)
+    size, seed = options["size"], options["seed"]
     spec: dict[str, Any] = {
         "model": options["model"],
         "workloads": options["workloads"],
-        "warmup_images": [str(p) for p in pool[: min(32, count)]],
-        "images": {
-            w: [str(p) for p in pool[(i + 1) * count : (i + 2) * count]]
-            for i, w in enumerate(options["workloads"])
-        },
+        "media": _media(work, options),
         "max_tokens": options["max_tokens"],
         "temperature": 0.7,
         "top_p": 0.9,
         "seed": seed,
-        "window": options["window"],
+        "video_seconds": options["video_seconds"],
+        "decode_workers": options["decode_workers"],
         "common_engine_args": options["common_engine_args"],
         "mmbatch_engine_args": options["mmbatch_engine_args"],
     }
+    spec["warmup_images"] = [str(p) for p in make_images(work / "warmup", 32, size, seed + 99)]
     sides = {}
     for mode in options["modes"]:
         variant = options["variants"].get(mode, {})
         spec_path, result_path = work / f"spec-{mode}.json", work / f"result-{mode}.json"
+        if options["reuse"] and result_path.exists():
+            print(f"bench: the {mode} side from {result_path}", file=sys.stderr, flush=True)
+            sides[mode] = json.loads(result_path.read_text())
+            continue
         side_spec = {
             **spec,
-            "mode": "naive" if mode == "naive" else "mmbatch",
+            "mode": mode if mode in ("naive", "prebuilt") else "mmbatch",
             "render_threads": variant.get("render_threads", DEFAULT_RENDER_THREADS),
             "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **variant.get("engine", {})},
         }
@@ -59,6 +59,21 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         )
         sides[mode] = json.loads(result_path.read_text())
     return _report(options, argv, spec, sides)
+
+
+def _media(work: Path, options: dict[str, Any]) -> dict[str, list[str]]:
+    """Each workload's own media, so that no side profits from caches of the one before."""
+    size, seed = options["size"], options["seed"]
+    counts = {"W1": options["w1_images"], "W2": options["images"], "W4": options["images"]}
+    media: dict[str, list[str]] = {}
+    for n, workload in enumerate(options["workloads"]):
+        folder = work / workload
+        if workload == "W3":
+            paths = make_videos(folder, options["videos"], options["video_seconds"], size, seed + n)
+        else:
+            paths = make_images(folder, counts[workload], size, seed + n)
+        media[workload] = [str(p) for p in paths]
+    return media
 
 
 def _report(
@@ -88,11 +103,13 @@ def _report(
             r["compute_bound_images_per_s"] = r["images"] / (flops / PEAK_BF16_FLOPS)
             r["share_of_compute_bound"] = r["images_per_s"] / r["compute_bound_images_per_s"]
             entry[mode] = r
-        if "naive" in entry:
-            for mode in entry.copy():
-                if mode != "naive":
-                    entry[f"ratio_{mode}_over_naive"] = (
-                        entry[mode]["requests_per_s"] / entry["naive"]["requests_per_s"]
+        for base in ("naive", "prebuilt"):
+            if base not in entry:
+                continue
+            for mode in [m for m in entry.copy() if not m.startswith("ratio_")]:
+                if mode not in ("naive", base):
+                    entry[f"ratio_{mode}_over_{base}"] = (
+                        entry[mode]["requests_per_s"] / entry[base]["requests_per_s"]
                     )
         workloads[workload] = entry
     return {
@@ -102,13 +119,17 @@ def _report(
         "vllm_version": next(iter(sides.values()))["vllm_version"] if sides else None,
         "engine_start_s": {mode: side["engine_start_s"] for mode, side in sides.items()},
         "workload_spec": {
-            "images_per_workload": options["images"],
+            "w1_images": options["w1_images"],
+            "images_w2_w4": options["images"],
+            "videos": options["videos"],
+            "video_seconds": options["video_seconds"],
+            "frames_per_second": FRAME_FPS,
             "image_size": options["size"],
             "max_tokens": options["max_tokens"],
             "sampling": "temperature 0.7, top_p 0.9, ignore_eos",
             "common_engine_args": options["common_engine_args"],
             "mmbatch_engine_args": options["mmbatch_engine_args"],
-            "window": options["window"],
+            "decode_workers": options["decode_workers"],
             "variants": options["variants"],
         },
         "flops_model": {
@@ -167,8 +188,8 @@ def table(report: dict[str, Any]) -> str:
             )
         for key, ratio in entry.items():
             if key.startswith("ratio_"):
-                mode = key.removeprefix("ratio_").removesuffix("_over_naive")
-                lines.append(f"{workload:8} {mode} / naive = {ratio:.2f}x")
+                mode, base = key.removeprefix("ratio_").split("_over_")
+                lines.append(f"{workload:8} {mode} / {base} = {ratio:.2f}x")
     return "\n".join(lines)
 
 

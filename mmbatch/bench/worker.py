@@ -1,10 +1,14 @@
 """One side of the benchmark, in its own process: build one engine, run every workload.
 
-``python -m mmbatch.bench.worker SPEC.json RESULT.json``. The naive side is what a user
-writes from vLLM's offline example: open each row's image with PIL, build chat messages in
-dataset order, make one ``LLM.chat`` call, default engine arguments except the ones the
-spec names for both sides (model, max_model_len, load_format). The mmbatch side runs the
-real pipeline (loader, planner, VLLMEngine) over the same files, sampling and model.
+``python -m mmbatch.bench.worker SPEC.json RESULT.json``. Three sides, the same model, media
+and sampling:
+
+* ``naive``: what a user writes from vLLM's offline example: open each row's image with PIL
+  (for a video frame: open the video, seek, decode up to the frame), chat messages in the
+  rows' order, one ``LLM.chat`` call, default engine arguments but the shared ones.
+* ``prebuilt``: the ceiling of vLLM's own loop: every input decoded and every prompt built
+  before the clock starts (W2's rows image-major), then one ``LLM.generate``.
+* ``mmbatch``: the rows as a user's job through the runner (``run_job``), written to JSONL.
 """
 
 from __future__ import annotations
@@ -16,21 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.bench.monitor import GpuMonitor
-from mmbatch.bench.workloads import Row, rows_for
+from mmbatch.bench.workloads import FRAME_FPS, Row, rows_for
 
 
 def main(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
-    side = _Naive(spec) if spec["mode"] == "naive" else _Mmbatch(spec)
-    results: dict[str, Any] = {
-        "mode": spec["mode"],
-        "engine_start_s": side.start_s,
-        "workloads": {},
-    }
+    side = SIDES[spec["mode"]](spec)
+    results: dict[str, Any] = {"mode": spec["mode"], "engine_start_s": side.start_s}
     side.run(rows_for("W1", [Path(p) for p in spec["warmup_images"]]))  # compile, graphs
+    results["workloads"] = {}
     for workload in spec["workloads"]:
-        images = [Path(p) for p in spec["images"][workload]]
-        rows = rows_for(workload, images, seed=spec["seed"])
+        media = [Path(p) for p in spec["media"][workload]]
+        rows = rows_for(workload, media, seed=spec["seed"], seconds=spec["video_seconds"])
+        side.prepare(rows)
         before = side.metrics()
         with GpuMonitor() as gpu:
             start = time.perf_counter()
@@ -39,8 +41,8 @@ def main(spec_path: str, result_path: str) -> None:
         after = side.metrics()
         results["workloads"][workload] = {
             "requests": len(rows),
-            "images": len(images),
-            "distinct_images": len({r.image for r in rows}),
+            "images": len({(r.image, r.at) for r in rows}) if workload != "W4" else len(media),
+            "distinct_images": len({(r.image, r.at) for r in rows}),
             "wall_s": wall,
             "gpu_busy": gpu.busy_share,
             "prefix_hit_rate": _rate(after, before, "prefix_cache_hits", "prefix_cache_queries"),
@@ -78,6 +80,38 @@ def _sampling(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _counts(outputs: list[Any]) -> dict[str, Any]:
+    return {
+        "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
+        "prompt_tokens": sum(len(o.prompt_token_ids or ()) for o in outputs),
+        "cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
+        "failed": 0,
+    }
+
+
+def frame_at(path: str, seconds: float) -> Any:
+    """The frame of ``path`` on screen at ``seconds``, the naive way: open the file, seek to
+    the key frame before it, decode forward to it."""
+    import av
+
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        container.seek(int(seconds / stream.time_base), stream=stream)
+        last = None
+        for frame in container.decode(stream):
+            if frame.time is not None and frame.time > seconds + 1e-6:
+                break
+            last = frame
+        assert last is not None, (path, seconds)
+        return last.to_image()
+
+
+def open_image(row: Row) -> Any:
+    from PIL import Image
+
+    return Image.open(row.image) if row.at is None else frame_at(row.image, row.at)
+
+
 class _Naive:
     def __init__(self, spec: dict[str, Any]) -> None:
         import vllm
@@ -89,31 +123,63 @@ class _Naive:
         self.params = SamplingParams(**_sampling(spec))
         self.vllm_version = vllm.__version__
 
-    def run(self, rows: list[Row]) -> dict[str, Any]:
-        from PIL import Image
+    def prepare(self, rows: list[Row]) -> None:
+        """Nothing: the naive side reads its media inside the clock."""
 
+    def run(self, rows: list[Row]) -> dict[str, Any]:
         messages = [
             [
                 {
                     "role": "user",
                     "content": [
-                        {"type": "image_pil", "image_pil": Image.open(row.image)},
+                        {"type": "image_pil", "image_pil": open_image(row)},
                         {"type": "text", "text": row.prompt},
                     ],
                 }
             ]
             for row in rows
         ]
-        outputs = self.llm.chat(messages, self.params, use_tqdm=False)
-        return {
-            "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
-            "prompt_tokens": sum(len(o.prompt_token_ids or ()) for o in outputs),
-            "cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
-            "failed": 0,
-        }
+        return _counts(self.llm.chat(messages, self.params, use_tqdm=False))
 
     def metrics(self) -> dict[str, float]:
         return _metrics(self.llm)
+
+
+class _Prebuilt(_Naive):
+    """Every image decoded and every prompt rendered before the clock, then one generate."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from transformers import AutoProcessor
+
+        super().__init__(spec)
+        self.processor = AutoProcessor.from_pretrained(spec["model"])
+        self.prompts: list[dict[str, Any]] = []
+
+    def prepare(self, rows: list[Row]) -> None:
+        ordered = sorted(rows, key=lambda r: (r.image, r.at or 0.0, r.prompt))  # image-major
+        pictures: dict[tuple[str, float | None], Any] = {}
+        self.prompts = []
+        for row in ordered:
+            picture = pictures.get((row.image, row.at))
+            if picture is None:
+                picture = pictures[(row.image, row.at)] = open_image(row).convert("RGB")
+            self.prompts.append(
+                {"prompt": self._text(row.prompt), "multi_modal_data": {"image": picture}}
+            )
+
+    def _text(self, prompt: str) -> str:
+        messages = [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}
+        ]
+        return str(
+            self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        )
+
+    def run(self, rows: list[Row]) -> dict[str, Any]:
+        if not self.prompts:  # the warm-up: built here, outside any measurement
+            self.prepare(rows)
+        prompts, self.prompts = self.prompts, []
+        return _counts(self.llm.generate(prompts, self.params, use_tqdm=False))
 
 
 class _Mmbatch:
@@ -132,19 +198,33 @@ class _Mmbatch:
         self.spec = spec
         self.vllm_version = vllm.__version__
 
+    def prepare(self, rows: list[Row]) -> None:
+        """Nothing: mmbatch reads its media inside the clock, as a job does."""
+
     def run(self, rows: list[Row]) -> dict[str, Any]:
-        """The rows as a user's job: the runner, writing JSON lines, as ``mmbatch caption``."""
+        """The rows as a user's job: the runner, writing JSON lines, as ``mmbatch caption``
+        (and ``mmbatch frames`` for video frames)."""
         import tempfile
 
         from mmbatch.jobs import FileOutput, Job, run_job
+        from mmbatch.media.options import MediaOptions, VideoOptions
         from mmbatch.pipeline import RunConfig
+        from mmbatch.sources.timeline import frame_requests
         from mmbatch.types import MediaRef, Request, Sampling
 
-        requests = [Request(r.id, r.prompt, (MediaRef("image", r.image),)) for r in rows]
-        job = Job(requests, Sampling(**_sampling(self.spec)))
+        sampling = Sampling(**_sampling(self.spec))
+        if rows and rows[0].at is not None:
+            video = VideoOptions(sampling="fps", fps=FRAME_FPS, max_frames=10**6)
+            videos = list(dict.fromkeys(r.image for r in rows))
+            requests = frame_requests(videos, video, rows[0].prompt)
+            job = Job(requests, sampling, MediaOptions(video=video))
+        else:
+            requests = [Request(r.id, r.prompt, (MediaRef("image", r.image),)) for r in rows]
+            job = Job(requests, sampling)
+        run = RunConfig(progress=False, decode_workers=self.spec.get("decode_workers"))
         with tempfile.TemporaryDirectory() as folder:
             out = FileOutput.at(f"{folder}/rows.jsonl")
-            stats = run_job(job, self.engine, out, RunConfig(progress=False)).run
+            stats = run_job(job, self.engine, out, run).run
         return {
             "output_tokens": stats.output_tokens,
             "prompt_tokens": stats.prompt_tokens,
@@ -156,6 +236,9 @@ class _Mmbatch:
 
     def metrics(self) -> dict[str, float]:
         return _metrics(self.engine.llm)
+
+
+SIDES: dict[str, Any] = {"naive": _Naive, "prebuilt": _Prebuilt, "mmbatch": _Mmbatch}
 
 
 if __name__ == "__main__":

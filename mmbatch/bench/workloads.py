@@ -1,8 +1,9 @@
-"""Benchmark workloads: deterministic images on disk and the rows a user would write.
+"""Benchmark workloads: deterministic media on disk and the rows a user would write.
 
-* W1: distinct images, one prompt each.
+* W1: distinct images, one prompt each (steady state: thousands of them).
 * W2: four prompts per image (caption, tags, OCR, JSON), rows prompt-major: every image for
   the first prompt, then every image for the second, as a loop over tasks writes them.
+* W3: frame captions: videos sampled at 1 frame per second, one row per frame.
 * W4: a dataset where 30% of the rows repeat an earlier image, at random places.
 """
 
@@ -16,20 +17,26 @@ import numpy as np
 from PIL import Image
 
 CAPTION = "Describe this image in detail."
+FRAME_PROMPT = "Describe this video frame in detail."
 W2_PROMPTS = (
     CAPTION,
     "List ten tags for this image, comma separated.",
     "Transcribe any text visible in this image.",
     'Answer in JSON with keys "objects", "colors" and "scene".',
 )
-WORKLOADS = ("W1", "W2", "W4")
+WORKLOADS = ("W1", "W2", "W3", "W4")
+FRAME_FPS = 1.0
+"""W3 samples each video at this rate."""
 
 
 @dataclass(frozen=True)
 class Row:
+    """One request of a workload: an image file, or one frame (``at`` seconds) of a video."""
+
     id: str
     image: str
     prompt: str
+    at: float | None = None
 
 
 def make_images(folder: Path, count: int, size: int, seed: int) -> list[Path]:
@@ -48,20 +55,58 @@ def make_images(folder: Path, count: int, size: int, seed: int) -> list[Path]:
     return paths
 
 
-def rows_for(workload: str, images: list[Path], seed: int = 0) -> list[Row]:
-    """The rows of ``workload`` over ``images``, in the order a user would write them."""
+def make_videos(folder: Path, count: int, seconds: int, size: int, seed: int) -> list[Path]:
+    """``count`` H.264 videos of ``seconds`` at 10 fps, ``size`` x ``size``: a slowly moving
+    gradient under noise, so that every sampled frame differs from every other."""
+    import av
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    ramp = np.linspace(0, 255, size, dtype=np.float32)
+    for n in range(count):
+        path = folder / f"video{n:03d}.mp4"
+        paths.append(path)
+        if path.exists():
+            continue
+        with av.open(str(path), "w") as container:
+            stream = container.add_stream("libx264", rate=10)
+            stream.width = stream.height = size
+            stream.pix_fmt = "yuv420p"
+            stream.options = {"preset": "ultrafast"}
+            for i in range(seconds * 10):
+                shift = (i * 3 + n * 17) % size
+                base = np.roll(ramp, shift)[None, :, None] + np.zeros((size, 1, 3), np.float32)
+                noise = rng.integers(0, 48, (size, size, 3))
+                pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+                frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+                container.mux(stream.encode(frame))
+            container.mux(stream.encode())
+    return paths
+
+
+def rows_for(workload: str, media: list[Path], seed: int = 0, seconds: int = 60) -> list[Row]:
+    """The rows of ``workload`` over ``media`` (images, or W3's videos of ``seconds``), in
+    the order a user would write them."""
     if workload == "W1":
-        return [Row(f"w1-{i}", str(p), CAPTION) for i, p in enumerate(images)]
+        return [Row(f"w1-{i}", str(p), CAPTION) for i, p in enumerate(media)]
     if workload == "W2":
         return [
             Row(f"w2-{t}-{i}", str(p), prompt)
             for t, prompt in enumerate(W2_PROMPTS)
-            for i, p in enumerate(images)
+            for i, p in enumerate(media)
+        ]
+    if workload == "W3":
+        times = [k / FRAME_FPS for k in range(int(seconds * FRAME_FPS))]
+        return [
+            Row(f"w3-{v}-{t:.3f}", str(p), FRAME_PROMPT, at=t)
+            for v, p in enumerate(media)
+            for t in times
         ]
     if workload == "W4":
         rng = random.Random(seed)
-        distinct = images[: round(len(images) * 0.7)]
-        picks = list(distinct) + [rng.choice(distinct) for _ in range(len(images) - len(distinct))]
+        distinct = media[: round(len(media) * 0.7)]
+        picks = list(distinct) + [rng.choice(distinct) for _ in range(len(media) - len(distinct))]
         rng.shuffle(picks)
         return [Row(f"w4-{i}", str(p), CAPTION) for i, p in enumerate(picks)]
     raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")

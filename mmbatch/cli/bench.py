@@ -15,8 +15,9 @@ def register(commands: Commands) -> None:
         "bench",
         help="throughput benchmark: naive vLLM vs mmbatch, each side in its own process",
         description="Runs workloads W1 (distinct images), W2 (4 prompts per image, prompt-"
-        "major) and W4 (30%% repeated images) through a naive LLM.chat baseline and through "
-        "mmbatch, and writes a JSON report with the ratios.",
+        "major), W3 (video frames at 1 fps) and W4 (30%% repeated images) through a naive "
+        "LLM.chat baseline, a prebuilt-input LLM.generate ceiling and mmbatch, and writes a "
+        "JSON report with the ratios.",
     )
     parser.add_argument(
         "--model",
@@ -24,13 +25,23 @@ def register(commands: Commands) -> None:
         help="model directory (or config-only, with --engine-arg load_format=dummy)",
     )
     parser.add_argument("--out", required=True, help="report JSON")
-    parser.add_argument("--images", type=int, default=500, help="images per workload")
+    parser.add_argument("--images", type=int, default=500, help="images of W2 and W4")
+    parser.add_argument("--w1-images", type=int, default=2000, help="images of W1")
+    parser.add_argument("--videos", type=int, default=10, help="videos of W3")
+    parser.add_argument("--video-seconds", type=int, default=60, help="length of W3's videos")
     parser.add_argument("--size", type=int, default=448, help="image side in pixels")
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--workloads", default="W1,W2,W4")
-    parser.add_argument("--modes", default="naive,mmbatch")
+    parser.add_argument("--workloads", default="W1,W2,W3,W4")
+    parser.add_argument("--modes", default="naive,prebuilt,mmbatch")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument(
+        "--decode-workers", type=int, default=None, help="the mmbatch side's decode processes"
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a side's results from an earlier run in --work-dir instead of running it",
+    )
     parser.add_argument("--work-dir", default=None, help="where images and specs go")
     parser.add_argument(
         "--engine-arg",
@@ -69,7 +80,11 @@ def run(args: argparse.Namespace) -> int:
         "workloads": [w.strip() for w in args.workloads.split(",") if w.strip()],
         "modes": [m.strip() for m in args.modes.split(",") if m.strip()],
         "seed": args.seed,
-        "window": args.window,
+        "w1_images": args.w1_images,
+        "videos": args.videos,
+        "video_seconds": args.video_seconds,
+        "decode_workers": args.decode_workers,
+        "reuse": args.reuse,
         "work_dir": args.work_dir,
         "common_engine_args": parse_engine_args(args.engine_arg),
         "mmbatch_engine_args": parse_engine_args(args.mmbatch_engine_arg),
