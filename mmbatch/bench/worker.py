@@ -157,7 +157,7 @@ class _Prebuilt(_Naive):
 
     def prepare(self, rows: list[Row]) -> None:
         ordered = sorted(rows, key=lambda r: (r.image, r.at or 0.0, r.prompt))  # image-major
-        pictures: dict[tuple[str, float | None], Any] = {}
+        pictures = _frames(ordered) if ordered and ordered[0].at is not None else {}
         self.prompts = []
         for row in ordered:
             picture = pictures.get((row.image, row.at))
@@ -180,6 +180,22 @@ class _Prebuilt(_Naive):
             self.prepare(rows)
         prompts, self.prompts = self.prompts, []
         return _counts(self.llm.generate(prompts, self.params, use_tqdm=False))
+
+
+def _frames(rows: list[Row]) -> dict[tuple[str, float | None], Any]:
+    """Every frame the rows name, decoded one pass per video (time off the clock anyway)."""
+    from PIL import Image
+
+    from mmbatch.media.video import decode_frames, index_video
+
+    pictures: dict[tuple[str, float | None], Any] = {}
+    for video in dict.fromkeys(r.image for r in rows):
+        index = index_video(video)
+        wanted = {r.at: index.frame_at(r.at or 0.0) for r in rows if r.image == video}
+        arrays = decode_frames(video, index, wanted.values()).frames
+        for at, i in wanted.items():
+            pictures[(video, at)] = Image.fromarray(arrays[i])
+    return pictures
 
 
 class _Mmbatch:

@@ -56,8 +56,9 @@ def make_images(folder: Path, count: int, size: int, seed: int) -> list[Path]:
 
 
 def make_videos(folder: Path, count: int, seconds: int, size: int, seed: int) -> list[Path]:
-    """``count`` H.264 videos of ``seconds`` at 10 fps, ``size`` x ``size``: a slowly moving
-    gradient under noise, so that every sampled frame differs from every other."""
+    """``count`` H.264 videos of ``seconds`` at 10 fps, ``size`` x ``size``, a key frame every
+    5 s: a slowly moving gradient under noise, so that every sampled frame differs from every
+    other."""
     import av
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def make_videos(folder: Path, count: int, seconds: int, size: int, seed: int) ->
             stream = container.add_stream("libx264", rate=10)
             stream.width = stream.height = size
             stream.pix_fmt = "yuv420p"
-            stream.options = {"preset": "ultrafast"}
+            stream.options = {"preset": "ultrafast", "g": "50"}  # a key frame every 5 s
             for i in range(seconds * 10):
                 shift = (i * 3 + n * 17) % size
                 base = np.roll(ramp, shift)[None, :, None] + np.zeros((size, 1, 3), np.float32)
