@@ -30,6 +30,7 @@ from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import FatalEngineError
 from mmbatch.jsonl import write_atomic
+from mmbatch.media.feeder import start_decoders
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
 from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows
@@ -148,6 +149,7 @@ def run_job(
         sink = open_sink(out.path, out.format, append=True)
         try:
             if plan.pending:
+                start_decoders(run.workers())  # they start while the engine loads
                 stats = _run(job, plan.pending, _engine(engine, plan.pending), sink, run)
         except FatalEngineError as exc:
             sink.close()

@@ -113,7 +113,7 @@ class Feeder:
         self._crash: BaseException | None = None
         self._closed = False
         self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="mmbatch-read")
-        self._decoders = self._decode_pool()
+        self._decoders = decode_pool(workers)
         self._thread = threading.Thread(target=self._coordinate, name="mmbatch-feeder", daemon=True)
         self._thread.start()
 
@@ -156,7 +156,6 @@ class Feeder:
         self._events.put(("close", None))
         self._thread.join(timeout=10)
         self._readers.shutdown(wait=False, cancel_futures=True)
-        self._decoders.shutdown(wait=False, cancel_futures=True)
 
     def counts(self, tag: Hashable) -> tuple[int, int]:
         """Items decoded and bytes read for the work queued under ``tag`` so far."""
@@ -266,7 +265,7 @@ class Feeder:
         try:
             future = self._decoders.submit(decode, portable)
         except BrokenProcessPool:
-            self._decoders = self._decode_pool()
+            self._decoders = decode_pool(self.workers, broken=self._decoders)
             future = self._decoders.submit(decode, portable)
         future.add_done_callback(partial(self._post, "decoded", (job, tag)))
 
@@ -279,8 +278,7 @@ class Feeder:
             message = f"the decoder process failed: {type(exc).__name__}: {exc}"
             made = dict.fromkeys(job.keys, ItemError("decode", message, "corrupt"))
             if isinstance(exc, BrokenProcessPool):
-                self._decoders.shutdown(wait=False, cancel_futures=False)
-                self._decoders = self._decode_pool()
+                self._decoders = decode_pool(self.workers, broken=self._decoders)
         for key, item in made.items():
             if isinstance(item, ItemError):
                 self._errors[key] = item
@@ -330,18 +328,45 @@ class Feeder:
                     self._ready_by_media.setdefault(_media_of(ready), ready)
             self._cond.notify_all()
 
-    def _decode_pool(self) -> Executor:
-        if self.workers <= 0:
-            return ThreadPoolExecutor(1, thread_name_prefix="mmbatch-decode")
-        # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
-        # would copy in whatever state they are in.
-        return ProcessPoolExecutor(
-            self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
-        )
-
 
 def _media_of(ready: Ready) -> frozenset[str]:
     return frozenset(key for loaded in ready.loaded for key in loaded.media_keys)
+
+
+_POOLS: dict[int, Executor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def decode_pool(workers: int, broken: Executor | None = None) -> Executor:
+    """This process's decode pool of ``workers`` processes (0: one thread), started on first
+    use and shared by every feeder: its workers' start (a second or two of imports each) is
+    paid once per process, not per job. ``broken``: a pool whose worker died, replaced."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None or pool is broken:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=False)
+            pool = _POOLS[workers] = _new_pool(workers)
+        return pool
+
+
+def start_decoders(workers: int) -> None:
+    """Start the decode pool's workers now (they import in the background), so that they
+    are ready when the engine is: call before building the engine."""
+    pool = decode_pool(workers)
+    if workers > 0:
+        for _ in range(workers):
+            pool.submit(_warm)
+
+
+def _new_pool(workers: int) -> Executor:
+    if workers <= 0:
+        return ThreadPoolExecutor(1, thread_name_prefix="mmbatch-decode")
+    # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
+    # would copy in whatever state they are in.
+    return ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
+    )
 
 
 def _warm() -> None:

@@ -103,6 +103,7 @@ class JobStats(Tally):
             "running_median": running[len(running) // 2],
             "running_max": running[-1],
             "waiting_median": waiting[len(waiting) // 2],
+            "feeding_samples": len(feeding),
             "starved_share": round(starved / len(feeding), 3) if feeding else 0.0,
         }
 
@@ -131,11 +132,17 @@ class JobStats(Tally):
             )
         queue = self.queue_summary()
         if queue is not None:
+            starved = (
+                f"; waiting empty in {queue['starved_share']:.0%} of the "
+                f"{queue['feeding_samples']:.0f} samples taken while requests were still to "
+                "be handed to it"
+                if queue["feeding_samples"]
+                else ""
+            )
             lines.append(
-                f"engine queue: running median {queue['running_median']:.0f} "
-                f"(max {queue['running_max']:.0f}), waiting median "
-                f"{queue['waiting_median']:.0f}; waiting empty while work remained in "
-                f"{queue['starved_share']:.0%} of {queue['samples']:.0f} samples"
+                f"engine queue ({queue['samples']:.0f} samples): running median "
+                f"{queue['running_median']:.0f} (max {queue['running_max']:.0f}), waiting "
+                f"median {queue['waiting_median']:.0f}{starved}"
             )
         if self.host_seconds:
             phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.host_seconds.items()))
