@@ -28,6 +28,7 @@ from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.layout import Layout
 from mmbatch.errors import FatalEngineError
 from mmbatch.jsonl import write_atomic
 from mmbatch.media.feeder import start_decoders
@@ -131,6 +132,7 @@ def run_job(
     """Run the items of ``job`` that have no row in ``out`` yet, on ``engine`` (an engine, or
     the config of the vLLM engine to start if anything is left to do)."""
     run = run or RunConfig()
+    layout = _layout(engine)  # a configuration mistake stops the job before any output
     progress = _progress_file(out, job.shape)
     plan = prepare(
         progress,
@@ -145,12 +147,14 @@ def run_job(
     if note:
         print(f"mmbatch: {note}", file=sys.stderr)
     stats = JobStats()
+    info = dict(job.info)
     if plan.pending or progress != out.path:
         sink = open_sink(out.path, out.format, append=True)
         try:
             if plan.pending:
                 start_decoders(run.workers())  # they start while the engine loads
-                stats = _run(job, plan.pending, _engine(engine, plan.pending), sink, run)
+                built = _engine(engine, layout, plan.pending, info)
+                stats = _run(job, plan.pending, built, sink, run)
         except FatalEngineError as exc:
             sink.close()
             tally = _count(out, job)
@@ -160,7 +164,7 @@ def run_job(
                 f"({left} items left); run the same command again to resume."
             ) from exc
         sink.close()
-    return _report(job, out, plan, stats)
+    return _report(job, out, plan, stats, info)
 
 
 def run_in_memory(
@@ -212,12 +216,30 @@ def _run(
     return run_requests(pending, engine, job.media, sink, job.sampling, run, rows)
 
 
-def _engine(engine: Engine | EngineConfig, requests: Sequence[Request]) -> Engine:
+def _layout(engine: Engine | EngineConfig) -> Layout | None:
+    if not isinstance(engine, EngineConfig):
+        return None
+    from mmbatch.engine.shared import host_layout
+
+    return host_layout(engine)
+
+
+def _engine(
+    engine: Engine | EngineConfig,
+    layout: Layout | None,
+    requests: Sequence[Request],
+    info: dict[str, Any],
+) -> Engine:
+    """``engine``, or the engine(s) ``engine`` describes, built for the host's GPUs; the
+    layout chosen, and why, goes to the summary (and is said at once)."""
     if not isinstance(engine, EngineConfig):
         return engine
-    from mmbatch.engine.shared import shared_engine
+    from mmbatch.engine.shared import shared_engine_and_layout
 
-    return shared_engine(engine, media_per_prompt(requests))
+    built, layout = shared_engine_and_layout(engine, media_per_prompt(requests), layout)
+    info["engines"] = layout.describe()
+    print(f"mmbatch: {layout.describe()}", file=sys.stderr)
+    return built
 
 
 def _progress_file(out: FileOutput, shape: RowShape) -> Path:
@@ -236,7 +258,9 @@ def _count(out: FileOutput, job: Job) -> OutputTally:
     return count_output(rows, job.shape, job.item_ids, quarantine_path(out.path))
 
 
-def _report(job: Job, out: FileOutput, plan: ResumePlan, stats: JobStats) -> JobReport:
+def _report(
+    job: Job, out: FileOutput, plan: ResumePlan, stats: JobStats, info: dict[str, Any]
+) -> JobReport:
     tally = _count(out, job)
     kept = plan.kept_ok + plan.kept_failed
     whole = (
@@ -247,5 +271,5 @@ def _report(job: Job, out: FileOutput, plan: ResumePlan, stats: JobStats) -> Job
             "rows_from_earlier_runs": kept,
         }
     )
-    summary = write_summary(out.path, whole, {**job.info, "output_format": out.format})
+    summary = write_summary(out.path, whole, {**info, "output_format": out.format})
     return JobReport(out.path, len(job.item_ids), kept, stats, tally, summary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,17 @@ def test_malformed_engine_arg_is_a_job_error(
     argv = ["caption", str(samples), "--model", "m", "--out", str(tmp_path / "o")]
     assert main([*argv, "--engine-arg", "no_equals_sign"]) == EXIT_JOB_FAILED
     assert "is not KEY=VALUE" in capsys.readouterr().err
+
+
+def test_more_gpus_than_the_host_has_is_a_job_error_before_any_output(
+    samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "o.jsonl"
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", "m", "--out", str(out)]
+    assert main([*argv, "--gpus", "999"]) == EXIT_JOB_FAILED
+    assert re.search(r"--gpus 999: only \d+ GPU\(s\) are visible", capsys.readouterr().err)
+    assert not out.exists()
+    assert not (tmp_path / "o.jsonl.job.json").exists()
 
 
 def test_engine_args_are_json_when_they_parse() -> None:

@@ -5,8 +5,10 @@
 Writes ``--photos`` JPEGs of ``--megapixels`` (a smooth gradient under light noise, about
 what a camera's file weighs), builds a tiny model unless ``--model`` names one, runs
 ``mmbatch caption`` over them in a child process, and samples the resident memory of that
-process and all its descendants (the engine, the decode workers) every 0.1 s. The report
-gives the peak, the time, and the command, machine and settings it ran with.
+process and all its descendants (the engine, the decode workers) every 0.1 s. The same job
+over one small photo first gives the baseline (the engine and the interpreters: on vLLM's
+CPU build mostly the KV cache, ``VLLM_CPU_KVCACHE_SPACE`` GiB, 4 by default here). The
+report gives both peaks, the time, and the command, machine and settings it ran with.
 """
 
 from __future__ import annotations
@@ -81,6 +83,17 @@ def measure(argv: list[str]) -> tuple[int, float, int]:
     return peak, time.perf_counter() - started, child.returncode
 
 
+def caption_command(folder: Path, model: str, work: Path, extra: list[str]) -> list[str]:
+    """``mmbatch caption`` over ``folder`` into a fresh output."""
+    out = work / "captions.jsonl"
+    for stale in (out, out.with_name(out.name + ".job.json")):
+        stale.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "mmbatch", "caption", str(folder), "--model", model]
+    command += ["--out", str(out), "--max-tokens", "8", "--no-progress"]
+    command += ["--engine-arg", "dtype=float32", "--engine-arg", "max_model_len=1024"]
+    return command + extra
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mmbatch.bench.memory")
     parser.add_argument("--photos", type=int, default=600)
@@ -97,14 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         from mmbatch.testing.tiny_models import build_tiny_model
 
         model = str(build_tiny_model(work / "tiny-model", family="qwen2_vl", seed=0))
-    out = work / "captions.jsonl"
-    out.unlink(missing_ok=True)
-    for side in (out.with_name(out.name + ".job.json"),):
-        side.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "mmbatch", "caption", str(photos[0].parent), "--model"]
-    command += [model, "--out", str(out), "--max-tokens", "8", "--no-progress"]
-    command += ["--engine-arg", "dtype=float32", "--engine-arg", "max_model_len=1024"]
-    command += args.caption_args
+    # The same job over one small photo: what the engine and the interpreters hold anyway.
+    small = make_photos(work / "photos-baseline", 1, 0.05)
+    baseline, _, _ = measure(caption_command(small[0].parent, model, work, args.caption_args))
+    command = caption_command(photos[0].parent, model, work, args.caption_args)
     peak, wall, code = measure(command)
     report: dict[str, Any] = {
         "command": "python -m mmbatch.bench.memory " + " ".join(argv or sys.argv[1:]),
@@ -115,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         "photo_bytes": sum(p.stat().st_size for p in photos),
         "peak_rss_bytes": peak,
         "peak_rss_gib": round(peak / 1024**3, 2),
+        "baseline_rss_gib": round(baseline / 1024**3, 2),
+        "above_baseline_gib": round((peak - baseline) / 1024**3, 2),
+        "vllm_cpu_kvcache_space": os.environ.get("VLLM_CPU_KVCACHE_SPACE"),
         "wall_s": round(wall, 1),
         "exit_code": code,
     }

@@ -107,6 +107,14 @@ def add_engine_options(
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="use N of the visible GPUs (default: all): one engine per GPU when the model "
+        "fits one, else the fewest GPUs that hold it per engine",
+    )
+    parser.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="let the model repository run its own Python code (off by default)",
@@ -237,7 +245,7 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     from mmbatch.engine.config import EngineConfig
 
-    return EngineConfig(args.model, engine_args_from(args))
+    return EngineConfig(args.model, engine_args_from(args), gpus=args.gpus)
 
 
 def video_options_from(args: argparse.Namespace) -> VideoOptions:

@@ -52,7 +52,9 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     model = args.model or recipe.model
     if not model:
         raise ConfigError(f"{args.recipe} names no model: set [engine] model or pass --model")
-    config = EngineConfig(model, {**recipe.engine_kwargs(), **engine_args_from(args)})
+    config = EngineConfig(
+        model, {**recipe.engine_kwargs(), **engine_args_from(args)}, gpus=args.gpus
+    )
     job = recipe_job(recipe, args.inputs, model, source_policy_from(args), url_policy_from(args))
     print(
         f"mmbatch: recipe {recipe.name}, {len(job.item_ids)} items x {len(recipe.questions)} "

@@ -21,10 +21,15 @@ class EngineConfig:
 
     model: str
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    gpus: int | None = None
+    """How many of the visible GPUs to use (None: all); how they run the model is chosen
+    by ``mmbatch.engine.layout``."""
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a model is required (a local directory or a hub name)")
+        if self.gpus is not None and self.gpus < 1:
+            raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
         if "model" in self.engine_kwargs:
             raise ConfigError("pass the model as EngineConfig.model, not as an engine argument")
 

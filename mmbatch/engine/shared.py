@@ -4,34 +4,73 @@ Callers that cannot hold an engine themselves (a ``Dataset.map`` function, which
 and must stay small) ask here instead: the first call in a process builds the engine, every
 later call with the same settings gets the same one, since building it again would cost the
 model load and the GPU memory a second time.
+
+What is built follows the host's GPUs (``mmbatch.engine.layout``): one ``VLLMEngine``, on
+one GPU, a tensor-parallel group, or the CPU; or, with more GPUs than the model needs, a
+``ReplicaEngine`` of one engine process per GPU (or per group).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from functools import partial
 
+from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.layout import Layout, choose_layout, visible_gpus
 from mmbatch.types import Modality
 
-if TYPE_CHECKING:
+_ENGINES: dict[str, tuple[Engine, Layout]] = {}
+
+
+def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Engine:
+    """This process's engine for ``config``, built now if it is the first ask."""
+    return shared_engine_and_layout(config, media_per_prompt)[0]
+
+
+def shared_engine_and_layout(
+    config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout | None = None
+) -> tuple[Engine, Layout]:
+    """``shared_engine``, and the layout it was built with (for the job's summary);
+    ``layout``: the one already chosen for this host (``host_layout``)."""
+    key = json.dumps(
+        [config.llm_kwargs(), config.gpus, sorted(media_per_prompt.items())],
+        sort_keys=True,
+        default=repr,
+    )
+    built = _ENGINES.get(key)
+    if built is None:
+        layout = layout or host_layout(config)
+        built = _ENGINES[key] = (build_engine(config, media_per_prompt, layout), layout)
+    return built
+
+
+def host_layout(config: EngineConfig) -> Layout:
+    """The layout of ``config`` on this host's visible GPUs (``ConfigError`` if it asks for
+    more than there are): cheap, so a job checks it before writing anything."""
+    return choose_layout(config, visible_gpus())
+
+
+def build_engine(
+    config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout
+) -> Engine:
+    """The engine(s) ``layout`` describes for ``config``."""
     from mmbatch.engine.vllm import VLLMEngine
 
-_ENGINES: dict[str, VLLMEngine] = {}
+    if layout.tensor_parallel > 1 and "tensor_parallel_size" not in config.engine_kwargs:
+        kwargs = {**config.engine_kwargs, "tensor_parallel_size": layout.tensor_parallel}
+        config = replace(config, engine_kwargs=kwargs)
+    if layout.replicas == 1:
+        return VLLMEngine(config, media_per_prompt)
+    from mmbatch.engine.processor import ChatTemplate
+    from mmbatch.engine.replicas import ReplicaEngine
 
-
-def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
-    """This process's engine for ``config``, built now if it is the first ask."""
-    key = json.dumps(
-        [config.llm_kwargs(), sorted(media_per_prompt.items())], sort_keys=True, default=repr
+    trust = bool(config.engine_kwargs.get("trust_remote_code", False))
+    template = ChatTemplate(config.model, trust)
+    return ReplicaEngine(
+        partial(VLLMEngine, config, media_per_prompt), layout.devices(), template.budget
     )
-    engine = _ENGINES.get(key)
-    if engine is None:
-        from mmbatch.engine.vllm import VLLMEngine
-
-        engine = VLLMEngine(config, media_per_prompt)
-        _ENGINES[key] = engine
-    return engine
 
 
 def built_engines() -> int:

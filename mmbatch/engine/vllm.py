@@ -22,11 +22,11 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.config import EngineConfig
-from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
+from mmbatch.engine.processor import ChatTemplate
+from mmbatch.errors import FatalEngineError, RequestRejected
 from mmbatch.types import (
     CacheStats,
     LoadedRequest,
@@ -102,7 +102,7 @@ class VLLMEngine:
         _cpu_kv_cache_default(kwargs)
         self.llm: LLM = LLM(**kwargs)
         self._engine = self.llm.llm_engine
-        self._template = _ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
+        self._template = ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
         self._tokenizer = self.llm.get_tokenizer()
         self._ids = itertools.count()
         self._prompt_tokens = [0, 0]  # finished requests' prompt tokens, and their count
@@ -250,16 +250,13 @@ class VLLMEngine:
     def prompt_limits(self) -> PromptBudget:
         """The limits and token rules for measuring prompts before they are added: this
         engine's max_model_len and encoder cache, the processor's resize rules, its template."""
-        from mmbatch.engine.budget import PromptBudget
+        return self._template.budget(*self.context_limits())
 
+    def context_limits(self) -> tuple[int, int | None]:
+        """This engine's ``max_model_len``, and its encoder cache in tokens (None: unknown)."""
         processor = getattr(self._engine, "input_processor", None)
         cache = getattr(processor, "mm_encoder_cache_size", 0) or None
-        return PromptBudget.from_processor(
-            self._template._processor,
-            self._template.render,
-            max_model_len=self.llm.llm_engine.model_config.max_model_len,
-            max_item_tokens=cache,
-        )
+        return int(self._engine.model_config.max_model_len), cache
 
     def _prompt(self, request: LoadedRequest, media: Sequence[MediaItem]) -> dict[str, Any]:
         modalities = tuple(item.modality for item in media)
@@ -329,27 +326,3 @@ def _sampling_params(sampling: Sampling) -> SamplingParams:
         output_kind=RequestOutputKind.FINAL_ONLY,
         detokenize=False,
     )
-
-
-class _ChatTemplate:
-    """Renders (system, prompt, media) with the model's chat template, media first."""
-
-    def __init__(self, model: str, trust_remote_code: bool) -> None:
-        from mmbatch.engine.processor import load_processor
-
-        self._processor = load_processor(model, trust_remote_code)
-        if getattr(self._processor, "chat_template", None) is None:
-            raise ConfigError(f"the model {model!r} has no chat template")
-        self.render = lru_cache(maxsize=4096)(self._render)
-
-    def _render(self, system: str | None, prompt: str, modalities: tuple[str, ...]) -> str:
-        messages: list[dict[str, Any]] = []
-        if system is not None:
-            messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-        content: list[dict[str, Any]] = [{"type": m} for m in modalities]
-        content.append({"type": "text", "text": prompt})
-        messages.append({"role": "user", "content": content})
-        text = self._processor.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        return str(text)

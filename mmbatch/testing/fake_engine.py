@@ -7,6 +7,7 @@ first, a few per step) to catch any code that matches results by position.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -30,6 +31,7 @@ class FakeEngine:
         step_seconds: float = 0.0,
         die_after_steps: int | None = None,
         capacity: int = 64,
+        crash_on_prompt: str | None = None,
     ) -> None:
         self.per_step = per_step
         self.reject_prompts = reject_prompts
@@ -37,12 +39,16 @@ class FakeEngine:
         self.step_seconds = step_seconds
         self.die_after_steps = die_after_steps
         self.max_in_flight = capacity
+        self.crash_on_prompt = crash_on_prompt
+        """A prompt that kills the whole process on arrival, as a segfault in a kernel would."""
         self.steps = 0
         self.added: list[str] = []
         self._queue: list[Result] = []
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
         assert [m.key for m in media] == list(request.media_keys)
+        if request.request.prompt == self.crash_on_prompt:
+            os._exit(17)
         if request.request.prompt in self.reject_prompts:
             message = f"prompt {request.request.prompt!r} refused"
             if not self.reject_in_step:

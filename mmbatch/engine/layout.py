@@ -1,0 +1,161 @@
+"""How a host's GPUs run a model: one engine per GPU when the model fits one, else the
+smallest tensor-parallel group that fits, replicated over the GPUs left.
+
+A 7B vision model takes 16 GiB of an H200's 139: two engines on two GPUs do about twice one
+GPU's work, where tensor parallelism over both adds all-reduces to every layer for little
+gain. So replicas come first; a model too large for one GPU gets the fewest GPUs that hold
+it (its vision encoder then runs data-parallel, ``mm_encoder_tp_mode="data"``, set by
+``EngineConfig``), and as many such groups as the GPUs allow. An explicit
+``tensor_parallel_size`` or GPU count is obeyed as given. The layout says why it was chosen,
+and the job's summary repeats it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmbatch.engine.config import EngineConfig
+from mmbatch.errors import ConfigError
+
+WEIGHTS_SHARE = 0.5
+"""The most of a GPU's memory the weights may take: the rest holds the KV cache, the
+activations and the encoder cache, without which a batch job runs starved."""
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A visible GPU: its ``CUDA_VISIBLE_DEVICES`` name and its memory in bytes."""
+
+    name: str
+    memory: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The engines to start: a device group each (empty: the CPU), and why."""
+
+    tensor_parallel: int
+    groups: tuple[tuple[str, ...], ...]
+    reason: str
+
+    @property
+    def replicas(self) -> int:
+        return len(self.groups)
+
+    def devices(self) -> list[str | None]:
+        """Each replica's ``CUDA_VISIBLE_DEVICES`` (None: leave the environment alone)."""
+        return [",".join(group) or None for group in self.groups]
+
+    def describe(self) -> str:
+        if not any(self.groups):
+            return f"one engine on this machine ({self.reason})"
+        per = "GPU" if self.tensor_parallel == 1 else f"{self.tensor_parallel} GPUs"
+        engines = "engine" if self.replicas == 1 else "engines"
+        return f"{self.replicas} {engines}, {per} each ({self.reason})"
+
+
+def choose_layout(config: EngineConfig, gpus: Sequence[Gpu]) -> Layout:
+    """The layout for ``config`` on ``gpus`` (``config.gpus`` of them, if set)."""
+    if config.gpus is not None:
+        if config.gpus > len(gpus):
+            raise ConfigError(f"--gpus {config.gpus}: only {len(gpus)} GPU(s) are visible")
+        gpus = gpus[: config.gpus]
+    if not gpus:
+        return Layout(1, ((),), "no GPU is visible")
+    asked = config.engine_kwargs.get("tensor_parallel_size")
+    if asked is not None:
+        tp = int(asked) * int(config.engine_kwargs.get("pipeline_parallel_size", 1))
+        if tp > len(gpus):
+            raise ConfigError(f"tensor_parallel_size {asked} needs more than {len(gpus)} GPUs")
+        return _groups(gpus, tp, f"tensor_parallel_size {asked} as asked")
+    weights = model_bytes(config)
+    smallest = min(gpu.memory for gpu in gpus)
+    if weights is None:
+        return _groups(gpus, 1, "the model's size is unknown: one engine per GPU")
+    tp = 1
+    while weights / tp > WEIGHTS_SHARE * smallest and tp < len(gpus):
+        tp *= 2
+    if weights / tp > WEIGHTS_SHARE * smallest:
+        tp = len(gpus)  # the most there is; vLLM will say if even that is too little
+    size = f"{weights / GIB:.1f} GiB of weights"
+    if tp == 1:
+        reason = f"{size} fit one GPU of {smallest / GIB:.0f} GiB with room to spare"
+    else:
+        reason = f"{size} need {tp} GPUs of {smallest / GIB:.0f} GiB, encoder data-parallel"
+    return _groups(gpus, tp, reason)
+
+
+def _groups(gpus: Sequence[Gpu], tp: int, reason: str) -> Layout:
+    names = [gpu.name for gpu in gpus]
+    groups = tuple(tuple(names[i : i + tp]) for i in range(0, len(names) - tp + 1, tp))
+    return Layout(tp, groups, reason)
+
+
+def visible_gpus() -> list[Gpu]:
+    """The GPUs this process may use (``CUDA_VISIBLE_DEVICES`` respected), from NVML, which
+    starts no CUDA context; none where NVML is absent."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+        memory = {
+            str(i): int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+            for i in range(count)
+        }
+    except Exception:
+        return []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [n.strip() for n in visible.split(",") if n.strip()] if visible is not None else None
+    chosen = names if names is not None else sorted(memory, key=int)
+    return [Gpu(name, memory[name]) for name in chosen if name in memory]
+
+
+def model_bytes(config: EngineConfig) -> int | None:
+    """The model's weights in bytes: its safetensors files' sizes, else an estimate from
+    its config (a config-only directory), else None (a hub name not on disk)."""
+    root = Path(config.model)
+    if not root.is_dir():
+        return None
+    files = list(root.glob("*.safetensors"))
+    if files:
+        return sum(f.stat().st_size for f in files)
+    path = root / "config.json"
+    if not path.is_file():
+        return None
+    settings = json.loads(path.read_text())
+    dtype = str(config.engine_kwargs.get("dtype") or _dtype(settings))
+    width = 4 if dtype in ("float32", "float") else 1 if "8" in dtype else 2
+    return width * parameters(settings)
+
+
+def parameters(settings: Mapping[str, Any]) -> int:
+    """An estimate of a transformer's parameters from its config: the language model's
+    layers and embeddings, and a vision tower's blocks (close enough to choose GPUs by)."""
+    text = settings.get("text_config") or settings
+    h = int(text.get("hidden_size", 0))
+    layers = int(text.get("num_hidden_layers", 0))
+    inner = int(text.get("intermediate_size", 4 * h))
+    heads = int(text.get("num_attention_heads", 1)) or 1
+    kv = int(text.get("num_key_value_heads", heads))
+    head_dim = int(text.get("head_dim", h // heads))
+    attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim
+    vocab = int(text.get("vocab_size", settings.get("vocab_size", 0)))
+    tied = bool(settings.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    total = layers * (attention + 3 * h * inner) + vocab * h * (1 if tied else 2)
+    vision = settings.get("vision_config") or {}
+    d = int(vision.get("hidden_size") or vision.get("embed_dim") or 0)
+    depth = int(vision.get("depth") or vision.get("num_hidden_layers") or 0)
+    v_inner = int(vision.get("intermediate_size") or d * int(vision.get("mlp_ratio", 4)))
+    return total + depth * (4 * d * d + 3 * d * v_inner)
+
+
+def _dtype(settings: Mapping[str, Any]) -> str:
+    text = settings.get("text_config") or {}
+    return str(settings.get("torch_dtype") or settings.get("dtype") or text.get("dtype") or "")

@@ -1,0 +1,395 @@
+"""Several engines as one: a replica per GPU (or per tensor-parallel group of GPUs), each in
+a process of its own, behind the one ``Engine`` protocol, so that the pipeline above is the
+same for one GPU or eight.
+
+Each request goes to one replica:
+
+* **affinity**: a request on media a replica has just seen goes to that replica (the
+  pipeline adds an image's or a video stretch's requests together), so its encoder cache
+  and prefix cache hit;
+* **balance**: any other request goes to the replica with the least work left (requests in
+  flight, against its capacity), so a slower replica or longer requests do not hold the job
+  back, as a fixed split would.
+
+A replica that dies (a crash, an out-of-memory kill, a fatal engine error) fails nothing at
+once: a fresh replica starts in its place, and the requests it held become *suspects*, tried
+again as a group on a replica that holds no other suspects (beside its ordinary work). A
+group that kills its replica again is split in two and each half tried in turn; a single
+request that does is the poison, and becomes the one error row, however many requests were
+in flight with it. Only when replicas keep dying without finishing anything does the job
+stop (``FatalEngineError``).
+
+A replica is a spawned process running ``serve``: a thread receives the parent's messages
+(so that sending a picture never waits for an engine step), the main loop adds them to its
+engine and steps it, and results go back with the replica's capacity, cache counters and
+queue depths. Pictures travel pickled: about a millisecond for a 448x448 image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from mmbatch.engine.base import Engine
+from mmbatch.errors import FatalEngineError, RequestRejected
+from mmbatch.media.limits import PromptLimits
+from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
+
+EngineFactory = Callable[[], Engine]
+"""Builds a replica's engine inside its process (picklable: a class or a ``partial``)."""
+
+MAX_RESTARTS = 3
+"""Deaths in a row, without a result between them, after which the job stops."""
+STEP_WAIT = 0.05
+"""Seconds ``step`` waits for some replica's results before it returns empty-handed."""
+AFFINITY_KEYS = 4096
+"""Media keys remembered with the replica that last took them."""
+
+
+@dataclass
+class _InFlight:
+    request: LoadedRequest
+    media: Sequence[MediaItem]
+    sampling: Sampling
+
+
+@dataclass
+class _Replica:
+    index: int
+    devices: str | None
+    process: Any = None
+    conn: Connection | None = None
+    ready: bool = False
+    capacity: int = 0
+    cache: CacheStats = field(default_factory=CacheStats)
+    depths: tuple[int, int] = (0, 0)
+    held: set[str] = field(default_factory=set)
+    trial: set[str] = field(default_factory=set)
+    """The suspects this replica is trying (a subset of ``held``)."""
+    backlog: list[tuple[Any, ...]] = field(default_factory=list)
+    """Messages for a replica still starting, sent once it is ready."""
+
+
+class ReplicaEngine:
+    """``Engine`` over one engine process per device group; see the module docstring."""
+
+    def __init__(
+        self,
+        make_engine: EngineFactory,
+        devices: Sequence[str | None],
+        limits: Callable[[int, int | None], PromptLimits | None] | None = None,
+    ) -> None:
+        """Start one replica per entry of ``devices`` (each a ``CUDA_VISIBLE_DEVICES``
+        value, or None to leave it alone) and wait until all are up. ``limits`` makes the
+        pre-flight budget from a replica's ``(max_model_len, encoder cache tokens)``."""
+        self._make_engine = make_engine
+        self._make_limits = limits
+        self._context = multiprocessing.get_context("spawn")
+        self._replicas = [_Replica(i, d) for i, d in enumerate(devices)]
+        self._in_flight: dict[str, _InFlight] = {}
+        self._where: dict[str, int] = {}  # request id -> replica
+        self._affinity: dict[str, int] = {}  # media key -> replica that last took it
+        self._failed: list[Result] = []
+        self._suspects: deque[list[str]] = deque()  # groups to try, one per replica at a time
+        self._deaths_in_a_row = 0
+        self._context_limits: tuple[int, int | None] | None = None
+        for replica in self._replicas:
+            self._start(replica)
+        for replica in self._replicas:
+            self._await_ready(replica)
+
+    # -- Engine --------------------------------------------------------------------------
+
+    def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        flight = _InFlight(request, media, sampling)
+        self._in_flight[request.id] = flight
+        self._send_to(self._choose(request), flight)
+
+    def step(self) -> list[Result]:
+        self._try_suspects()
+        results, self._failed = self._failed, []
+        live = [r for r in self._replicas if r.conn is not None]
+        readable = wait([r.conn for r in live if r.conn], timeout=0 if results else STEP_WAIT)
+        for replica in live:
+            conn = replica.conn
+            if conn is None or conn not in readable:
+                continue
+            try:
+                while conn.poll():
+                    results += self._receive(replica, conn.recv())
+            except (EOFError, OSError):
+                results += self._died(replica, "its process ended")
+        for replica in self._replicas:
+            if replica.process is not None and not replica.process.is_alive() and replica.conn:
+                results += self._died(replica, f"its process exited ({replica.process.exitcode})")
+        return results
+
+    def num_unfinished(self) -> int:
+        return len(self._in_flight) + len(self._failed)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        for request_id in request_ids:
+            self._in_flight.pop(request_id, None)
+            index = self._where.pop(request_id, None)
+            if index is not None:
+                replica = self._replicas[index]
+                replica.held.discard(request_id)
+                self._send(replica, ("abort", [request_id]))
+
+    def capacity(self) -> int:
+        return sum(r.capacity for r in self._replicas if r.ready) or 1
+
+    def queue_depths(self) -> tuple[int, int] | None:
+        running = sum(r.depths[0] for r in self._replicas)
+        waiting = sum(r.depths[1] for r in self._replicas)
+        return running, waiting
+
+    def cache_stats(self) -> CacheStats:
+        total = CacheStats()
+        for r in self._replicas:
+            total = CacheStats(
+                total.prefix_queries + r.cache.prefix_queries,
+                total.prefix_hits + r.cache.prefix_hits,
+                total.mm_queries + r.cache.mm_queries,
+                total.mm_hits + r.cache.mm_hits,
+            )
+        return total
+
+    def prompt_limits(self) -> PromptLimits | None:
+        if self._make_limits is None or self._context_limits is None:
+            return None
+        return self._make_limits(*self._context_limits)
+
+    def close(self) -> None:
+        for replica in self._replicas:
+            self._stop(replica)
+
+    @property
+    def replicas(self) -> int:
+        return len(self._replicas)
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def _choose(self, request: LoadedRequest) -> _Replica:
+        """The replica that last took this request's media, unless it is gone or much
+        busier than the others; else the one with the least work left for its size."""
+        ready = [r for r in self._replicas if r.ready]
+        least = min(ready or [r for r in self._replicas if r.conn is not None], key=_load)
+        key = request.media_keys[0] if request.media_keys else None
+        if key is not None:
+            index = self._affinity.get(key)
+            if index is not None:
+                kept = self._replicas[index]
+                if kept.ready and _load(kept) <= _load(least) + 1.0:
+                    least = kept
+            if len(self._affinity) >= AFFINITY_KEYS:
+                self._affinity.pop(next(iter(self._affinity)))
+            self._affinity[key] = least.index
+        return least
+
+    def _send_to(self, replica: _Replica, flight: _InFlight) -> None:
+        request_id = flight.request.id
+        self._where[request_id] = replica.index
+        replica.held.add(request_id)
+        self._send(replica, ("add", flight.request, list(flight.media), flight.sampling))
+
+    def _send(self, replica: _Replica, message: tuple[Any, ...]) -> None:
+        if not replica.ready:
+            replica.backlog.append(message)
+            return
+        assert replica.conn is not None
+        # A replica that died cannot take it: step() sees the death, re-adds what it held.
+        with contextlib.suppress(OSError):
+            replica.conn.send(message)
+
+    # -- replies, deaths, restarts ---------------------------------------------------------
+
+    def _receive(self, replica: _Replica, message: tuple[Any, ...]) -> list[Result]:
+        kind = message[0]
+        if kind == "results":
+            _, results, capacity, cache, depths = message
+            replica.capacity, replica.cache, replica.depths = capacity, cache, depths
+            done = []
+            for result in results:
+                if self._in_flight.pop(result.request_id, None) is None:
+                    continue  # aborted, or re-added elsewhere after a death: not ours now
+                replica.held.discard(result.request_id)
+                replica.trial.discard(result.request_id)
+                self._where.pop(result.request_id, None)
+                done.append(result)
+            if done:
+                self._deaths_in_a_row = 0
+            return done
+        if kind == "ready":
+            _, capacity, context_limits = message
+            replica.ready, replica.capacity = True, capacity
+            self._context_limits = self._context_limits or context_limits
+            backlog, replica.backlog = replica.backlog, []
+            for queued in backlog:
+                self._send(replica, queued)
+            return []
+        if kind == "fatal":
+            return self._died(replica, message[1])
+        raise RuntimeError(f"bug: a replica sent {kind!r}")
+
+    def _died(self, replica: _Replica, why: str) -> list[Result]:
+        """Restart ``replica``; its requests become suspects, and a suspect that kills a
+        replica alone is failed (see the module docstring)."""
+        held, replica.held = replica.held, set()
+        trial, replica.trial = replica.trial, set()
+        replica.backlog = []  # what it was still to be sent is in ``held``: tried again
+        self._stop(replica)
+        self._deaths_in_a_row += 1
+        if self._deaths_in_a_row > MAX_RESTARTS * len(self._replicas):
+            raise FatalEngineError(
+                f"engine replicas died {self._deaths_in_a_row} times without finishing a "
+                f"request; the last: replica {replica.index} ({why})"
+            )
+        self._start(replica)
+        live = {r for r in held | trial if r in self._in_flight}
+        suspects = sorted(live & trial) if trial else sorted(live)
+        bystanders = sorted(live - set(suspects))
+        failed = []
+        if trial and len(suspects) == 1:
+            (poison,) = suspects
+            del self._in_flight[poison]
+            self._where.pop(poison, None)
+            message = (
+                f"the engine died each time this request was in it (last: {why}); it is "
+                "left out so that the rest of the job goes on"
+            )
+            failed.append(Result.failure(poison, "engine", message, "engine"))
+        elif trial:
+            # The group being tried killed it again: the poison is in one of its halves.
+            half = len(suspects) // 2
+            self._suspects.extendleft([suspects[half:], suspects[:half]])
+        elif suspects:
+            self._suspects.append(suspects)
+        if trial and bystanders:
+            self._suspects.append(bystanders)  # most likely innocent: tried after the halves
+        return failed
+
+    def _try_suspects(self) -> None:
+        """Give each ready replica without a trial the next group of suspects."""
+        for replica in self._replicas:
+            if not self._suspects:
+                return
+            if replica.ready and not replica.trial:
+                group = [r for r in self._suspects.popleft() if r in self._in_flight]
+                replica.trial = set(group)
+                for request_id in group:
+                    self._send_to(replica, self._in_flight[request_id])
+
+    def _start(self, replica: _Replica) -> None:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=serve,
+            args=(self._make_engine, replica.devices, child),
+            name=f"mmbatch-replica-{replica.index}",
+            # Not daemonic: vLLM starts processes of its own (its engine core, tensor-parallel
+            # workers), which a daemonic process may not. A replica whose parent is gone
+            # stops by itself (its receiver sees the pipe close).
+        )
+        process.start()
+        child.close()
+        replica.process, replica.conn, replica.ready = process, parent, False
+
+    def _await_ready(self, replica: _Replica) -> None:
+        assert replica.conn is not None
+        while not replica.ready:
+            try:
+                message = replica.conn.recv()
+            except (EOFError, OSError):
+                raise FatalEngineError(
+                    f"engine replica {replica.index} ended while starting "
+                    f"(exit code {replica.process.exitcode}); its log is above"
+                ) from None
+            if message[0] == "fatal":
+                raise FatalEngineError(f"engine replica {replica.index}: {message[1]}")
+            self._receive(replica, message)
+
+    def _stop(self, replica: _Replica) -> None:
+        if replica.conn is not None:
+            with contextlib.suppress(OSError):
+                replica.conn.send(("stop",))
+            replica.conn.close()
+        if replica.process is not None:
+            replica.process.join(timeout=5)
+            if replica.process.is_alive():
+                replica.process.kill()
+                replica.process.join(timeout=5)
+        replica.conn, replica.process, replica.ready = None, None, False
+
+
+def _load(replica: _Replica) -> float:
+    return len(replica.held) / max(1, replica.capacity)
+
+
+def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> None:
+    """A replica process: build the engine on ``devices``, then add, step and report until
+    told to stop (or until the parent is gone)."""
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    try:
+        engine = make_engine()
+        limits = getattr(engine, "context_limits", lambda: (0, None))()
+        conn.send(("ready", engine.capacity(), limits))
+    except Exception as exc:
+        conn.send(("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
+        return
+    inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+    threading.Thread(target=_receive_into, args=(conn, inbox), daemon=True).start()
+    rejected: list[Result] = []
+    last_report = 0.0
+    while True:
+        idle = not engine.num_unfinished() and not rejected
+        try:
+            message = inbox.get(timeout=None if idle else 0)
+        except queue.Empty:
+            message = None
+        while message is not None:
+            if message[0] == "stop":
+                return
+            if message[0] == "add":
+                _, request, media, sampling = message
+                try:
+                    engine.add(request, media, sampling)
+                except RequestRejected as exc:
+                    rejected.append(Result.failure(request.id, exc.stage, str(exc), exc.kind))
+            elif message[0] == "abort":
+                engine.abort(message[1])
+            try:
+                message = inbox.get_nowait()
+            except queue.Empty:
+                message = None
+        try:
+            results = rejected + (engine.step() if engine.num_unfinished() else [])
+        except FatalEngineError as exc:
+            conn.send(("fatal", str(exc)))
+            return
+        rejected = []
+        now = time.monotonic()
+        if results or now - last_report > 1.0:
+            last_report = now
+            depths = engine.queue_depths() or (0, 0)
+            conn.send(("results", results, engine.capacity(), engine.cache_stats(), depths))
+
+
+def _receive_into(conn: Connection, inbox: queue.SimpleQueue[tuple[Any, ...]]) -> None:
+    """Read the parent's messages as they come (a picture's send then never waits for an
+    engine step); the parent gone is a stop."""
+    while True:
+        try:
+            inbox.put(conn.recv())
+        except (EOFError, OSError):
+            inbox.put(("stop",))
+            return

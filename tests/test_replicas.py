@@ -1,0 +1,227 @@
+"""Every GPU of the host: the layout chosen for a model, and a job on several engine
+processes (fake engines, and two tiny vLLM CPU engines): routing by media and by work left,
+one output, a replica killed mid-job, a request that kills every replica it reaches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from conftest import TINY_ENGINE_KWARGS
+from PIL import Image
+
+from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.layout import GIB, Gpu, choose_layout, model_bytes, parameters
+from mmbatch.engine.replicas import ReplicaEngine
+from mmbatch.errors import ConfigError
+from mmbatch.media.options import MediaOptions
+from mmbatch.out.sinks import MemorySink
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.tiny_models import write_real_shape
+from mmbatch.types import MediaRef, Request, Sampling
+
+H200 = 141 * GIB
+
+
+def gpus(count: int, memory: int = H200) -> list[Gpu]:
+    return [Gpu(str(i), memory) for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def seven_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2.5-VL-7B's config at its real shape, no weights (what the GPU benchmark runs)."""
+    return write_real_shape(tmp_path_factory.mktemp("q7"), "qwen2_5_vl_7b")
+
+
+def test_a_7b_model_gets_one_engine_per_gpu(seven_b: Path) -> None:
+    weights = model_bytes(EngineConfig(str(seven_b)))
+    assert weights is not None
+    assert 14 * GIB < weights < 19 * GIB  # about 8.3 billion parameters in bf16
+    layout = choose_layout(EngineConfig(str(seven_b)), gpus(2))
+    assert layout.replicas == 2
+    assert layout.tensor_parallel == 1
+    assert layout.devices() == ["0", "1"]
+    assert "fit one GPU" in layout.describe()
+
+
+def test_a_model_too_large_for_one_gpu_gets_the_smallest_group_that_holds_it(
+    seven_b: Path,
+) -> None:
+    # On 24 GiB cards, 16 GiB of weights need two of them (half of each for the rest);
+    # four cards make two such engines.
+    layout = choose_layout(EngineConfig(str(seven_b)), gpus(4, 24 * GIB))
+    assert (layout.tensor_parallel, layout.replicas) == (2, 2)
+    assert layout.devices() == ["0,1", "2,3"]
+    assert "encoder data-parallel" in layout.reason
+
+
+def test_an_explicit_parallel_size_and_gpu_count_win(seven_b: Path) -> None:
+    config = EngineConfig(str(seven_b), {"tensor_parallel_size": 2})
+    layout = choose_layout(config, gpus(2))
+    assert (layout.tensor_parallel, layout.replicas) == (2, 1)
+    assert "as asked" in layout.reason
+    one = choose_layout(EngineConfig(str(seven_b), gpus=1), gpus(2))
+    assert one.devices() == ["0"]
+    with pytest.raises(ConfigError, match="only 2 GPU"):
+        choose_layout(EngineConfig(str(seven_b), gpus=3), gpus(2))
+
+
+def test_without_gpus_one_engine_runs_here(seven_b: Path) -> None:
+    layout = choose_layout(EngineConfig(str(seven_b)), [])
+    assert layout.replicas == 1
+    assert layout.devices() == [None]
+    assert "no GPU" in layout.describe()
+
+
+def test_the_parameter_estimate_counts_a_vision_tower(seven_b: Path) -> None:
+    settings = json.loads((seven_b / "config.json").read_text())
+    text_only = {k: v for k, v in settings.items() if k != "vision_config"}
+    assert parameters(settings) - parameters(text_only) > 0.5e9  # the 7B's ViT: ~0.67B
+
+
+# -- a job on several engine processes --------------------------------------------------
+
+
+class RoutedReplicas(ReplicaEngine):
+    """Notes which replica each request went to (the engines run in other processes)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.sent: dict[str, list[int]] = {}
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def _send_to(self, replica, flight):  # type: ignore[no-untyped-def]
+        self.sent.setdefault(flight.request.id, []).append(replica.index)
+        super()._send_to(replica, flight)
+
+
+def pictures(folder: Path, count: int) -> list[Path]:
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"{i:03d}.png"
+        Image.new("RGB", (24, 24), (i * 9 % 256, i * 31 % 256, 99)).save(path)
+        paths.append(path)
+    return paths
+
+
+def caption(paths: list[Path], prompts: list[str]) -> list[Request]:
+    return [
+        Request(f"{p}:{path.name}", prompt, (MediaRef("image", str(path)),))
+        for p, prompt in enumerate(prompts)
+        for path in paths
+    ]
+
+
+def run(requests: list[Request], engine: ReplicaEngine) -> list[dict]:  # type: ignore[type-arg]
+    sink = MemorySink()
+    run_requests(requests, engine, MediaOptions(), sink, Sampling(), RunConfig(progress=False))
+    return sink.rows
+
+
+def fakes(count: int, **kwargs: object) -> RoutedReplicas:
+    factory = partial(FakeEngine, per_step=2, step_seconds=0.01, capacity=8, **kwargs)
+    return RoutedReplicas(factory, [None] * count)
+
+
+def test_two_replicas_share_the_work_and_keep_an_images_requests_together(
+    tmp_path: Path,
+) -> None:
+    requests = caption(pictures(tmp_path / "p", 24), ["a", "b", "c"])  # prompt-major
+    engine = fakes(2)
+    try:
+        rows = run(requests, engine)
+    finally:
+        engine.close()
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
+    for row in rows:
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+    # Work left decides: both engines took a fair share, not one all of it.
+    placed = [where[-1] for where in engine.sent.values()]
+    assert min(placed.count(0), placed.count(1)) >= len(requests) // 4
+    # An image's three prompts (planned together) went to one engine, whose caches hold it.
+    by_picture: dict[str, set[int]] = {}
+    for request_id, where in engine.sent.items():
+        by_picture.setdefault(request_id.split(":")[-1], set()).add(where[-1])
+    together = sum(1 for replicas in by_picture.values() if len(replicas) == 1)
+    assert together >= 0.8 * len(by_picture)
+
+
+def test_a_replica_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path) -> None:
+    requests = caption(pictures(tmp_path / "p", 40), ["a", "b"])
+    engine = fakes(2)
+    done = threading.Event()
+
+    def kill_one() -> None:
+        while not done.is_set() and sum(len(r.held) for r in engine._replicas) < 10:
+            time.sleep(0.01)
+        victim = engine._replicas[0].process
+        if victim is not None:
+            os.kill(victim.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    try:
+        rows = run(requests, engine)
+    finally:
+        done.set()
+        killer.join()
+        engine.close()
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)  # each once
+    assert all(row["error"] is None for row in rows)
+    for row in rows:
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+    retried = [where for where in engine.sent.values() if len(where) == 2]
+    assert retried  # the killed replica's requests went again, once
+
+
+def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Path) -> None:
+    requests = caption(pictures(tmp_path / "p", 12), ["fine"])
+    poison = Request("poison", "crash", (MediaRef("image", requests[3].media[0].source),))
+    engine = fakes(2, crash_on_prompt="crash")
+    try:
+        rows = run([*requests, poison], engine)
+    finally:
+        engine.close()
+    by_id = {row["id"]: row for row in rows}
+    assert len(by_id) == len(rows) == 13
+    assert by_id["poison"]["error"]["kind"] == "engine"
+    assert "died each time this request was in it" in by_id["poison"]["error"]["message"]
+    assert all(by_id[r.id]["error"] is None for r in requests)
+
+
+@pytest.mark.slow
+def test_two_vllm_engines_give_each_id_the_text_one_engine_gives(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+) -> None:
+    from mmbatch.engine.layout import Layout
+    from mmbatch.engine.shared import build_engine
+
+    names = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
+    requests = [
+        Request(f"{p}:{n}", prompt, (MediaRef("image", str(samples / n)),))
+        for p, prompt in enumerate(["Describe.", "Tags?", "Colours?"])
+        for n in names
+    ]
+    sampling = Sampling(max_tokens=8)
+    one = MemorySink()
+    run_requests(requests, vl_engine, MediaOptions(), one, sampling, RunConfig(progress=False))
+    config = EngineConfig(str(tiny_vl_model), TINY_ENGINE_KWARGS)
+    engine = build_engine(config, {"image": 1}, Layout(1, ((), ()), "two CPU engines"))
+    assert isinstance(engine, ReplicaEngine)
+    try:
+        two = MemorySink()
+        run_requests(requests, engine, MediaOptions(), two, sampling, RunConfig(progress=False))
+        assert engine.prompt_limits() is not None  # measured against the replicas' limits
+    finally:
+        engine.close()
+    expected = {row["id"]: (row["text"], row["error"]) for row in one.rows}
+    assert {row["id"]: (row["text"], row["error"]) for row in two.rows} == expected
