@@ -113,3 +113,62 @@ def test_a_clip_too_long_is_shrunk_within_the_bounds_allowed(
     assert fitted.max_pixels < 96 * 64
     with pytest.raises(RequestRejected, match="even the fewest"):
         budget_for(tiny_vl_model, max_model_len=text).fit_clip(request, index, allowed)
+
+
+@pytest.mark.parametrize(("width", "height"), [(1, 201), (1, 5000), (5000, 1)])
+def test_an_extreme_aspect_ratio_is_the_items_refusal_not_a_crash(
+    vl_budget: PromptBudget, width: int, height: int
+) -> None:
+    request = Request("strip", "Describe.", (MediaRef("image", "strip.png"),))
+    with pytest.raises(RequestRejected, match="aspect ratio must be smaller than 200") as info:
+        vl_budget.check(request, [image_item(width, height)])
+    assert (info.value.stage, info.value.kind) == ("validate", "rejected")
+    assert f"{width}x{height} pixels" in str(info.value)
+    vl_budget.check(request, [image_item(1, 199)])  # under the processor's ratio: measured
+
+
+def test_a_clip_of_extreme_aspect_ratio_is_refused_before_decoding(
+    vl_budget: PromptBudget, tmp_path: Path
+) -> None:
+    from media_files import cfr_video
+
+    strip = cfr_video(tmp_path / "strip.mp4", frames=4, size=(16, 3600))
+    request = Request("c", "Describe.", (MediaRef("video", str(strip)),))
+    with pytest.raises(RequestRejected, match=r"16x3600 pixels.*aspect ratio"):
+        vl_budget.fit_clip(request, index_video(str(strip)), VideoOptions())
+
+
+def test_whatever_measuring_raises_is_the_items_refusal(vl_budget: PromptBudget) -> None:
+    broken = MediaItem("image", "k", None, {"width": "wide", "height": 10})
+    with pytest.raises(RequestRejected, match="cannot measure the prompt: ValueError"):
+        vl_budget.check(Request("r", "p", (MediaRef("image", "x"),)), [broken])
+
+
+def test_a_job_with_extreme_strips_gives_their_rows_and_goes_on(
+    vl_budget: PromptBudget, samples: Path, tmp_path: Path
+) -> None:
+    import json
+
+    from fake_cli import main
+    from PIL import Image
+
+    from mmbatch.cli import EXIT_ITEMS_FAILED
+    from mmbatch.testing.fake_engine import FakeEngine
+
+    class MeasuredFake(FakeEngine):
+        def prompt_limits(self) -> PromptBudget:  # type: ignore[override]
+            return vl_budget
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for width, height in ((1, 201), (1, 5000), (40, 30)):
+        Image.new("RGB", (width, height), (9, 90, 200)).save(folder / f"{width}x{height}.png")
+    out = tmp_path / "o.jsonl"
+    argv = ["caption", str(folder), "--model", "fake", "--out", str(out), "--no-progress"]
+    for _ in range(2):  # and a rerun does not die on them either
+        assert main(argv, MeasuredFake()) == EXIT_ITEMS_FAILED
+    rows = {Path(r["id"]).name: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["40x30.png"]["error"] is None
+    for name in ("1x201.png", "1x5000.png"):
+        assert rows[name]["error"]["stage"] == "validate"
+        assert "aspect ratio" in rows[name]["error"]["message"]

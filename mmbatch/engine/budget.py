@@ -10,6 +10,10 @@ either way the cost of decoding it was wasted. So the loader asks this module fi
   still does not fit, refuse it, saying by how many tokens it is over;
 * ``check``, after decoding: the exact prompt length of every request; over is an error row.
 
+Measuring is part of one item's work: whatever it raises (``smart_resize`` refuses an aspect
+ratio over 200, as in a 1x201 strip or a 16x3600 clip) is that item's ``RequestRejected``,
+never the job's end.
+
 The lengths follow the processor's own rules (the Qwen2-VL family's ``smart_resize`` into
 28-pixel cells, two frames per temporal patch; Qwen2-Audio's two stride-2 reductions of the
 Whisper frames), and the text part is the model's chat template rendered and tokenized, with
@@ -20,11 +24,12 @@ numbers with the prompt lengths vLLM reports.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mmbatch.errors import RequestRejected
+from mmbatch.errors import ItemFailure, RequestRejected
 from mmbatch.media.options import VideoOptions, scaled_size
 from mmbatch.media.video import VideoIndex, select_frames
 from mmbatch.types import MediaItem, Modality, Request
@@ -59,7 +64,12 @@ class VisionRules:
         from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
         factor = self.patch_size * self.merge_size
-        h, w = smart_resize(height, width, factor, self.min_pixels, self.max_pixels)
+        try:
+            h, w = smart_resize(height, width, factor, self.min_pixels, self.max_pixels)
+        except ValueError as exc:  # "absolute aspect ratio must be smaller than 200"
+            raise RequestRejected(
+                f"{width}x{height} pixels cannot be resized for this model's vision encoder: {exc}"
+            ) from None
         cells = (h // self.patch_size) * (w // self.patch_size) // self.merge_size**2
         groups = math.ceil(frames / self.temporal_patch_size) if frames > 1 else 1
         return int(groups * cells)
@@ -184,14 +194,20 @@ class PromptBudget:
         )
 
     def check(self, request: Request, media: Sequence[MediaItem]) -> None:
-        """Raise ``RequestRejected`` if ``request`` with its decoded ``media`` is over."""
-        over = self.measure(request, [(m.modality, self.item_tokens(m)) for m in media])
+        """Raise ``RequestRejected`` if ``request`` with its decoded ``media`` is over, or
+        cannot be measured."""
+        with _measuring():
+            over = self.measure(request, [(m.modality, self.item_tokens(m)) for m in media])
         if over is not None:
             raise RequestRejected(over.message, kind="too_long")
 
     def fit_clip(self, request: Request, index: VideoIndex, options: VideoOptions) -> VideoOptions:
         """``options``, or options that sample a smaller clip that fits, within the bounds
         ``options`` allow; ``RequestRejected`` (saying by how much) if none does."""
+        with _measuring():
+            return self._fit_clip(request, index, options)
+
+    def _fit_clip(self, request: Request, index: VideoIndex, options: VideoOptions) -> VideoOptions:
         if self.video is None:
             return options
         others = [(r.modality, None) for r in request.media if r.modality != "video"]
@@ -223,6 +239,18 @@ class PromptBudget:
                     return shrunk
         last = over(replace(fewest, max_pixels=options.min_pixels or options.max_pixels))
         raise RequestRejected((last or first).message + _bounds_hint(options), kind="too_long")
+
+
+@contextmanager
+def _measuring() -> Iterator[None]:
+    """Whatever measuring one request raises is that request's refusal: the processor's
+    rules meet every shape of input, and one they cannot take must cost one row."""
+    try:
+        yield
+    except ItemFailure:
+        raise
+    except Exception as exc:
+        raise RequestRejected(f"cannot measure the prompt: {type(exc).__name__}: {exc}") from None
 
 
 def _bounds_hint(options: VideoOptions) -> str:
