@@ -368,6 +368,8 @@ def _add_media_group(batch: pa.Table, options: ImageOptions) -> pa.Table:
     A file that cannot be read gets a key naming its path; the actor's loader then turns
     it into the error row, exactly as on the local path.
     """
+    from mmbatch.errors import MediaError
+    from mmbatch.media.fetch import read_source
     from mmbatch.media.hashing import media_key
 
     token = options.cache_token()
@@ -376,10 +378,9 @@ def _add_media_group(batch: pa.Table, options: ImageOptions) -> pa.Table:
     for path in batch["path"].to_pylist():
         source = str(path)
         if source not in keys:
-            try:
-                with open(source, "rb") as handle:
-                    keys[source] = media_key("image", handle.read(), token)
-            except OSError:
+            try:  # regular files only, bounded: a FIFO must not hang the task
+                keys[source] = media_key("image", read_source(source, None), token)
+            except MediaError:
                 keys[source] = f"unreadable:{source}"
         groups.append(keys[source])
     return batch.append_column(GROUP_COLUMN, _strings(groups))

@@ -9,12 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from mmbatch.errors import MediaError
+from mmbatch.media.fetch import check_regular
 
 
 def open_media(path: str) -> Any:
-    """``av.open(path)`` for reading; ``MediaError`` (stage load/decode) if that fails."""
+    """``av.open(path)`` for reading; ``MediaError`` (stage load/decode) if that fails. Only
+    a regular file is opened (``check_regular``): FFmpeg would block on a FIFO for ever."""
     import av
 
+    check_regular(path)
     try:
         return av.open(path)
     except FileNotFoundError:

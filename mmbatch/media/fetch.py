@@ -1,5 +1,12 @@
 """Read the bytes of a media source: a local path, or an http(s) URL when the job allows it.
 
+Only regular files are read. A FIFO named ``b.jpg`` would block the reader forever, and
+``/dev/zero`` behind a symlink would feed it forever; a device may even act on being opened.
+So a path is checked with ``stat`` before it is opened (nothing that is not a regular file is
+ever opened), opened without blocking, and checked again on the open descriptor, so that a
+file swapped in between is caught too. A read is bounded in bytes (``DEFAULT_MAX_FILE_BYTES``):
+a size the file system reports can be wrong (``/proc`` files say 0), the bytes read cannot.
+
 URLs are off by default: a manifest is data from somewhere else, and fetching whatever it
 names would let it make this machine send requests (to internal services, say) and pull
 unbounded amounts of data. With ``UrlPolicy`` given, a fetch is bounded in bytes (checked
@@ -9,14 +16,20 @@ total), and only http and https are accepted.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
 
 URL_SCHEMES = ("http://", "https://")
 DEFAULT_URL_MAX_BYTES = 50 * 1024**2
 DEFAULT_URL_TIMEOUT_S = 30.0
+DEFAULT_MAX_FILE_BYTES = 1024**3
+"""The most bytes read from one local media file that is read whole (a picture): anything
+larger is refused as ``too_large`` rather than loaded into memory."""
 _CHUNK = 64 * 1024
 
 
@@ -39,16 +52,24 @@ class UrlPolicy:
             raise ConfigError(f"the URL time limit must be > 0 s, got {self.timeout_s}")
 
 
-def read_source(source: str, urls: UrlPolicy | None) -> bytes:
-    """The bytes of ``source``, or ``MediaError`` (stage "load") saying why they cannot be had."""
+def read_source(
+    source: str, urls: UrlPolicy | None, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> bytes:
+    """The bytes of ``source`` (at most ``max_bytes`` of a local file), or ``MediaError``
+    (stage "load") saying why they cannot be had."""
     if not is_url(source):
-        try:
-            with open(source, "rb") as handle:
-                return handle.read()
-        except OSError as exc:
+        with open_regular(source) as handle:
+            try:
+                data = handle.read(max_bytes + 1)
+            except OSError as exc:
+                raise _unreadable(source, exc) from None
+        if len(data) > max_bytes:
             raise MediaError(
-                f"cannot read {source!r}: {exc.strerror or exc}", stage="load", kind="unreadable"
-            ) from None
+                f"{source!r} is over the size limit of {max_bytes} bytes for one media file",
+                stage="load",
+                kind="too_large",
+            )
+        return data
     if urls is None:
         raise MediaError(
             f"{source!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",
@@ -56,6 +77,63 @@ def read_source(source: str, urls: UrlPolicy | None) -> bytes:
             kind="unsupported",
         )
     return fetch_url(source, urls)
+
+
+def check_regular(path: str) -> os.stat_result:
+    """``path``'s status if it is a regular file (symlinks followed), else ``MediaError``
+    (stage "load"): ``unreadable`` when it cannot be reached, ``unsupported`` when it is a
+    folder, FIFO, socket or device. Nothing is opened."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    if not stat.S_ISREG(info.st_mode):
+        raise MediaError(
+            f"{path!r} is {_file_kind(info.st_mode)}, not a regular file; only regular files "
+            "are read",
+            stage="load",
+            kind="unsupported",
+        )
+    return info
+
+
+def open_regular(path: str) -> BinaryIO:
+    """``path`` opened for binary reading if it is a regular file, else ``MediaError``
+    (see ``check_regular``). Checked before opening and again on the open descriptor."""
+    check_regular(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # swapped for something else since the check
+            raise MediaError(
+                f"{path!r} is {_file_kind(mode)}, not a regular file; only regular files are read",
+                stage="load",
+                kind="unsupported",
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _file_kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def _unreadable(path: str, exc: OSError) -> MediaError:
+    reason = "it does not exist" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
+    return MediaError(f"cannot read {path!r}: {reason}", stage="load", kind="unreadable")
 
 
 def fetch_url(url: str, policy: UrlPolicy) -> bytes:

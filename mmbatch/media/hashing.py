@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import xxhash
 
+from mmbatch.media.fetch import open_regular
 from mmbatch.types import Modality
 
 
@@ -30,11 +31,13 @@ def file_digest(path: str) -> tuple[bytes, int]:
     """The xxh3-128 digest of the file at ``path`` and its size, read in chunks.
 
     Videos and long audio are keyed by this digest instead of being held in memory whole:
-    an hour of video is gigabytes, while xxh3 streams it at memory speed. Raises ``OSError``.
+    an hour of video is gigabytes, while xxh3 streams it at memory speed. Raises
+    ``MediaError`` for a path that is not a regular file (``open_regular``), ``OSError`` for
+    a failed read.
     """
     h = xxhash.xxh3_128()
     size = 0
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         while chunk := handle.read(CHUNK_BYTES):
             h.update(chunk)
             size += len(chunk)
