@@ -6,6 +6,12 @@ turns that into the error its users need (a bad manifest is a ``SourceError``, a
 output a ``ConfigError``). Writing encodes a row as one whole line (``encode_line``), and
 replaces a file atomically (``write_atomic``): a reader, or a job killed half-way, sees the
 old file or the new one, never a mix.
+
+File names need not be text: on Linux a name is bytes, and Python hands over a byte that is not
+UTF-8 as a lone surrogate (``x_\xff.jpg`` arrives as ``"x_\udcff.jpg"``). Such a string opens
+the file, but no UTF-8 writer takes it. ``encode_line`` keeps it exact (JSON's ``\udcff``
+escape, which reads back as the same string); ``printable`` makes it text (``x_\\xff.jpg``)
+where it must be valid Unicode: ids, Arrow columns, HTML.
 """
 
 from __future__ import annotations
@@ -49,6 +55,30 @@ def encode_line(row: Mapping[str, Any]) -> bytes:
         return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
     except UnicodeEncodeError:
         return (json.dumps(row, ensure_ascii=True) + "\n").encode("ascii")
+
+
+def printable(text: str) -> str:
+    """``text`` as valid Unicode: each byte the OS could not decode (a surrogate) is written
+    as ``\\xNN`` (any other lone surrogate as ``\\uNNNN``); valid text is returned as it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate no OS byte made (JSON's "\ud800")
+            return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def printable_values(value: Any) -> Any:
+    """``value`` (a row, or any JSON value) with every string made ``printable``."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, Mapping):
+        return {printable(str(k)): printable_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable_values(v) for v in value]
+    return value
 
 
 def write_atomic(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:

@@ -33,6 +33,7 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mmbatch.jsonl import printable
     from mmbatch.out.formats import read_output
     from mmbatch.out.summary import read_summary
     from mmbatch.review.gallery import render
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     page = render(shown, summary, preview, title=f"mmbatch report: {args.out}")
     target = Path(args.html)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(page, encoding="utf-8")
+    target.write_text(printable(page), encoding="utf-8")  # file names may not be UTF-8
     left_out = len(rows) - len(shown)
     print(
         f"wrote {target}: {len(shown)} items"

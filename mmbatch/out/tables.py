@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from mmbatch.errors import SourceError
-from mmbatch.jsonl import read_objects
+from mmbatch.jsonl import printable_values, read_objects
 from mmbatch.out.sinks import JsonlSink
 
 if TYPE_CHECKING:
@@ -95,16 +95,26 @@ def _replace(temporary: Path, target: Path) -> None:
 
 
 def _tables(spool: Path) -> Iterator[pa.Table]:
-    import pyarrow as pa
 
     chunk: list[dict[str, Any]] = []
     for _, row in read_objects(spool):
         chunk.append(row)
         if len(chunk) == ROWS_PER_CHUNK:
-            yield pa.Table.from_pylist(chunk)
+            yield _table(chunk)
             chunk = []
     if chunk:
-        yield pa.Table.from_pylist(chunk)
+        yield _table(chunk)
+
+
+def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    """Rows as an Arrow table. Arrow strings are UTF-8, so a file name that is not (kept exact
+    in the spool) is written with its odd bytes escaped (``mmbatch.jsonl.printable``)."""
+    import pyarrow as pa
+
+    try:
+        return pa.Table.from_pylist(rows)
+    except UnicodeEncodeError:
+        return pa.Table.from_pylist([printable_values(row) for row in rows])
 
 
 def read_table_rows(path: Path) -> Iterator[dict[str, Any]]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.errors import SourceError
-from mmbatch.jsonl import JsonlError, read_objects
+from mmbatch.jsonl import JsonlError, printable, read_objects
 from mmbatch.media.fetch import is_url
 from mmbatch.types import MediaRef, Request
 
@@ -77,7 +77,9 @@ def list_inputs(
                     continue
                 raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
             seen.add(item_id)
-            files.append(InputFile(item_id, path, prompt, walked))
+            # An id is text in every output, so a file name that is not UTF-8 becomes an id
+            # with its odd bytes escaped (the path itself stays the one that opens the file).
+            files.append(InputFile(printable(item_id), path, prompt, walked))
     if not files:
         raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
     return files

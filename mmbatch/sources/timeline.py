@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mmbatch.errors import MediaError
+from mmbatch.jsonl import printable
 from mmbatch.media.options import AudioOptions, VideoOptions
 from mmbatch.sources.files import (
     AUDIO_SUFFIXES,
@@ -54,7 +55,10 @@ def frame_requests(
         except MediaError as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
             ref = MediaRef("image", path)
-            requests.append(Request(path, text, (ref,), system, columns=failed, error=_error(exc)))
+            error = _error(exc)
+            requests.append(
+                Request(printable(path), text, (ref,), system, columns=failed, error=error)
+            )
             continue
         for i in frames:
             pts = index.seconds(i)
@@ -66,7 +70,7 @@ def frame_requests(
 
 def frame_id(video: str, pts: float, index: int | None = None) -> str:
     """``clip.mp4@12.500``: the video, then the frame's time; ``#index`` only if needed."""
-    return f"{video}@{pts:.3f}" + (f"#{index}" if index is not None else "")
+    return f"{printable(video)}@{pts:.3f}" + (f"#{index}" if index is not None else "")
 
 
 def _unique_frame_ids(requests: list[Request]) -> list[Request]:
