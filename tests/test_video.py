@@ -162,3 +162,46 @@ def test_options_are_validated_and_keyed_on_what_matters() -> None:
     assert VideoOptions(max_pixels=100).cache_token() != VideoOptions().cache_token()
     # The fps of a num_frames sampling does not change the frames, so not the key either.
     assert VideoOptions(fps=3).cache_token() == VideoOptions(fps=1).cache_token()
+
+
+def test_frames_over_the_pixel_cap_are_refused_before_any_decoding(
+    cfr: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mmbatch.media import video
+
+    assert VideoOptions().max_source_pixels == 64_000_000  # as for images
+    with pytest.raises(ConfigError, match="max_source_pixels"):
+        VideoOptions(max_source_pixels=0)
+
+    def no_decoding(*args: object) -> int:
+        raise AssertionError("a frame was decoded")
+
+    monkeypatch.setattr(video, "_first_frame_rotation", no_decoding)
+    with pytest.raises(MediaError, match=r"64x48 = 3072 pixels, over the cap of 3071") as info:
+        index_video(str(cfr), max_source_pixels=64 * 48 - 1)
+    assert (info.value.stage, info.value.kind) == ("decode", "too_large")
+
+
+def test_the_video_pixel_cap_holds_for_frame_jobs_and_clips(cfr: Path, tmp_path: Path) -> None:
+    import json
+
+    from fake_cli import main
+
+    from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
+    from mmbatch.media.loader import MediaLoader
+    from mmbatch.media.options import MediaOptions
+    from mmbatch.testing.fake_engine import FakeEngine
+    from mmbatch.types import MediaRef, Request
+
+    out = tmp_path / "frames.jsonl"
+    argv = ["frames", str(cfr), "--fps", "1", "--model", "fake", "--no-progress"]
+    assert main([*argv, "--out", str(out), "--max-source-pixels", "3071"]) == EXIT_ITEMS_FAILED
+    [row] = map(json.loads, out.read_text().splitlines())
+    assert row["error"]["kind"] == "too_large"
+    assert main([*argv, "--out", str(tmp_path / "ok.jsonl")], FakeEngine()) == EXIT_OK
+    clip = Request("c", "Describe.", (MediaRef("video", str(cfr)),))
+    capped = MediaLoader(MediaOptions(video=VideoOptions(max_source_pixels=3071)))
+    [failure] = capped.load([clip]).failures
+    assert failure.error is not None
+    assert failure.error.kind == "too_large"
+    assert MediaLoader().load([clip]).failures == []

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     # Everything that can be checked without the engine is checked before it starts.
     config = engine_config_from(args)
     media = MediaOptions(
-        image=ImageOptions(max_pixels=args.max_pixels),
+        image=ImageOptions(args.max_pixels, args.max_source_pixels),
         video=video_options_from(args),
         audio=audio_options_from(args),
         urls=url_policy_from(args),

@@ -28,12 +28,21 @@ Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def add_prompt_options(parser: argparse.ArgumentParser, default: str, item: str) -> None:
-    """--prompt, --system and --max-pixels: what is asked of each ``item``, and how large
-    its pictures may be."""
+    """--prompt, --system, --max-pixels and --max-source-pixels: what is asked of each
+    ``item``, and how large its pictures may be."""
+    from mmbatch.media.options import DEFAULT_MAX_IMAGE_PIXELS
+
     parser.add_argument("--prompt", default=default, help=f"the question for each {item}")
     parser.add_argument("--system", default=None, help="system prompt (default: the model's)")
     parser.add_argument(
         "--max-pixels", type=int, default=None, help=f"downscale each {item} to at most this"
+    )
+    parser.add_argument(
+        "--max-source-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="refuse, before decoding, pictures and video frames larger than this "
+        "(default %(default)s)",
     )
 
 
@@ -255,6 +264,7 @@ def video_options_from(args: argparse.Namespace) -> VideoOptions:
     common: dict[str, Any] = {
         "max_frames": args.max_frames or DEFAULT_MAX_FRAMES,
         "max_pixels": args.max_pixels,
+        "max_source_pixels": args.max_source_pixels,
         "min_frames": args.min_frames,
         "min_pixels": args.min_pixels,
     }

@@ -182,7 +182,7 @@ class Keyer:
         token = frame_token(frame, self.options.frame_max_pixels)
         key = media_key("image", self._digest(source, unit), token)
         if source not in frames:
-            frames[source] = (index_video(source), {})
+            frames[source] = (index_video(source, self.options.video.max_source_pixels), {})
         frames[source][1][key] = frame
         return key
 
@@ -192,8 +192,8 @@ class Keyer:
         from mmbatch.media.video import index_video
 
         digest = self._digest(source, unit)
-        index = index_video(source)
         options = self.options.video
+        index = index_video(source, options.max_source_pixels)
         if self.limits is not None:
             options = self.limits.fit_clip(request, index, options)
         key = media_key("video", digest, options.cache_token())

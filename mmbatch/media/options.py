@@ -15,6 +15,10 @@ from mmbatch.media.fetch import UrlPolicy
 
 DEFAULT_MAX_IMAGE_PIXELS = 64_000_000
 """Images larger than this (width x height, before decoding) are refused as likely bombs."""
+DEFAULT_MAX_VIDEO_PIXELS = DEFAULT_MAX_IMAGE_PIXELS
+"""Videos whose frames are larger than this (width x height, read from the stream's header
+before any frame is decoded) are refused: a 1.6 MB 16000x16000 ``.mov`` would otherwise take
+gigabytes to decode."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class VideoOptions:
     """The fewest frames the budget may shrink a clip to; None: never fewer than sampled."""
     min_pixels: int | None = None
     """The fewest pixels per frame the budget may shrink a clip to; None: no shrinking."""
+    max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS
+    """Refuse, before decoding, any video whose header claims frames larger than this."""
 
     def __post_init__(self) -> None:
         if self.sampling not in ("fps", "num_frames", "keyframes", "timestamps"):
@@ -88,6 +94,8 @@ class VideoOptions:
             raise ConfigError(f"min_frames must be >= 1, got {self.min_frames}")
         if self.min_pixels is not None and self.min_pixels < 1:
             raise ConfigError(f"min_pixels must be >= 1, got {self.min_pixels}")
+        if self.max_source_pixels < 1:
+            raise ConfigError(f"max_source_pixels must be >= 1, got {self.max_source_pixels}")
 
     def sampling_token(self) -> dict[str, Any]:
         """The fields that decide which frames are taken (only the active way of sampling)."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.errors import MediaError
 from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
-from mmbatch.media.options import VideoOptions, scaled_size
+from mmbatch.media.options import DEFAULT_MAX_VIDEO_PIXELS, VideoOptions, scaled_size
 
 if TYPE_CHECKING:
     import numpy as np
@@ -98,14 +98,17 @@ class VideoIndex:
         return self.keyframes[k] if k >= 0 else 0
 
 
-def index_video(path: str) -> VideoIndex:
-    """Demux the first video stream of ``path``; raise ``MediaError`` if there is none."""
+def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) -> VideoIndex:
+    """Demux the first video stream of ``path``; raise ``MediaError`` if there is none, or
+    if its frames are over ``max_source_pixels`` (checked on the header, before any frame is
+    decoded: every later step decodes at that size)."""
     with open_media(path) as container:
         if not container.streams.video:
             raise MediaError(
                 f"no video stream (streams: {stream_kinds(container)})", kind="unsupported"
             )
         stream = container.streams.video[0]
+        check_frame_size(stream.codec_context.width, stream.codec_context.height, max_source_pixels)
         pts: list[int] = []
         key_pts: set[int] = set()
         try:
@@ -130,6 +133,16 @@ def index_video(path: str) -> VideoIndex:
             width=stream.codec_context.width,
             height=stream.codec_context.height,
             rotation=rotation,
+        )
+
+
+def check_frame_size(width: int, height: int, max_source_pixels: int) -> None:
+    """Refuse frames over ``max_source_pixels`` (``MediaError``, kind ``too_large``)."""
+    if width * height > max_source_pixels:
+        raise MediaError(
+            f"video frames are {width}x{height} = {width * height} pixels, over the cap of "
+            f"{max_source_pixels} (raise max_source_pixels if this is intended)",
+            kind="too_large",
         )
 
 

@@ -59,6 +59,7 @@ _MEDIA_KEYS: dict[str, dict[str, Any]] = {
         "max_pixels": int,
         "min_frames": int,
         "min_pixels": int,
+        "max_source_pixels": int,
         "as_clip": bool,
     },
     "audio": {"sample_rate": int, "window_s": float, "overlap_s": float},

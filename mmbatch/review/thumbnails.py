@@ -70,12 +70,17 @@ def _video_frame(path: Path, frame: FrameAt) -> Image.Image:
 
 def _video_strip(path: Path) -> Image.Image:
     """Up to ``VIDEO_FRAMES`` frames spread over the video, side by side."""
-    import av
     from PIL import Image
 
+    from mmbatch.media.container import open_media
+    from mmbatch.media.options import DEFAULT_MAX_VIDEO_PIXELS
+    from mmbatch.media.video import check_frame_size
+
     frames: list[Image.Image] = []
-    with av.open(str(path)) as container:
+    with open_media(str(path)) as container:
         stream = container.streams.video[0]
+        context = stream.codec_context
+        check_frame_size(context.width, context.height, DEFAULT_MAX_VIDEO_PIXELS)
         stream.thread_type = "AUTO"
         duration = (
             float(stream.duration * stream.time_base)

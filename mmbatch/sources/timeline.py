@@ -50,7 +50,7 @@ def frame_requests(
     for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video"):
         path, text = file.path, file.prompt or prompt
         try:
-            index = index_video(path)
+            index = index_video(path, options.max_source_pixels)
             frames = select_frames(index, options)
         except MediaError as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
