@@ -39,13 +39,16 @@ def write_video(
     rotation: int | None = None,
     marker: bool = False,
     codec: str = "libx264",
+    faststart: bool = False,
 ) -> Path:
     """An H.264 mp4 whose frame ``i`` shows ``frame_colour(i)`` from ``pts_ms[i]`` ms on.
 
-    ``marker`` paints the top-left 8x8 corner white, to see where rotation puts it.
+    ``marker`` paints the top-left 8x8 corner white, to see where rotation puts it;
+    ``faststart`` puts the index (``moov``) before the data, as streaming sites do.
     """
     width, height = size
-    with av.open(str(path), "w") as container:
+    options = {"movflags": "+faststart"} if faststart else {}
+    with av.open(str(path), "w", options=options) as container:
         stream = container.add_stream(codec, rate=25)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.time_base = Fraction(1, 1000)

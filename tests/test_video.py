@@ -205,3 +205,59 @@ def test_the_video_pixel_cap_holds_for_frame_jobs_and_clips(cfr: Path, tmp_path:
     assert failure.error is not None
     assert failure.error.kind == "too_large"
     assert MediaLoader().load([clip]).failures == []
+
+
+def test_a_truncated_video_whose_index_comes_first_is_flagged(tmp_path: Path) -> None:
+    import json
+
+    from fake_cli import main
+
+    from mmbatch.cli import EXIT_OK
+    from mmbatch.media.loader import MediaLoader
+    from mmbatch.types import MediaRef, Request
+
+    whole = cfr_video(tmp_path / "whole.mp4", frames=125, faststart=True)
+    cut = truncated(whole, tmp_path / "cut.mp4")
+    assert index_video(str(whole)).truncation is None
+    index = index_video(str(cut))  # it opens and demuxes: as a shorter video
+    assert 0 < len(index.pts) < 125
+    assert index.truncation == (
+        f"truncated video: its header declares 125 frames; the file holds {len(index.pts)} "
+        f"frames ({index.end:.3f} s)"
+    )
+    # Frame rows carry the flag; the frames they show are still the right ones.
+    out = tmp_path / "frames.jsonl"
+    argv = ["frames", str(whole), str(cut), "--num-frames", "4", "--model", "fake"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == EXIT_OK  # flagged, not failed
+    rows = list(map(json.loads, out.read_text().splitlines()))
+    flagged = [r for r in rows if r["video"] == str(cut)]
+    assert len(flagged) == 4
+    assert all(r["warning"] == index.truncation for r in flagged)
+    assert all("warning" not in r for r in rows if r["video"] == str(whole))
+    # A clip of it would pass the part left off as the whole video: an error row.
+    clip = Request("c", "Describe.", (MediaRef("video", str(cut)),))
+    [failure] = MediaLoader().load([clip]).failures
+    assert failure.error is not None
+    assert failure.error.message.startswith("truncated video: its header declares 125")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda d: cfr_video(d / "cfr.mp4", frames=50),
+        lambda d: write_video(d / "vfr.mp4", VFR_PTS_MS),
+        lambda d: write_video(d / "one.mp4", [0]),
+        lambda d: write_video(d / "rotated.mp4", [i * 40 for i in range(9)], rotation=90),
+        lambda d: write_video(d / "v.mkv", [i * 40 for i in range(30)]),
+        lambda d: write_video(d / "v.webm", [i * 40 for i in range(30)], codec="libvpx-vp9"),
+    ],
+)
+def test_whole_videos_are_not_flagged(tmp_path: Path, make) -> None:  # type: ignore[no-untyped-def]
+    assert index_video(str(make(tmp_path))).truncation is None
+
+
+def test_a_truncated_webm_is_flagged_by_its_declared_duration(tmp_path: Path) -> None:
+    whole = write_video(tmp_path / "v.webm", [i * 40 for i in range(30)], codec="libvpx-vp9")
+    index = index_video(str(truncated(whole, tmp_path / "cut.webm")))
+    assert index.truncation is not None
+    assert "its header declares 1.200 s" in index.truncation

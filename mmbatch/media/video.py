@@ -45,6 +45,12 @@ class VideoIndex:
     """The coded size, before rotation."""
     rotation: int
     """Counter-clockwise degrees the frames must be turned to be upright (0, 90, 180, 270)."""
+    declared_frames: int = 0
+    """The frame count the container's header declares (0: it declares none)."""
+    declared_seconds: float | None = None
+    """The stream duration the container's header declares (None: it declares none)."""
+    damaged_at: float | None = None
+    """Where demuxing met damaged data and stopped (seconds), if it did."""
 
     def __post_init__(self) -> None:
         if not self.pts:
@@ -86,6 +92,21 @@ class VideoIndex:
             return self.height, self.width
         return self.width, self.height
 
+    @property
+    def truncation(self) -> str | None:
+        """Why this file holds less video than its header declares, or None if it does not
+        seem to. An mp4 whose index comes first, cut off mid-download, still opens and
+        demuxes: as a shorter video, which nothing else would notice."""
+        held = f"the file holds {len(self.pts)} frames ({self.end:.3f} s)"
+        if self.damaged_at is not None:
+            return f"damaged video: its data is unreadable after {self.damaged_at:.3f} s; {held}"
+        if self.declared_frames > len(self.pts) + 1:
+            return f"truncated video: its header declares {self.declared_frames} frames; {held}"
+        slack = max(2 * self.frame_seconds, 0.05)
+        if self.declared_seconds is not None and self.declared_seconds > self.end + slack:
+            return f"truncated video: its header declares {self.declared_seconds:.3f} s; {held}"
+        return None
+
     def frame_at(self, t: float) -> int:
         """The index of the frame on screen at ``t`` seconds: the last one shown by then
         (the first frame for times before it starts)."""
@@ -111,6 +132,7 @@ def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) ->
         check_frame_size(stream.codec_context.width, stream.codec_context.height, max_source_pixels)
         pts: list[int] = []
         key_pts: set[int] = set()
+        damaged = False
         try:
             for packet in container.demux(stream):
                 stamp = packet.pts if packet.pts is not None else packet.dts
@@ -122,18 +144,34 @@ def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) ->
         except av_errors() as exc:
             if not pts:
                 raise MediaError(f"cannot read the video stream: {av_reason(exc)}") from None
-            # A damaged tail: keep the frames before it; decoding will say if they fail too.
+            # A damaged tail: keep the frames before it (flagged by ``truncation``).
+            damaged = True
         ordered = sorted(set(pts))
         keyframes = tuple(i for i, p in enumerate(ordered) if p in key_pts)
         rotation = _first_frame_rotation(container, stream) if ordered else 0
+        time_base = stream.time_base or Fraction(1, 1)
         return VideoIndex(
             pts=tuple(ordered),
-            time_base=stream.time_base or Fraction(1, 1),
+            time_base=time_base,
             keyframes=keyframes or (0,),
             width=stream.codec_context.width,
             height=stream.codec_context.height,
             rotation=rotation,
+            declared_frames=int(stream.frames or 0),
+            declared_seconds=_declared_seconds(container, stream, time_base),
+            damaged_at=float(ordered[-1] * time_base) if damaged and ordered else None,
         )
+
+
+def _declared_seconds(container: Any, stream: Any, time_base: Fraction) -> float | None:
+    """The video stream's duration as its header declares it: the stream's own (mp4), else,
+    when the video is the container's only stream, the container's (Matroska, WebM). With
+    other streams beside it, the container's duration is the longest one's, not the video's."""
+    if stream.duration:
+        return float(stream.duration * time_base)
+    if container.duration and len(container.streams) == 1:
+        return float(container.duration) / 1_000_000
+    return None
 
 
 def check_frame_size(width: int, height: int, max_source_pixels: int) -> None:
@@ -284,8 +322,13 @@ def sample_clip(path: str, options: VideoOptions) -> tuple[np.ndarray, dict[str,
 def clip_from(
     path: str, index: VideoIndex, indices: Sequence[int], max_pixels: int | None
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Decode ``indices`` of ``path`` into the ``(frames, metadata)`` clip vLLM takes."""
+    """Decode ``indices`` of ``path`` into the ``(frames, metadata)`` clip vLLM takes. A file
+    that holds less than its header declares is refused: its clip would be the part that is
+    left, passed off as the whole video."""
     import numpy as np
+
+    if index.truncation is not None:
+        raise MediaError(f"{index.truncation}; a clip of it would miss the rest")
 
     frames = decode_frames(path, index, indices, max_pixels).frames
     missing = [i for i in indices if i not in frames]

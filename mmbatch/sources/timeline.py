@@ -42,7 +42,8 @@ def frame_requests(
 ) -> list[Request]:
     """One image request per frame that ``options`` samples from each video in ``inputs``.
 
-    Rows carry ``video``, ``frame_index`` (in presentation order) and ``pts`` (seconds).
+    Rows carry ``video``, ``frame_index`` (in presentation order) and ``pts`` (seconds), and
+    ``warning`` when the file holds less than its header declares (``VideoIndex.truncation``).
     """
     from mmbatch.media.video import index_video, select_frames
 
@@ -60,10 +61,13 @@ def frame_requests(
                 Request(printable(path), text, (ref,), system, columns=failed, error=error)
             )
             continue
+        # A truncated file's frames are the right frames, but not all the video had: say so
+        # on each of its rows.
+        flag: Columns = (("warning", index.truncation),) if index.truncation else ()
         for i in frames:
             pts = index.seconds(i)
             ref = MediaRef("image", path, part=FrameAt(i, pts))
-            columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)))
+            columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)), *flag)
             requests.append(Request(frame_id(path, pts), text, (ref,), system, columns=columns))
     return _unique_frame_ids(requests)
 
