@@ -59,6 +59,9 @@ class Job:
     output is refused."""
     info: Mapping[str, Any] = field(default_factory=dict)
     """What the summary records about the job (inputs, model, prompt, ...)."""
+    notes: Sequence[str] = ()
+    """What listing the inputs passed over or changed (``ListingLog.lines``), printed with
+    the summary; the face records the details in ``info`` too."""
 
     @property
     def item_ids(self) -> set[str]:
@@ -105,6 +108,8 @@ class JobReport:
     output: OutputTally
     """Every row of the job's items in the output, this run's and earlier ones'."""
     summary_path: Path
+    notes: Sequence[str] = ()
+    """What listing the inputs passed over or changed (``Job.notes``)."""
 
     @property
     def failed(self) -> int:
@@ -120,7 +125,7 @@ class JobReport:
         if self.output.quarantine is not None:
             kinds = format_counts(self.output.failed_by_kind)
             lines.append(f"failed inputs ({kinds}) listed in {self.output.quarantine}")
-        return lines
+        return lines + [f"note: {note}" for note in self.notes]
 
 
 def run_job(
@@ -272,4 +277,4 @@ def _report(
         }
     )
     summary = write_summary(out.path, whole, {**info, "output_format": out.format})
-    return JobReport(out.path, len(job.item_ids), kept, stats, tally, summary)
+    return JobReport(out.path, len(job.item_ids), kept, stats, tally, summary, job.notes)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
     from mmbatch.media.options import MediaOptions
+    from mmbatch.sources.log import ListingLog
     from mmbatch.types import Request
 
 DEFAULT_PROMPT = "Describe this image in one sentence."
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
 
     from mmbatch.jobs import Job, fingerprint
     from mmbatch.media.options import ImageOptions, MediaOptions
+    from mmbatch.sources.log import ListingLog
 
     # Everything that can be checked without the engine is checked before it starts.
     config = engine_config_from(args)
@@ -86,7 +88,8 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         audio=audio_options_from(args),
         urls=url_policy_from(args),
     )
-    requests, info = _inputs(args, config, media)
+    log = ListingLog()
+    requests, info = _inputs(args, config, media, log)
     sampling = sampling_from(args)
     job = Job(
         requests,
@@ -103,7 +106,8 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             audio_options=asdict(media.audio),
             as_clip=args.as_clip,
         ),
-        info=info | {"model": args.model, "prompt": args.prompt},
+        info=info | {"model": args.model, "prompt": args.prompt} | log.to_dict(),
+        notes=log.lines(),
     )
     print(f"mmbatch: {len(job.item_ids)} items, model {args.model}", file=sys.stderr)
     if args.ray is not None:
@@ -112,17 +116,18 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
 
 
 def _inputs(
-    args: argparse.Namespace, config: EngineConfig, media: MediaOptions
+    args: argparse.Namespace, config: EngineConfig, media: MediaOptions, log: ListingLog
 ) -> tuple[list[Request], dict[str, Any]]:
     """The requests, and what the summary records about the inputs (the gallery reopens a
-    dataset from it). Files are listed once; only if they hold more than pictures is the
-    model asked which media it takes (its processor says), so that a folder walk collects
-    those."""
+    dataset from it); what listing passed over goes to ``log``. Files are listed once; only
+    if they hold more than pictures is the model asked which media it takes (its processor
+    says), so that a folder walk collects those."""
     from dataclasses import asdict
 
     from mmbatch.errors import ConfigError
     from mmbatch.sources.caption import caption_requests, list_media, modality_of
     from mmbatch.sources.local_datasets import DatasetInput, dataset_requests, detect_format
+    from mmbatch.sources.timeline import clip_cap_note
     from mmbatch.types import Modality
 
     fmt = args.input_format
@@ -134,7 +139,7 @@ def _inputs(
     if fmt in (None, "files"):
         if args.image_column or args.split or args.id_column:
             raise ConfigError("--image-column, --split and --id-column apply to datasets only")
-        files = list_media(args.inputs, source_policy_from(args))
+        files = list_media(args.inputs, source_policy_from(args), log)
         pictures: frozenset[Modality] = frozenset({"image"})
         found = {modality_of(f.path) for f in files}
         # On Ray (pictures only) the model is not asked either: its workers load it.
@@ -145,8 +150,17 @@ def _inputs(
 
             take = model_modalities(config)
         requests = caption_requests(
-            files, args.prompt, args.system, take=take, as_clip=args.as_clip, audio=media.audio
+            files,
+            args.prompt,
+            args.system,
+            take=take,
+            as_clip=args.as_clip,
+            audio=media.audio,
+            log=log,
         )
+        clip_note = clip_cap_note(media.video)
+        if clip_note and any(r.media and r.media[0].modality == "video" for r in requests):
+            log.note(clip_note)
         return requests, {"inputs": list(args.inputs)}
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")

@@ -52,13 +52,15 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
 
     from mmbatch.jobs import Job, fingerprint
     from mmbatch.media.options import MediaOptions
+    from mmbatch.sources.log import ListingLog
     from mmbatch.sources.timeline import frame_requests
 
     # Everything that can be checked without the engine is checked before it starts.
     config = engine_config_from(args)
     video = video_options_from(args)
     policy = source_policy_from(args)
-    requests = frame_requests(args.inputs, video, args.prompt, args.system, policy)
+    log = ListingLog()
+    requests = frame_requests(args.inputs, video, args.prompt, args.system, policy, log)
     sampling = sampling_from(args)
     job = Job(
         requests,
@@ -72,7 +74,9 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             system=args.system,
             video_options=asdict(video),
         ),
-        info={"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt},
+        info={"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt}
+        | log.to_dict(),
+        notes=log.lines(),
     )
     print(f"mmbatch: {len(job.item_ids)} frames, model {args.model}", file=sys.stderr)
     return run_to_file(job, engine or config, args)

@@ -170,7 +170,10 @@ def add_video_options(parser: argparse.ArgumentParser, *, sampling_required: boo
         "--timestamps", help="frames shown at these times, in seconds (comma-separated)"
     )
     group.add_argument(
-        "--max-frames", type=int, default=None, help="cap on the frames taken from one video"
+        "--max-frames",
+        type=int,
+        default=None,
+        help="cap on the frames taken from one video (default: 64 for a clip, none for frames)",
     )
     group.add_argument(
         "--min-frames",
@@ -259,10 +262,10 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
 
 def video_options_from(args: argparse.Namespace) -> VideoOptions:
     from mmbatch.errors import ConfigError
-    from mmbatch.media.options import DEFAULT_MAX_FRAMES, VideoOptions
+    from mmbatch.media.options import VideoOptions
 
     common: dict[str, Any] = {
-        "max_frames": args.max_frames or DEFAULT_MAX_FRAMES,
+        "max_frames": args.max_frames,
         "max_pixels": args.max_pixels,
         "max_source_pixels": args.max_source_pixels,
         "min_frames": args.min_frames,

@@ -10,6 +10,11 @@ A picture that arrives already decoded (a PIL image from a datasets ``Image()`` 
 through the same cap, compositing and resizing in ``prepare_decoded``; its content key is
 taken over ``canonical_image_bytes``, which covers mode, size, palette and transparency as
 well as the pixels, since any of them changes what the model sees.
+
+Which formats are opened is decided once (``pillow_formats``): every format this Pillow can
+decode (AVIF included where it is built in; HEIC where pillow-heif is installed), except
+PostScript, which Pillow renders by running Ghostscript on the file: bytes from a folder of
+photos are no reason to run an interpreter.
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from __future__ import annotations
 import io
 import json
 import warnings
+from functools import lru_cache
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from mmbatch.errors import MediaError
 from mmbatch.media.options import ImageOptions, scaled_size
@@ -32,7 +38,7 @@ def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image
         with warnings.catch_warnings():
             # We enforce our own pixel cap below; Pillow's warning would only duplicate it.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            opened = Image.open(io.BytesIO(data))
+            opened = Image.open(io.BytesIO(data), formats=pillow_formats())
             _check_size(*opened.size, options)
             if options.max_pixels is not None:
                 # A JPEG bound for far fewer pixels decodes at 1/2 to 1/8 scale (DCT scaling),
@@ -53,6 +59,41 @@ def decode_image(data: bytes | memoryview, options: ImageOptions) -> Image.Image
     if options.max_pixels is not None:
         image = _limit_pixels(image, options.max_pixels)
     return image
+
+
+NOT_OPENED = frozenset({"EPS", "MPEG"})
+"""Formats Pillow knows but that are not opened here: PostScript (Pillow renders it by running
+Ghostscript on the file) and MPEG (a video, which Pillow only identifies)."""
+
+
+@lru_cache(maxsize=1)
+def pillow_formats() -> tuple[str, ...]:
+    """The formats ``decode_image`` opens: Pillow's own decoders (not its stubs, which need
+    a handler registered, and not ``NOT_OPENED``), with pillow-heif's when installed."""
+    try:
+        from pillow_heif import register_heif_opener  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        register_heif_opener()
+    Image.init()
+    return tuple(
+        sorted(
+            name
+            for name, (factory, _) in Image.OPEN.items()
+            if name not in NOT_OPENED
+            and not (isinstance(factory, type) and issubclass(factory, ImageFile.StubImageFile))
+        )
+    )
+
+
+@lru_cache(maxsize=1)
+def picture_suffixes() -> frozenset[str]:
+    """The file suffixes of ``pillow_formats``: what a folder walk takes as pictures."""
+    formats = set(pillow_formats())
+    return frozenset(
+        suffix for suffix, name in Image.registered_extensions().items() if name in formats
+    )
 
 
 def canonical_image_bytes(image: Image.Image) -> bytes:

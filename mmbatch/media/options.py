@@ -47,8 +47,9 @@ frame, or at explicit times."""
 
 DEFAULT_NUM_FRAMES = 8
 DEFAULT_MAX_FRAMES = 64
-"""A cap on the frames taken from one video whatever the sampling asks: an hour at 2 fps would
-otherwise become 7200 frames, which no model's context holds (vLLM issue #15136)."""
+"""The cap on the frames one clip takes whatever the sampling asks: an hour at 2 fps would
+otherwise become a clip of 7200 frames, which no model's context holds (vLLM issue #15136).
+Frame jobs have no default cap: each frame is its own request, and each is taken."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ class VideoOptions:
     num_frames: int = DEFAULT_NUM_FRAMES
     fps: float = 1.0
     timestamps: tuple[float, ...] = ()
-    max_frames: int = DEFAULT_MAX_FRAMES
+    max_frames: int | None = None
+    """The most frames taken from one video (spread evenly when the sampling asks for more);
+    None: every frame a frame job asks for, and ``DEFAULT_MAX_FRAMES`` for a clip."""
     max_pixels: int | None = None
     """Downscale (keeping aspect) each frame to at most this many pixels; None keeps size."""
     min_frames: int | None = None
@@ -86,7 +89,7 @@ class VideoOptions:
             raise ConfigError("timestamps sampling needs at least one timestamp")
         if any(t < 0 for t in self.timestamps):
             raise ConfigError(f"timestamps must be >= 0, got {list(self.timestamps)}")
-        if self.max_frames < 1:
+        if self.max_frames is not None and self.max_frames < 1:
             raise ConfigError(f"max_frames must be >= 1, got {self.max_frames}")
         if self.max_pixels is not None and self.max_pixels < 1:
             raise ConfigError(f"max_pixels must be >= 1, got {self.max_pixels}")
@@ -97,9 +100,14 @@ class VideoOptions:
         if self.max_source_pixels < 1:
             raise ConfigError(f"max_source_pixels must be >= 1, got {self.max_source_pixels}")
 
+    @property
+    def clip_max_frames(self) -> int:
+        """The most frames one clip takes: ``max_frames``, else ``DEFAULT_MAX_FRAMES``."""
+        return self.max_frames if self.max_frames is not None else DEFAULT_MAX_FRAMES
+
     def sampling_token(self) -> dict[str, Any]:
-        """The fields that decide which frames are taken (only the active way of sampling)."""
-        token: dict[str, Any] = {"sampling": self.sampling, "max_frames": self.max_frames}
+        """The fields that decide which frames a clip takes (only the active way of sampling)."""
+        token: dict[str, Any] = {"sampling": self.sampling, "max_frames": self.clip_max_frames}
         if self.sampling == "num_frames":
             token["num_frames"] = self.num_frames
         elif self.sampling == "fps":

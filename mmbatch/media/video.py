@@ -197,8 +197,13 @@ def _first_frame_rotation(container: Any, stream: Any) -> int:
 
 
 def select_frames(index: VideoIndex, options: VideoOptions) -> list[int]:
-    """The indices of the frames ``options`` samples, ascending and distinct, at most
-    ``options.max_frames`` of them (spread evenly when the sampling asked for more)."""
+    """The indices of the frames a clip takes: those ``options`` samples, at most
+    ``options.clip_max_frames`` of them (spread evenly when the sampling asked for more)."""
+    return spread(sampled_frames(index, options), options.clip_max_frames)
+
+
+def sampled_frames(index: VideoIndex, options: VideoOptions) -> list[int]:
+    """The indices of every frame ``options`` samples, ascending and distinct, uncapped."""
     if options.sampling == "keyframes":
         chosen: Iterable[int] = index.keyframes
     elif options.sampling == "timestamps":
@@ -217,8 +222,7 @@ def select_frames(index: VideoIndex, options: VideoOptions) -> list[int]:
         n = options.num_frames
         # The middle of each of n equal slices: symmetric, and never the black first frame.
         chosen = (index.frame_at(index.start + (k + 0.5) * index.duration / n) for k in range(n))
-    frames = sorted(set(chosen))
-    return spread(frames, options.max_frames)
+    return sorted(set(chosen))
 
 
 def spread(items: Sequence[int], limit: int) -> list[int]:

@@ -20,19 +20,24 @@ from mmbatch.out.rows import ItemShape
 from mmbatch.recipe.spec import Recipe
 from mmbatch.sources.caption import caption_requests, list_media
 from mmbatch.sources.files import SourcePolicy, image_requests
-from mmbatch.sources.timeline import audio_requests, frame_requests
+from mmbatch.sources.log import ListingLog
+from mmbatch.sources.timeline import audio_requests, clip_cap_note, frame_requests
 from mmbatch.types import Modality, Request
 
 
 def recipe_requests(
-    inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None = None
+    inputs: Sequence[str],
+    recipe: Recipe,
+    policy: SourcePolicy | None = None,
+    log: ListingLog | None = None,
 ) -> list[Request]:
     """One request per (item, question), items in input order, an item's questions together;
     ``policy`` says what the inputs may point at (see ``mmbatch.sources.files``).
 
     An item is what the recipe's [media] kind makes of the inputs: an image, a sampled video
-    frame (``as_clip = false``), a whole clip (``as_clip = true``), or an audio window."""
-    return item_requests(_items(inputs, recipe, policy), recipe)
+    frame (``as_clip = false``), a whole clip (``as_clip = true``), or an audio window.
+    What listing passed over or changed goes to ``log``."""
+    return item_requests(_items(inputs, recipe, policy, log or ListingLog()), recipe)
 
 
 def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
@@ -72,7 +77,8 @@ def recipe_job(
     urls: UrlPolicy | None = None,
 ) -> Job:
     """The job ``recipe`` describes over ``inputs``, run by ``model``."""
-    requests = recipe_requests(inputs, recipe, policy)
+    log = ListingLog()
+    requests = recipe_requests(inputs, recipe, policy, log)
     return Job(
         requests,
         recipe.sampling,
@@ -87,21 +93,27 @@ def recipe_job(
             media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
             output=asdict(recipe.output),
         ),
-        info={"inputs": list(inputs), "model": model, "recipe": recipe.path},
+        info={"inputs": list(inputs), "model": model, "recipe": recipe.path} | log.to_dict(),
+        notes=log.lines(),
     )
 
 
-def _items(inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None) -> list[Request]:
+def _items(
+    inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None, log: ListingLog
+) -> list[Request]:
     kind, system, prompt = recipe.media.kind, recipe.system, recipe.questions[0].text
     if kind == "image":
-        return image_requests(inputs, prompt, system, policy)
+        return image_requests(inputs, prompt, system, policy, log)
     if kind == "audio":
-        return audio_requests(inputs, audio_options(recipe), prompt, system, policy)
+        return audio_requests(inputs, audio_options(recipe), prompt, system, policy, log)
     if recipe.media.options.get("as_clip", False):
         clips: tuple[Modality, ...] = ("video",)
-        files = list_media(inputs, policy)
-        return caption_requests(files, prompt, system, take=clips, as_clip=True)
-    return frame_requests(inputs, video_options(recipe), prompt, system, policy)
+        files = list_media(inputs, policy, log)
+        note = clip_cap_note(video_options(recipe))
+        if note:
+            log.note(note)
+        return caption_requests(files, prompt, system, take=clips, as_clip=True, log=log)
+    return frame_requests(inputs, video_options(recipe), prompt, system, policy, log)
 
 
 def recipe_media(recipe: Recipe, urls: UrlPolicy | None = None) -> MediaOptions:

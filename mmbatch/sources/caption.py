@@ -22,16 +22,19 @@ from mmbatch.sources.files import (
     SourcePolicy,
     list_inputs,
 )
+from mmbatch.sources.log import ListingLog
 from mmbatch.sources.timeline import audio_windows
 from mmbatch.types import ItemError, MediaRef, Modality, Request
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
 
 
-def list_media(inputs: Sequence[str], policy: SourcePolicy | None = None) -> list[InputFile]:
+def list_media(
+    inputs: Sequence[str], policy: SourcePolicy | None = None, log: ListingLog | None = None
+) -> list[InputFile]:
     """Every image, video and audio file of ``inputs``, once (what ``caption_requests``
     takes; listing first lets a caller see which modalities the job holds)."""
-    return list_inputs(inputs, MEDIA_SUFFIXES, policy, "media file")
+    return list_inputs(inputs, MEDIA_SUFFIXES, policy, "media file", log)
 
 
 def caption_requests(
@@ -42,9 +45,12 @@ def caption_requests(
     take: Collection[Modality] = ("image", "audio"),
     as_clip: bool = False,
     audio: AudioOptions | None = None,
+    log: ListingLog | None = None,
 ) -> list[Request]:
-    """The requests of ``files`` (from ``list_media``) for a model that takes ``take``."""
+    """The requests of ``files`` (from ``list_media``) for a model that takes ``take``;
+    walked files it does not take are counted in ``log``."""
     audio = audio or AudioOptions()
+    log = log if log is not None else ListingLog()
     wanted = set(take) - ({"video"} if not as_clip else set())
     requests: list[Request] = []
     for file in files:
@@ -52,6 +58,11 @@ def caption_requests(
         kind = modality_of(file.path)
         if kind not in wanted:
             if file.walked:
+                log.skip(
+                    "videos (caption them whole with --as-clip)"
+                    if kind == "video" and not as_clip
+                    else f"{kind} files (the model takes no {kind})"
+                )
                 continue
             if kind == "video" and not as_clip:
                 why = (

@@ -5,6 +5,11 @@ the same on every machine), a glob pattern, or a manifest (``.jsonl`` / ``.csv``
 have a ``path`` and optionally an ``id`` and a ``prompt``. Manifest paths are relative to
 the manifest's folder.
 
+A walk takes the pictures of every format the decoder opens (``picture_suffixes``: AVIF too,
+where Pillow has it) and passes over everything else, hidden files and folders, and linked
+folders (not followed, so a link cannot loop); each file passed over is counted by reason in
+the ``ListingLog`` the caller hands in, which the job's summary shows.
+
 Ids are the identity of a row in the output and on resume, so they must be unique: a file
 named twice is one item; two manifest rows with one id are an error, raised before any work.
 
@@ -27,6 +32,7 @@ from typing import Any
 from mmbatch.errors import SourceError
 from mmbatch.jsonl import JsonlError, printable, read_objects
 from mmbatch.media.fetch import is_url
+from mmbatch.sources.log import ListingLog
 from mmbatch.types import MediaRef, Request
 
 IMAGE_SUFFIXES = frozenset(
@@ -63,15 +69,16 @@ def list_inputs(
     suffixes: frozenset[str] = IMAGE_SUFFIXES,
     policy: SourcePolicy | None = None,
     kind: str = "image",
+    log: ListingLog | None = None,
 ) -> list[InputFile]:
     """The distinct files of ``inputs``, each once: a file reached twice (named, and inside
     a folder) is one item; two manifest rows with one id are a ``SourceError``, as is finding
-    no ``kind`` at all."""
+    no ``kind`` at all. What walks pass over is counted in ``log``."""
     files: list[InputFile] = []
     seen: set[str] = set()
     for raw in inputs:
         walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
-        for item_id, path, prompt in expand_inputs([raw], suffixes, policy):
+        for item_id, path, prompt in expand_inputs([raw], suffixes, policy, log):
             if item_id in seen:
                 if item_id == path:
                     continue
@@ -90,12 +97,13 @@ def image_requests(
     prompt: str,
     system: str | None = None,
     policy: SourcePolicy | None = None,
+    log: ListingLog | None = None,
 ) -> list[Request]:
     """One request per image found in ``inputs``, each asking ``prompt`` (unless its
     manifest row brings its own)."""
     return [
         Request(f.id, f.prompt or prompt, (MediaRef("image", f.path),), system)
-        for f in list_inputs(inputs, IMAGE_SUFFIXES, policy, "images")
+        for f in list_inputs(inputs, IMAGE_SUFFIXES, policy, "images", log)
     ]
 
 
@@ -103,20 +111,25 @@ def expand_inputs(
     inputs: Sequence[str],
     suffixes: frozenset[str] = IMAGE_SUFFIXES,
     policy: SourcePolicy | None = None,
+    log: ListingLog | None = None,
 ) -> Iterator[tuple[str, str, str | None]]:
     """Yield ``(id, path, prompt-or-None)`` for every input, in a deterministic order.
 
-    Folders and globs contribute the files whose suffix is in ``suffixes``; a file named
-    explicitly is taken whatever its suffix, so that a bad file gets an error row."""
+    Folders and globs contribute the files whose suffix is in ``suffixes`` (with every
+    picture format the decoder opens, when ``suffixes`` takes pictures), counting the others
+    in ``log``; a file named explicitly is taken whatever its suffix, so that a bad file gets
+    an error row."""
     policy = policy or SourcePolicy()
+    log = log if log is not None else ListingLog()
     kinds = "image" if suffixes == IMAGE_SUFFIXES else "media file"
+    taken = _taken(suffixes)
     for raw in inputs:
         path = Path(raw)
         if is_url(raw):
             _check_url(raw, "input", policy)
             yield raw, raw, None
         elif path.is_dir():
-            for found in _walk(path, suffixes):
+            for found in _walk(path, taken, log):
                 yield str(found), str(found), None
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
             yield from _read_manifest(path, policy)
@@ -124,8 +137,14 @@ def expand_inputs(
             # Named explicitly: taken whatever its suffix, so a bad file yields an error row.
             yield raw, raw, None
         elif glob.has_magic(raw):
-            matches = sorted(glob.glob(raw, recursive=True))
-            files = [m for m in matches if Path(m).suffix.lower() in suffixes]
+            files = []
+            for match in sorted(glob.glob(raw, recursive=True)):
+                if os.path.isdir(match):
+                    log.skip("folders matched by a pattern (not walked)")
+                elif Path(match).suffix.lower() in taken:
+                    files.append(match)
+                else:
+                    log.skip(_passed_over(Path(match).suffix.lower()))
             if not files:
                 raise SourceError(f"the pattern {raw!r} matches no {kinds}")
             for file in files:
@@ -134,13 +153,55 @@ def expand_inputs(
             raise SourceError(f"input {raw!r} does not exist")
 
 
-def _walk(root: Path, suffixes: frozenset[str]) -> list[Path]:
+SKIP_HINTS = {
+    ".heic": "no decoder here: pip install pillow-heif",
+    ".heif": "no decoder here: pip install pillow-heif",
+    ".eps": "PostScript is not rendered",
+    ".ps": "PostScript is not rendered",
+}
+"""Why a walk passes over files that look like pictures, where there is more to say."""
+
+
+def _taken(suffixes: frozenset[str]) -> frozenset[str]:
+    """``suffixes``, with every picture format the decoder opens when it takes pictures."""
+    if not suffixes >= IMAGE_SUFFIXES:
+        return suffixes
+    from mmbatch.media.image import picture_suffixes
+
+    return suffixes | (picture_suffixes() - VIDEO_SUFFIXES - AUDIO_SUFFIXES)
+
+
+def _passed_over(suffix: str) -> str:
+    """The reason a walk gives for a file of ``suffix`` that it does not take."""
+    name = f"{suffix} files" if suffix else "files without a suffix"
+    hint = SKIP_HINTS.get(suffix)
+    return f"{name} ({hint})" if hint else name
+
+
+def _walk(root: Path, suffixes: frozenset[str], log: ListingLog) -> list[Path]:
     found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+
+    def unreadable(error: OSError) -> None:
+        log.skip(f"unreadable folders ({error.strerror or error})")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
+        kept = []
+        for name in sorted(dirnames):
+            if name.startswith("."):
+                log.skip("hidden folders (not walked)")
+            elif os.path.islink(os.path.join(dirpath, name)):
+                log.skip("linked folders (not followed)")
+            else:
+                kept.append(name)
+        dirnames[:] = kept
         for name in sorted(filenames):
-            if not name.startswith(".") and Path(name).suffix.lower() in suffixes:
+            suffix = Path(name).suffix.lower()
+            if name.startswith("."):
+                log.skip("hidden files")
+            elif suffix in suffixes:
                 found.append(Path(dirpath) / name)
+            else:
+                log.skip(_passed_over(suffix))
     return found
 
 

@@ -28,6 +28,7 @@ from mmbatch.sources.files import (
     SourcePolicy,
     list_inputs,
 )
+from mmbatch.sources.log import ListingLog
 from mmbatch.types import FrameAt, ItemError, MediaRef, Request
 
 Columns = tuple[tuple[str, Any], ...]
@@ -39,20 +40,24 @@ def frame_requests(
     prompt: str,
     system: str | None = None,
     policy: SourcePolicy | None = None,
+    log: ListingLog | None = None,
 ) -> list[Request]:
-    """One image request per frame that ``options`` samples from each video in ``inputs``.
+    """One image request per frame that ``options`` samples from each video in ``inputs``:
+    every frame asked for, unless ``options.max_frames`` is set (a cut it makes is noted in
+    ``log``, as is a truncated video).
 
     Rows carry ``video``, ``frame_index`` (in presentation order) and ``pts`` (seconds), and
     ``warning`` when the file holds less than its header declares (``VideoIndex.truncation``).
     """
-    from mmbatch.media.video import index_video, select_frames
+    from mmbatch.media.video import index_video, sampled_frames, spread
 
+    log = log if log is not None else ListingLog()
     requests: list[Request] = []
-    for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video"):
+    for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video", log):
         path, text = file.path, file.prompt or prompt
         try:
             index = index_video(path, options.max_source_pixels)
-            frames = select_frames(index, options)
+            asked = sampled_frames(index, options)
         except MediaError as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
             ref = MediaRef("image", path)
@@ -61,15 +66,47 @@ def frame_requests(
                 Request(printable(path), text, (ref,), system, columns=failed, error=error)
             )
             continue
+        frames = asked if options.max_frames is None else spread(asked, options.max_frames)
+        if len(frames) < len(asked):
+            log.note(
+                f"{printable(path)}: {len(asked)} frames sampled, {len(frames)} taken "
+                f"(spread evenly) by max_frames {options.max_frames}"
+            )
         # A truncated file's frames are the right frames, but not all the video had: say so
         # on each of its rows.
         flag: Columns = (("warning", index.truncation),) if index.truncation else ()
+        if index.truncation:
+            log.note(f"{printable(path)}: {index.truncation} (its rows carry this warning)")
         for i in frames:
             pts = index.seconds(i)
             ref = MediaRef("image", path, part=FrameAt(i, pts))
             columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)), *flag)
             requests.append(Request(frame_id(path, pts), text, (ref,), system, columns=columns))
     return _unique_frame_ids(requests)
+
+
+def clip_cap_note(options: VideoOptions) -> str | None:
+    """What the clip cap (``VideoOptions.clip_max_frames``) does to clips sampled by
+    ``options``, or None when it cannot cut anything: said in the summary of a clip job, since
+    the loader, which meets each video, thins its clip without a word on its row."""
+    cap = options.clip_max_frames
+    if options.sampling == "num_frames" and options.num_frames > cap:
+        asked = f"num_frames {options.num_frames}"
+    elif options.sampling == "timestamps" and len(options.timestamps) > cap:
+        asked = f"{len(options.timestamps)} timestamps"
+    elif options.sampling == "fps":
+        return (
+            f"clips sampled at {options.fps:g} fps take at most {cap} frames (max_frames): "
+            f"a video longer than {cap / options.fps:g} s has {cap} of its frames spread evenly"
+        )
+    elif options.sampling == "keyframes":
+        return (
+            f"clips take at most {cap} key frames (max_frames): a video with more has {cap} "
+            "of them spread evenly"
+        )
+    else:
+        return None
+    return f"{asked} is over the clip cap of {cap} frames (max_frames): each clip takes {cap}"
 
 
 def frame_id(video: str, pts: float, index: int | None = None) -> str:
@@ -104,11 +141,12 @@ def audio_requests(
     prompt: str,
     system: str | None = None,
     policy: SourcePolicy | None = None,
+    log: ListingLog | None = None,
 ) -> list[Request]:
     """One audio request per window of each audio file in ``inputs`` (rows carry ``start``
     and ``end`` in seconds)."""
     requests: list[Request] = []
-    for file in list_inputs(inputs, AUDIO_SUFFIXES, policy, "audio file"):
+    for file in list_inputs(inputs, AUDIO_SUFFIXES, policy, "audio file", log):
         requests.extend(audio_windows(file, file.prompt or prompt, system, options))
     return requests
 
