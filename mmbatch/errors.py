@@ -3,6 +3,7 @@
     MmbatchError
     ├── ConfigError          bad settings, arguments or model directory: fix and rerun
     ├── SourceError          the inputs cannot be listed (missing path, malformed manifest)
+    ├── OutputError          the output cannot be written (read-only folder, full disk)
     ├── ItemFailure          one item cannot be processed; becomes an error row, the job goes on
     │   ├── MediaError       unreadable, corrupt or unsupported media (stage "load"/"decode")
     │   └── RequestRejected  the engine refused this one request (stage "validate")
@@ -28,6 +29,11 @@ class ConfigError(MmbatchError):
 
 class SourceError(MmbatchError):
     """The job's inputs cannot be enumerated."""
+
+
+class OutputError(MmbatchError):
+    """A file of the job's output cannot be written; the rows already written are kept, and
+    the same command resumes once the cause (permissions, space) is fixed."""
 
 
 class ItemFailure(MmbatchError):

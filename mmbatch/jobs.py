@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Layout
-from mmbatch.errors import FatalEngineError
-from mmbatch.jsonl import write_atomic
+from mmbatch.errors import ConfigError, FatalEngineError, OutputError, SourceError
+from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.media.feeder import start_decoders
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
@@ -38,7 +40,7 @@ from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink
 from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts, quarantine_path
-from mmbatch.out.summary import write_summary
+from mmbatch.out.summary import summary_path, write_summary
 from mmbatch.out.tables import SPOOL_SUFFIX
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
@@ -138,6 +140,7 @@ def run_job(
     the config of the vLLM engine to start if anything is left to do)."""
     run = run or RunConfig()
     layout = _layout(engine)  # a configuration mistake stops the job before any output
+    _remove_orphans(out)
     progress = _progress_file(out, job.shape)
     plan = prepare(
         progress,
@@ -160,6 +163,7 @@ def run_job(
                 start_decoders(run.workers())  # they start while the engine loads
                 built = _engine(engine, layout, plan.pending, info)
                 stats = _run(job, plan.pending, built, sink, run)
+            sink.close()
         except FatalEngineError as exc:
             sink.close()
             tally = _count(out, job)
@@ -168,8 +172,20 @@ def run_job(
                 f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
                 f"({left} items left); run the same command again to resume."
             ) from exc
-        sink.close()
-    return _report(job, out, plan, stats, info)
+        except OutputError as exc:
+            with suppress(OutputError):
+                sink.close()  # the disk may still be full: what is written stays written
+            raise OutputError(
+                f"{exc}; the rows finished so far are kept: free space (or make the folder "
+                "writable) and run the same command again to resume"
+            ) from exc
+    try:
+        return _report(job, out, plan, stats, info)
+    except OutputError as exc:
+        raise OutputError(
+            f"{exc}; every row is in {out.path}: free space and run the same command again "
+            "to write the summary"
+        ) from exc
 
 
 def run_in_memory(
@@ -249,13 +265,39 @@ def _engine(
 
 def _progress_file(out: FileOutput, shape: RowShape) -> Path:
     """The JSONL file that resume reads: the output itself, or a columnar output's spool
-    (recreated from the output's rows when a finished job is run again)."""
+    (recreated from the output's rows when a finished job is run again, once its first row
+    shows it is an output of this kind: a table that is not is left as it is)."""
     if out.format == "jsonl":
         return out.path
     spool = out.path.with_name(out.path.name + SPOOL_SUFFIX)
     if not spool.exists() and out.path.exists():
-        write_atomic(spool, read_output(out.path))
+        how = "it is left as it is: name another --out"
+        try:
+            rows = read_output(out.path)
+            first = next(rows, None)
+        except SourceError as exc:
+            raise ConfigError(f"{exc}; {how}") from None
+        if first is not None and not shape.is_row(first):
+            raise ConfigError(f"{out.path} is not an mmbatch output of this kind; {how}")
+        write_atomic(spool, chain([first] if first is not None else [], rows))
     return spool
+
+
+def _remove_orphans(out: FileOutput) -> None:
+    """Remove the temporary files a job killed while writing its output, record, quarantine,
+    summary or table left behind."""
+    out_path = out.path
+    for path in (
+        out_path,
+        job_record_path(out_path),
+        quarantine_path(out_path),
+        summary_path(out_path),
+        out_path.with_name(out_path.name + SPOOL_SUFFIX),
+    ):
+        remove_orphans(path)
+    table_temporary = out_path.with_name(f".{out_path.name}.tmp")
+    if out.format != "jsonl" and table_temporary.is_file():
+        table_temporary.unlink()
 
 
 def _count(out: FileOutput, job: Job) -> OutputTally:

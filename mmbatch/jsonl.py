@@ -5,7 +5,10 @@ Reading yields each non-blank line's JSON object with its line number, and raise
 turns that into the error its users need (a bad manifest is a ``SourceError``, a damaged
 output a ``ConfigError``). Writing encodes a row as one whole line (``encode_line``), and
 replaces a file atomically (``write_atomic``): a reader, or a job killed half-way, sees the
-old file or the new one, never a mix.
+old file or the new one, never a mix. A file replaced keeps its mode, and a new one gets the
+mode the user's umask gives (not a temporary file's 600); a write that fails (a read-only
+folder, a full disk) is an ``OutputError`` naming the file. A job killed during a write can
+leave its temporary file behind: ``remove_orphans`` clears them before the next run.
 
 File names need not be text: on Linux a name is bytes, and Python hands over a byte that is not
 UTF-8 as a lone surrogate (``x_\xff.jpg`` arrives as ``"x_\udcff.jpg"``). Such a string opens
@@ -18,29 +21,42 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from mmbatch.errors import OutputError
 
 
 class JsonlError(ValueError):
     """A JSON-lines file that cannot be read as one object per line; the message names it."""
 
 
-def read_objects(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, object)`` for every non-blank line of ``path``."""
+def read_objects(path: str | Path, end: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` for every non-blank line of ``path`` (of its first ``end``
+    bytes, when given: a line running past them is not read)."""
     try:
         handle = Path(path).open("rb")  # noqa: SIM115 (closed by the with below)
     except OSError as exc:
         raise JsonlError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    offset = 0
     with handle:
         for line_no, line in enumerate(handle, start=1):
+            offset += len(line)
+            if end is not None and offset > end:
+                break
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
-            except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for non-UTF-8
+            except UnicodeDecodeError as exc:
+                raise JsonlError(
+                    f"{path}:{line_no}: not UTF-8 text (byte 0x{line[exc.start]:02x} at column "
+                    f"{exc.start + 1}); save the file as UTF-8"
+                ) from None
+            except ValueError as exc:
                 raise JsonlError(f"{path}:{line_no}: not valid JSON ({exc})") from None
             if not isinstance(row, dict):
                 raise JsonlError(f"{path}:{line_no}: expected a JSON object, got {row!r}")
@@ -91,20 +107,66 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     _replace(Path(path), lambda handle: handle.write(text.encode("utf-8")))
 
 
+def remove_orphans(path: str | Path) -> int:
+    """Remove the temporary files a killed ``write_atomic`` of ``path`` left; how many."""
+    path = Path(path)
+    removed = 0
+    for orphan in path.parent.glob(f".{_glob_escape(path.name)}.*.tmp"):
+        orphan.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def cannot_write(path: str | Path, exc: OSError) -> str:
+    """The one line that says why ``path`` could not be written."""
+    return f"cannot write {str(path)!r}: {exc.strerror or exc}"
+
+
 def _replace(path: Path, fill: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` through a temporary file in its folder, fsynced, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp, fd = _temporary(path)
+    except OSError as exc:
+        raise OutputError(cannot_write(path, exc)) from None
     try:
         with os.fdopen(fd, "wb") as handle:
+            _keep_mode(path, handle.fileno())
             fill(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(cannot_write(path, exc)) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _temporary(path: Path) -> tuple[Path, int]:
+    """A new file beside ``path``, created with mode 666 less the umask (as ``open`` would)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:
+            continue
+
+
+def _keep_mode(path: Path, fd: int) -> None:
+    """Give the replacement the mode of the file it replaces, if there is one."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    os.fchmod(fd, mode)
+
+
+def _glob_escape(name: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
 
 
 def _fsync_dir(folder: Path) -> None:

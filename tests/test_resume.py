@@ -28,6 +28,7 @@ def row(item_id: str, error: dict[str, str] | None = None) -> dict[str, object]:
     return {
         "id": item_id,
         "source": f"/data/{item_id}.jpg",
+        "prompt": "Describe.",
         "text": None if error else f"text of {item_id}",
         "error": error,
     }

@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import xxhash
 
-from mmbatch.out.rows import Row
+from mmbatch.out.rows import Asked, Row
 from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
 
 _CLIENT_ERROR_STAGES: frozenset[Stage] = frozenset({"source", "load", "decode", "validate"})
@@ -33,6 +33,15 @@ class OpenAIBatchShape:
 
     def row_id(self, row: Mapping[str, Any]) -> str:
         return str(row["custom_id"])
+
+    def is_row(self, row: Mapping[str, Any]) -> bool:
+        return {"custom_id", "response", "error"} <= row.keys() and isinstance(
+            row["response"], Mapping
+        )
+
+    def asked(self, row: Mapping[str, Any]) -> Asked | None:
+        """An OpenAI batch output line does not record its request's messages."""
+        return None
 
     def outcome(self, row: Mapping[str, Any]) -> Result:
         response = row["response"]

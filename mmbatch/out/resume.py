@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmbatch.errors import ConfigError
+from mmbatch.errors import ConfigError, OutputError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic, write_text_atomic
-from mmbatch.out.rows import RowShape
+from mmbatch.out.rows import RowShape, asked_of
 from mmbatch.types import Request
 
 RECORD_VERSION = 1
@@ -52,21 +52,35 @@ class ResumePlan:
     kept_ok: int = 0
     kept_failed: int = 0
     retried: int = 0
+    changed: int = 0
+    """Items whose prompts differ from those their rows were written with (an edited
+    manifest): their rows were removed, to be redone."""
     repaired_bytes: int = 0
+    example_changed: str | None = None
+
+    @property
+    def pending_items(self) -> int:
+        """The items left to do (a recipe item is several requests)."""
+        return len({r.row_id for r in self.pending})
 
     def describe(self, out: str | Path) -> str | None:
         """A line for the user when anything was resumed or repaired, else None."""
         kept = self.kept_ok + self.kept_failed
-        if not (kept or self.retried or self.repaired_bytes):
+        if not (kept or self.retried or self.changed or self.repaired_bytes):
             return None
         parts = [f"resuming {out}: {kept} items already have a row"]
         if self.kept_failed:
             parts.append(f"{self.kept_failed} of them errors (--retry-errors redoes those)")
         if self.retried:
             parts.append(f"{self.retried} error rows removed to be retried")
+        if self.changed:
+            parts.append(
+                f"{self.changed} items whose prompt changed since their row was written "
+                f"(e.g. {self.example_changed!r}) are redone"
+            )
         if self.repaired_bytes:
             parts.append(f"a torn last line ({self.repaired_bytes} bytes) was cut off")
-        return ", ".join(parts) + f"; {len(self.pending)} items to do"
+        return ", ".join(parts) + f"; {self.pending_items} items to do"
 
 
 def prepare(
@@ -86,39 +100,74 @@ def prepare(
     ``force`` is off."""
     out = Path(out)
     record = Path(record) if record is not None else job_record_path(out)
+    try:
+        return _prepare(out, requests, fingerprint, shape, record, force, retry_errors)
+    except OSError as exc:
+        raise OutputError(f"cannot use {str(out)!r}: {exc.strerror or exc}") from None
+
+
+def _prepare(
+    out: Path,
+    requests: Sequence[Request],
+    fingerprint: Mapping[str, Any],
+    shape: RowShape,
+    record: Path,
+    force: bool,
+    retry_errors: bool,
+) -> ResumePlan:
+    if out.is_dir():
+        raise ConfigError(f"{out} is a folder; --out names the file the rows go to")
     if not out.exists() or out.stat().st_size == 0:
         write_record(record, fingerprint)
         return ResumePlan(pending=list(requests))
     _check_is_output(out, shape, record)
     if not force:
         check_same_job(out, record, fingerprint)
-    repaired = repair_torn_tail(out)
-    wanted = {r.row_id for r in requests}
-    retried = _drop_error_rows(out, shape, wanted) if retry_errors else 0
+    # Every whole row is read and checked before anything is cut or rewritten: a file holding
+    # a line that is not one of this job's rows is refused as it is.
+    keep = whole_rows_end(out)
+    asked = asked_of(requests)
     ok_ids: set[str] = set()
     failed_ids: set[str] = set()
-    for outcome in map(shape.outcome, read_rows(out, shape)):
-        (ok_ids if outcome.ok else failed_ids).add(outcome.request_id)
+    changed: set[str] = set()
+    for row in read_rows(out, shape, end=keep):
+        outcome = shape.outcome(row)
+        item_id = outcome.request_id
+        (ok_ids if outcome.ok else failed_ids).add(item_id)
+        before = shape.asked(row) if item_id in asked and not force else None
+        if before is not None and before != asked[item_id]:
+            changed.add(item_id)
+    repaired = _cut(out, keep)
+    retried = failed_ids & asked.keys() if retry_errors else set()
+    redo = retried | changed
+    if redo:
+        _drop_rows(out, shape, redo)
     write_record(record, fingerprint)
-    done = ok_ids | failed_ids
+    done = (ok_ids | failed_ids) - redo
     return ResumePlan(
         pending=[r for r in requests if r.row_id not in done],
-        kept_ok=len(ok_ids & wanted),
-        kept_failed=len(failed_ids & wanted),
-        retried=retried,
+        kept_ok=len((ok_ids - redo) & asked.keys()),
+        kept_failed=len((failed_ids - redo) & asked.keys()),
+        retried=len(retried),
+        changed=len(changed - retried),
         repaired_bytes=repaired,
+        example_changed=min(changed - retried, default=None),
     )
 
 
-def read_rows(path: str | Path, shape: RowShape) -> Iterator[dict[str, Any]]:
-    """The rows of a JSONL output, checked: each one of ``shape``'s rows, no item twice.
+def read_rows(
+    path: str | Path, shape: RowShape, end: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """The rows of a JSONL output (its first ``end`` bytes), checked: each one of
+    ``shape``'s rows, no item twice.
 
-    Call ``repair_torn_tail`` first: a bad line here is damage, not a torn write, and is
-    raised (``ConfigError`` naming the line) rather than guessed around.
+    Call ``repair_torn_tail`` first, or stop at ``whole_rows_end``: a bad line here is
+    damage, not a torn write, and is raised (``ConfigError`` naming the line) rather than
+    guessed around.
     """
     seen: set[str] = set()
     try:
-        for line_no, row in read_objects(path):
+        for line_no, row in read_objects(path, end):
             item_id = _row_id(row, shape, f"{path}:{line_no}")
             if item_id in seen:
                 raise ConfigError(
@@ -136,9 +185,12 @@ def read_rows(path: str | Path, shape: RowShape) -> Iterator[dict[str, Any]]:
 
 def _row_id(row: Mapping[str, Any], shape: RowShape, where: str) -> str:
     try:
-        return shape.row_id(row)
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"{where}: not an output row of this job's kind") from None
+        if shape.is_row(row):
+            shape.outcome(row)
+            return shape.row_id(row)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        pass
+    raise ConfigError(f"{where}: not an output row of this job's kind")
 
 
 def _check_is_output(out: Path, shape: RowShape, record: Path) -> None:
@@ -151,8 +203,9 @@ def _check_is_output(out: Path, shape: RowShape, record: Path) -> None:
     if not first.endswith(b"\n") and record.exists():
         return
     try:
-        shape.row_id(json.loads(first))
-    except (ValueError, KeyError, TypeError):
+        row = json.loads(first)
+        _row_id(row, shape, str(out))
+    except (ValueError, ConfigError):
         raise ConfigError(
             f"{out} is not an mmbatch output (its first line is not one of its rows); it is "
             "left as it is: name another --out"
@@ -166,9 +219,13 @@ def repair_torn_tail(path: str | Path) -> int:
     down; anything after the last newline is a torn row. A last line that has its newline
     but is not JSON (a power cut can leave zeros where data was due) is torn as well.
     """
+    return _cut(Path(path), whole_rows_end(path))
+
+
+def whole_rows_end(path: str | Path) -> int:
+    """Where the whole rows of ``path`` end: the bytes ``repair_torn_tail`` keeps."""
     path = Path(path)
-    size = path.stat().st_size
-    keep = _end_of_last_line(path, size)
+    keep = _end_of_last_line(path, path.stat().st_size)
     if keep > 0:
         start = _end_of_last_line(path, keep - 1)
         with path.open("rb") as handle:
@@ -176,6 +233,12 @@ def repair_torn_tail(path: str | Path) -> int:
             last = handle.read(keep - start)
         if not _is_json_object(last):
             keep = start
+    return keep
+
+
+def _cut(path: Path, keep: int) -> int:
+    """Truncate ``path`` to ``keep`` bytes, durably; the bytes removed."""
+    size = path.stat().st_size
     if keep < size:
         with path.open("r+b") as handle:
             handle.truncate(keep)
@@ -228,21 +291,10 @@ def write_record(record: Path, fingerprint: Mapping[str, Any]) -> None:
     write_text_atomic(record, json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _drop_error_rows(out: Path, shape: RowShape, ids: set[str]) -> int:
-    """Rewrite ``out`` without the error rows of ``ids`` (atomically); return how many."""
-    dropped = 0
-
-    def kept() -> Iterator[dict[str, Any]]:
-        nonlocal dropped
-        for row in read_rows(out, shape):
-            outcome = shape.outcome(row)
-            if not outcome.ok and outcome.request_id in ids:
-                dropped += 1
-            else:
-                yield row
-
-    write_atomic(out, kept())
-    return dropped
+def _drop_rows(out: Path, shape: RowShape, ids: set[str]) -> None:
+    """Rewrite ``out`` without the rows of ``ids`` (atomically), so that each is redone and
+    no id ever has two rows."""
+    write_atomic(out, (row for row in read_rows(out, shape) if shape.row_id(row) not in ids))
 
 
 def _end_of_last_line(path: Path, end: int) -> int:

@@ -58,6 +58,29 @@ class RowShape(Protocol):
         """How a written row's item went (its error and token counts), for counting."""
         ...
 
+    def is_row(self, row: Mapping[str, Any]) -> bool:
+        """Whether ``row`` has this shape's fields (a line of some other file has not):
+        resume touches no file whose lines are not all rows."""
+        ...
+
+    def asked(self, row: Mapping[str, Any]) -> Asked | None:
+        """The prompts a written row's answers were asked, or None where the shape does not
+        record them: resume redoes an item whose prompts changed since (an edited manifest)."""
+        ...
+
+
+Asked = dict[str | None, str]
+"""The prompt of each answer of an item, by ``Request.output`` (None: a flat row's one)."""
+
+
+def asked_of(requests: Sequence[Request]) -> dict[str, Asked]:
+    """What ``requests`` ask, item by item (by ``Request.row_id``), to compare with
+    ``RowShape.asked`` of the rows written before."""
+    items: dict[str, Asked] = {}
+    for request in requests:
+        items.setdefault(request.row_id, {})[request.output] = request.prompt
+    return items
+
 
 def output_row(request: Request, media_keys: tuple[str, ...], result: Result) -> dict[str, Any]:
     """The flat JSON row for one request: what it was, and its text or the reason it has none."""
@@ -109,10 +132,18 @@ class FlatRows(_IdAndErrorRows):
     def builder(self, requests: Sequence[Request]) -> FlatRows:
         return self
 
+    def is_row(self, row: Mapping[str, Any]) -> bool:
+        return row.keys() >= _FLAT_FIELDS
+
+    def asked(self, row: Mapping[str, Any]) -> Asked | None:
+        prompt = row.get("prompt")
+        return {None: prompt} if isinstance(prompt, str) else None
+
     def add(self, request: Request, media_keys: tuple[str, ...], result: Result) -> Row:
         return Row(result, output_row(request, media_keys, result))
 
 
+_FLAT_FIELDS = frozenset({"id", "source", "prompt", "text", "error"})
 FLAT = FlatRows()
 """The shape of ``mmbatch caption`` and ``frames`` rows."""
 
@@ -125,6 +156,21 @@ class ItemShape(_IdAndErrorRows):
 
     def builder(self, requests: Sequence[Request]) -> ItemRows:
         return ItemRows(requests, self.parse)
+
+    def is_row(self, row: Mapping[str, Any]) -> bool:
+        return {"id", "source", "outputs", "error"} <= row.keys() and isinstance(
+            row["outputs"], Mapping
+        )
+
+    def asked(self, row: Mapping[str, Any]) -> Asked | None:
+        outputs = row.get("outputs")
+        if not isinstance(outputs, Mapping):
+            return None
+        return {
+            str(name): str(answer.get("prompt"))
+            for name, answer in outputs.items()
+            if isinstance(answer, Mapping)
+        }
 
 
 @dataclass

@@ -10,7 +10,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from mmbatch.jsonl import encode_line
+from mmbatch.errors import OutputError
+from mmbatch.jsonl import cannot_write, encode_line
 
 
 class Sink(Protocol):
@@ -44,29 +45,44 @@ class JsonlSink:
     Every row goes to the operating system at once, in a single ``write`` of the whole line
     on an ``O_APPEND`` descriptor: a SIGKILL loses no row that ``write`` returned from.
     ``flush`` fsyncs, so the rows also survive a power cut. ``append=True`` continues an
-    existing file (resume); the default starts it afresh.
+    existing file (resume); the default starts it afresh. A new file gets the mode the
+    user's umask gives. A write that fails (a read-only folder, a full disk) raises
+    ``OutputError``: at most a torn last line is left, which resume repairs.
     """
 
     def __init__(self, path: str | Path, append: bool = False) -> None:
         self.path = Path(path)
-        if self.path.parent != Path(""):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
-        self._fd: int | None = os.open(self.path, flags, 0o644)
+        try:
+            if self.path.parent != Path(""):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd: int | None = os.open(self.path, flags, 0o666)
+        except OSError as exc:
+            raise OutputError(cannot_write(self.path, exc)) from None
 
     def write(self, row: dict[str, Any]) -> None:
         view = memoryview(encode_line(row))
-        while view:  # a regular file takes the whole line at once; loop only to be sure
-            view = view[os.write(self._require_open(), view) :]
+        try:
+            while view:  # a regular file takes the whole line at once; loop only to be sure
+                view = view[os.write(self._require_open(), view) :]
+        except OSError as exc:
+            raise OutputError(cannot_write(self.path, exc)) from None
 
     def flush(self) -> None:
-        os.fsync(self._require_open())
+        try:
+            os.fsync(self._require_open())
+        except OSError as exc:
+            raise OutputError(cannot_write(self.path, exc)) from None
 
     def close(self) -> None:
         if self._fd is not None:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise OutputError(cannot_write(self.path, exc)) from None
+            finally:
+                os.close(fd)
 
     def _require_open(self) -> int:
         if self._fd is None:

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from mmbatch.errors import SourceError
-from mmbatch.jsonl import printable_values, read_objects
+from mmbatch.errors import OutputError, SourceError
+from mmbatch.jsonl import cannot_write, printable_values, read_objects
 from mmbatch.out.sinks import JsonlSink
 
 if TYPE_CHECKING:
@@ -59,8 +59,12 @@ class TableSink:
         tables = list(_tables(self.spool_path))
         schema = _unified_schema(tables)
         temporary = self.path.with_name(f".{self.path.name}.tmp")
-        _WRITERS[self.format]([t.cast(schema) for t in tables], schema, temporary)
-        _replace(temporary, self.path)
+        try:
+            _WRITERS[self.format]([t.cast(schema) for t in tables], schema, temporary)
+            _replace(temporary, self.path)
+        except OSError as exc:  # the spool keeps every row: the next run writes the table
+            _remove(temporary)
+            raise OutputError(cannot_write(self.path, exc)) from None
         self.spool_path.unlink()
 
 
@@ -92,6 +96,13 @@ def _replace(temporary: Path, target: Path) -> None:
     if target.is_dir() and not target.is_symlink():
         shutil.rmtree(target)
     os.replace(temporary, target)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _tables(spool: Path) -> Iterator[pa.Table]:
@@ -129,9 +140,14 @@ def read_table_rows(path: Path) -> Iterator[dict[str, Any]]:
         for batch in dataset.with_format("arrow").iter(ROWS_PER_CHUNK):
             yield from batch.to_pylist()
         return
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=ROWS_PER_CHUNK):
+    try:
+        table = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise SourceError(f"{path} is not a Parquet file ({exc})") from None
+    for batch in table.iter_batches(batch_size=ROWS_PER_CHUNK):
         yield from batch.to_pylist()
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -250,6 +250,24 @@ def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         except JsonlError as exc:
             raise SourceError(str(exc)) from None
         return
-    with manifest.open(newline="", encoding="utf-8") as handle:
-        for line_no, row in enumerate(csv.DictReader(handle), start=2):
-            yield line_no, {k: v for k, v in row.items() if v not in (None, "")}
+    with manifest.open("rb") as handle:
+        reader = csv.DictReader(_text_lines(handle, manifest))
+        try:
+            for row in reader:
+                yield reader.line_num, {k: v for k, v in row.items() if v not in (None, "")}
+        except csv.Error as exc:
+            raise SourceError(f"{manifest}:{reader.line_num}: not valid CSV ({exc})") from None
+
+
+def _text_lines(lines: Iterable[bytes], manifest: Path) -> Iterator[str]:
+    """The lines of a CSV manifest as text: UTF-8, without the byte-order mark Excel puts
+    first (else it would be part of the first column's name); a line that is not UTF-8 is a
+    ``SourceError`` naming it."""
+    for line_no, line in enumerate(lines, start=1):
+        try:
+            yield line.decode("utf-8-sig" if line_no == 1 else "utf-8")
+        except UnicodeDecodeError as exc:
+            raise SourceError(
+                f"{manifest}:{line_no}: not UTF-8 text (byte 0x{line[exc.start]:02x} at column "
+                f"{exc.start + 1}); save the manifest as UTF-8"
+            ) from None

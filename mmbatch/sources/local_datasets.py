@@ -189,9 +189,42 @@ def _load(spec: DatasetInput) -> Any:
         files = [path] if Path(path).is_file() else sorted(map(str, Path(path).rglob(pattern)))
         if not files:
             raise SourceError(f"{path}: no {pattern} files for the {spec.format} format")
+        if spec.format == "webdataset":
+            for shard in files:
+                _check_shard(shard)
         return datasets.load_dataset(spec.format, data_files={"train": files})
-    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetGenerationError) as exc:
-        raise SourceError(f"cannot read {path} as a {spec.format} dataset: {exc}") from exc
+    except SourceError:
+        raise
+    except Exception as exc:
+        # datasets decodes every member of a shard while it reads it (JSON, numbers, NumPy
+        # arrays...): whatever one of its decoders raises means the dataset cannot be read.
+        raise SourceError(
+            f"cannot read {path} as a {spec.format} dataset: {type(exc).__name__}: "
+            + (str(exc).splitlines() or [""])[0]
+        ) from exc
+
+
+UNSAFE_MEMBERS = frozenset({"pth"})
+"""WebDataset member types that datasets decodes by unpickling (``torch.load``): a shard
+holding one is refused before datasets reads it, since unpickling runs code."""
+
+
+def _check_shard(shard: str) -> None:
+    """Refuse a WebDataset shard with a member datasets would unpickle (by its headers only:
+    no member is read)."""
+    import tarfile
+
+    try:
+        with tarfile.open(shard) as archive:
+            for member in archive:
+                kind = member.name.rsplit(".", 1)[-1].lower()
+                if member.isfile() and kind in UNSAFE_MEMBERS:
+                    raise SourceError(
+                        f"{shard} holds {member.name!r}, a .{kind} member that reading the shard "
+                        "would unpickle (torch.load); remove such members from the shard"
+                    )
+    except (tarfile.TarError, OSError) as exc:
+        raise SourceError(f"cannot read {shard} as a tar archive: {exc}") from None
 
 
 def _pick_split(spec: DatasetInput, splits: list[str]) -> str:
