@@ -196,3 +196,38 @@ def test_jsonl_sink_starts_afresh_unless_appending(tmp_path: Path) -> None:
     assert [r["id"] for r in read_rows(out)] == ["c"]
     with pytest.raises(ValueError, match="closed"):
         sink.write(row("d"))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        # Not JSON lines at all, its last line without a newline.
+        b"name,price\n" + b"widget,3\n" * 300 + b"gadget,4",
+        # A manifest whose lines have an "id" (the old first-line check took it for a row).
+        b"".join(json.dumps({"id": f"a{i}", "path": f"{i}.jpg"}).encode() + b"\n" for i in range(9))
+        + b'{"id": "last", "path": "cut-off',
+        # One row of an output, then someone else's lines, torn-looking at the end.
+        json.dumps(row("item-0")).encode()
+        + b"\n"
+        + b'{"id": "x", "note": "mine"}\n' * 50
+        + b'{"id": "y", "no',
+    ],
+    ids=["csv", "manifest", "row-then-other-lines"],
+)
+def test_force_never_touches_a_file_that_is_not_all_rows(
+    tmp_path: Path, samples: Path, content: bytes
+) -> None:
+    from fake_cli import main
+
+    from mmbatch.cli import EXIT_JOB_FAILED
+    from mmbatch.testing.fake_engine import FakeEngine
+
+    out = tmp_path / "theirs.jsonl"
+    out.write_bytes(content)
+    job_record_path(out).write_text(  # even beside a job record copied from elsewhere
+        json.dumps({"version": 1, "digest": "x", "fingerprint": {}})
+    )
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", "fake", "--out", str(out)]
+    for extra in ([], ["--force"], ["--force", "--retry-errors"]):
+        assert main([*argv, "--no-progress", *extra], FakeEngine()) == EXIT_JOB_FAILED
+        assert out.read_bytes() == content
