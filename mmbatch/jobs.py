@@ -71,12 +71,22 @@ class Job:
 
 
 def fingerprint(command: str, model: str, sampling: Sampling, **task: Any) -> dict[str, Any]:
-    """What makes two runs the same job: the command, model, sampling and the ``task``
-    settings (prompt, decode options). Engine arguments are left out: they change speed
-    and memory, and a user resuming on another machine must be able to change them."""
+    """What makes two runs the same job: the command, the model (by name and by content:
+    other weights at the same path are another model), sampling and the ``task`` settings
+    (prompt, decode options). Each item's own prompt is checked row by row on resume
+    (``mmbatch.out.resume``). Engine arguments are left out: they change speed and memory,
+    and a user resuming on another machine must be able to change them."""
     from dataclasses import asdict
 
-    return {"command": command, "model": model, "sampling": asdict(sampling), **task}
+    from mmbatch.engine.identity import model_identity
+
+    return {
+        "command": command,
+        "model": model,
+        "model_content": model_identity(model),
+        "sampling": asdict(sampling),
+        **task,
+    }
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ def samples() -> Path:
 # and keep its KV cache small. Set before anything imports vllm.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The model-content digests the tests compute are cached in a folder of their own, not in
+# the user's ~/.cache/mmbatch.
+os.environ.setdefault("MMBATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mmbatch-test-cache-"))
 
 TINY_ENGINE_KWARGS = {
     "dtype": "float32",

@@ -8,8 +8,9 @@ What datasets' ``map`` asks of a function, and how this one answers:
   ``map`` calls. The settings pickle the same way in every run, so datasets' fingerprint is
   stable and its cache holds across runs; a callable whose state does not pickle the same
   way falls back to a random fingerprint and recomputes everything (datasets #5536).
-  ``fingerprint`` is that identity as a string, covering the model directory's files too,
-  for ``new_fingerprint=`` or your own bookkeeping.
+  ``fingerprint`` is that identity as a string, covering the model directory's files by
+  content (``mmbatch.engine.identity``: replaced weights of the same size are another
+  model), for ``new_fingerprint=`` or your own bookkeeping.
 * With ``with_rank=True`` each worker gets a rank, which picks its GPU (round robin over
   ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts. ``num_proc``
   workers are daemonic processes, which may not start processes of their own, so there the
@@ -31,12 +32,12 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.identity import model_identity
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -47,7 +48,7 @@ from mmbatch.types import ItemError, Modality, Request, Result, Sampling
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
 
-FINGERPRINT_VERSION = "1"
+FINGERPRINT_VERSION = "2"
 """Bumped when the rows this callable writes change for the same settings."""
 
 
@@ -87,7 +88,10 @@ class DatasetMap:
         if text_column == error_column:
             raise ConfigError(f"text and error columns must differ, both are {text_column!r}")
         # Computed once, here, so that workers and later runs hash the same state.
-        self.fingerprint = _fingerprint(self._settings(), model_identity(model))
+        revision = self.engine_config.engine_kwargs.get("revision")
+        self.fingerprint = _fingerprint(
+            self._settings(), model_identity(model, str(revision) if revision else None)
+        )
 
     def __call__(
         self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any
@@ -264,25 +268,6 @@ def select_gpu(rank: int | None) -> None:
         devices = [str(i) for i in range(torch.cuda.device_count())]
     if devices:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices[rank % len(devices)]
-
-
-def model_identity(model: str) -> str:
-    """What identifies a model's content cheaply: for a local directory, every file's name
-    and size and the bytes of its small files (configs, tokenizer); for a hub name, the name
-    (pin a ``revision`` in the engine arguments to pin the content)."""
-    root = Path(model)
-    if not root.is_dir():
-        return f"hub:{model}"
-    h = xxhash.xxh3_64()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        rel = path.relative_to(root).as_posix()
-        if any(part.startswith(".") for part in rel.split("/")):
-            continue
-        size = path.stat().st_size
-        h.update(f"{rel}\0{size}\0".encode())
-        if size <= 1 << 20:
-            h.update(path.read_bytes())
-    return f"dir:{h.hexdigest()}"
 
 
 def _fingerprint(settings: Mapping[str, Any], identity: str) -> str:
