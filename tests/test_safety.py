@@ -184,3 +184,50 @@ def test_remote_code_runs_only_when_asked() -> None:
     assert engine_config_from(plain).llm_kwargs()["trust_remote_code"] is False
     asked = parse(["caption", "x", "--model", "m", "--out", "o", "--trust-remote-code"])
     assert engine_config_from(asked).llm_kwargs()["trust_remote_code"] is True
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ("trust_remote_code = true", "pass --trust-remote-code to the command to allow it"),
+        ('worker_extension_cls = "evil.Extension"', "worker_extension_cls names Python code"),
+        ('logits_processors = ["evil.Processor"]', "logits_processors names Python code"),
+        ('distributed_executor_backend = "evil.Executor"', "not one of vLLM's own"),
+        (
+            '[engine.kv_transfer_config]\nkv_connector_module_path = "evil"',
+            "kv_transfer_config.kv_connector_module_path names a Python module",
+        ),
+        (
+            '[engine.speculative_config]\nmethod = "custom_class"\nmodel = "evil.Proposer"',
+            "speculative_config.method = 'custom_class' imports a class",
+        ),
+    ],
+)
+def test_a_recipe_cannot_make_code_run(
+    tmp_path: Path, samples: Path, capsys: pytest.CaptureFixture[str], engine: str, message: str
+) -> None:
+    recipe = tmp_path / "shared.toml"
+    recipe.write_text(f'[prompt]\ntext = "Describe."\n[engine]\nmodel = "m"\n{engine}\n')
+    from mmbatch import cli
+
+    assert cli.main(["check", str(recipe)]) == EXIT_JOB_FAILED
+    assert message in capsys.readouterr().err
+    out = tmp_path / "o.jsonl"
+    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--out", str(out)]
+    assert main([*argv, "--no-progress"], FakeEngine()) == EXIT_JOB_FAILED
+    assert not out.exists()
+
+
+def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path) -> None:
+    from mmbatch.cli.options import engine_args_from
+    from mmbatch.recipe.spec import load_recipe
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[prompt]\ntext = "Describe."\n[engine]\ntrust_remote_code = false\n')
+    assert load_recipe(recipe).engine_kwargs() == {"trust_remote_code": False}  # harmless
+    argv = ["run", str(recipe), "--input", "x", "--out", "o", "--trust-remote-code"]
+    args = build_parser().parse_args([*argv, "--engine-arg", "worker_extension_cls=mine.X"])
+    assert engine_args_from(args) == {
+        "trust_remote_code": True,
+        "worker_extension_cls": "mine.X",
+    }

@@ -15,7 +15,13 @@ A recipe has five tables, each read by one stage::
 Every key is checked: a key a table does not know is an error that names it and lists the
 keys it does know, so a typo (``max_token``) fails at ``mmbatch check`` rather than being
 ignored for a whole job. [engine] is the exception: it belongs to vLLM, and vLLM checks it.
-Recipes are data: TOML only, nothing is evaluated.
+
+Recipes are data: TOML only, nothing is evaluated, and a recipe cannot make anything else run
+code either. Recipes are shared like documents, so the person running one decides what code
+runs, on the command line: [engine] may not set ``trust_remote_code = true`` (the model's own
+Python; ``--trust-remote-code`` allows it) nor any vLLM option that names Python code to import
+(a worker or scheduler class, logits processors, parser plugins, connector modules, a custom
+speculative proposer; ``--engine-arg KEY=VALUE`` sets those).
 """
 
 from __future__ import annotations
@@ -65,6 +71,20 @@ _MEDIA_KEYS: dict[str, dict[str, Any]] = {
     "audio": {"sample_rate": int, "window_s": float, "overlap_s": float},
 }
 _VIDEO_SAMPLINGS = ("fps", "num_frames", "keyframes", "timestamps")
+CODE_KEYS = frozenset(
+    {
+        "worker_cls",
+        "worker_extension_cls",
+        "scheduler_cls",
+        "logits_processors",
+        "reasoning_parser_plugin",
+        "io_processor_plugin",
+        "model_class_overrides",
+    }
+)
+"""vLLM options whose value names Python code for vLLM to import."""
+_EXECUTOR_BACKENDS = ("mp", "ray", "uni", "external_launcher")
+"""vLLM's own executors; any other ``distributed_executor_backend`` is a class to import."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
@@ -140,6 +160,7 @@ def parse_recipe(data: Mapping[str, Any], where: str, default_name: str = "recip
     system, questions = _prompt(prompt, problems)
     sampling = _sampling(problems.table(data, "sampling"), problems)
     engine = problems.table(data, "engine")
+    _no_code(engine, problems)
     media = _media(problems.table(data, "media"), problems)
     output = _output(problems.table(data, "output"), problems)
     problems.raise_if_any()
@@ -276,6 +297,42 @@ def _sampling(table: dict[str, Any], problems: _Problems) -> Sampling:
     except ValueError as exc:
         problems.add(f"[sampling]: {exc}")
         return Sampling()
+
+
+def _no_code(engine: Mapping[str, Any], problems: _Problems) -> None:
+    """Refuse [engine] settings that would run code the person running the recipe did not
+    allow on their own command line."""
+    if engine.get("trust_remote_code"):
+        problems.add(
+            "[engine] trust_remote_code = true: a recipe cannot allow a model's own Python code "
+            "to run; pass --trust-remote-code to the command to allow it"
+        )
+    how = "a recipe cannot name code to run; pass it with --engine-arg on the command line"
+    for key in sorted(CODE_KEYS & engine.keys()):
+        problems.add(f"[engine] {key} names Python code for vLLM to import: {how}")
+    backend = engine.get("distributed_executor_backend")
+    if backend is not None and backend not in _EXECUTOR_BACKENDS:
+        problems.add(
+            f"[engine] distributed_executor_backend {backend!r} is not one of vLLM's own "
+            f"({', '.join(_EXECUTOR_BACKENDS)}) but a class to import: {how}"
+        )
+    for path, value in _nested(engine):
+        if path[-1].endswith("module_path"):
+            problems.add(f"[engine] {'.'.join(path)} names a Python module: {how}")
+        elif path[-1] == "method" and value == "custom_class":
+            problems.add(f"[engine] {'.'.join(path)} = 'custom_class' imports a class: {how}")
+
+
+def _nested(
+    table: Mapping[str, Any], path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], Any]]:
+    """Every ``(key path, value)`` in the tables nested in ``table``."""
+    found: list[tuple[tuple[str, ...], Any]] = []
+    for key, value in table.items():
+        found.append(((*path, str(key)), value))
+        if isinstance(value, Mapping):
+            found.extend(_nested(value, (*path, str(key))))
+    return found
 
 
 def _media(table: dict[str, Any], problems: _Problems) -> MediaSpec:
