@@ -76,6 +76,12 @@ def test_duplicate_manifest_ids_are_refused(tmp_path: Path) -> None:
         ('{"id": "1"}\n', "has no 'path'"),
         ("not json\n", "not valid JSON"),
         ("[1]\n", "JSON object"),
+        ('{"path": "a.jpg", "id": null}\n', "'id' must be a non-empty string or an integer"),
+        ('{"path": "a.jpg", "id": {"k": 1}}\n', 'got {"k": 1}'),
+        ('{"path": "a.jpg", "id": [1]}\n', r"got \[1\]"),
+        ('{"path": "a.jpg", "id": true}\n', "got true"),
+        ('{"path": "a.jpg", "id": 1.5}\n', "got 1.5"),
+        ('{"path": "a.jpg", "id": ""}\n', 'got ""'),
     ],
 )
 def test_malformed_manifest_rows_name_the_line(tmp_path: Path, content: str, message: str) -> None:
@@ -93,3 +99,9 @@ def test_missing_input_is_an_error(tmp_path: Path) -> None:
 def test_nothing_found_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="no images found"):
         image_requests([str(tmp_path)], "p")
+
+
+def test_manifest_ids_may_be_strings_or_integers(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text('{"path": "a.jpg", "id": 7}\n{"path": "b.jpg", "id": "seven"}\n')
+    assert [r.id for r in image_requests([str(manifest)], "p")] == ["7", "seven"]

@@ -6,9 +6,12 @@ import argparse
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.cli.options import EXIT_OK, Commands
+
+if TYPE_CHECKING:
+    from mmbatch.types import FrameAt
 
 DEFAULT_MAX_ITEMS = 2000
 
@@ -74,7 +77,7 @@ def _previews(summary: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]]
     dataset, from the dataset's row (reopened the way the job read it)."""
     from mmbatch.review.thumbnails import NoPreview, thumbnail_uri
     from mmbatch.sources.caption import modality_of
-    from mmbatch.types import FrameAt, MediaRef
+    from mmbatch.types import MediaRef
 
     dataset = (summary or {}).get("job", {}).get("dataset")
     media: dict[str, MediaRef] = {}
@@ -95,10 +98,22 @@ def _previews(summary: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]]
             if not isinstance(source, str) or not source:
                 raise NoPreview("the row names no source")
             if row.get("frame_index") is not None and row.get("pts") is not None:
-                frame = FrameAt(int(row["frame_index"]), float(row["pts"]))
-                ref = MediaRef("image", source, part=frame)  # a frame job's row: that frame
+                ref = MediaRef("image", source, part=_frame(row))  # a frame job's row
             else:
                 ref = MediaRef(modality_of(source), source)
         return thumbnail_uri(ref)
 
     return preview
+
+
+def _frame(row: Mapping[str, Any]) -> FrameAt:
+    """The frame a frame job's row names; ``NoPreview`` if its fields do not name one."""
+    from mmbatch.review.thumbnails import NoPreview
+    from mmbatch.types import FrameAt
+
+    index, pts = row["frame_index"], row["pts"]
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        raise NoPreview(f"frame_index {index!r} is not a frame number")
+    if not isinstance(pts, (int, float)) or isinstance(pts, bool):
+        raise NoPreview(f"pts {pts!r} is not a time in seconds")
+    return FrameAt(index, float(pts))

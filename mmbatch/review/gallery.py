@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from mmbatch.review.thumbnails import NoPreview
-
 KNOWN_FIELDS = frozenset(
     {
         "id",
@@ -64,7 +62,7 @@ def _card(index: int, row: Mapping[str, Any], preview: Callable[[Mapping[str, An
     status = "error" if error else "ok"
     try:
         picture = f'<img src="{preview(row)}" alt="preview of {escape(str(row.get("id")))}">'
-    except NoPreview as reason:
+    except Exception as reason:  # NoPreview, or anything else: a preview never stops the page
         picture = f'<div class="nopreview">no preview: {escape(str(reason))}</div>'
     if error:
         stage, message = _error_parts(error)

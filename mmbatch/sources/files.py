@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -214,6 +215,12 @@ def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[str, 
         if not isinstance(raw_path, str) or not raw_path:
             raise SourceError(f"{where}: row has no 'path' (got {row!r})")
         item_id = row.get("id", raw_path)
+        if not isinstance(item_id, (str, int)) or isinstance(item_id, bool) or item_id == "":
+            # str() would make null "None" and an object its Python repr: not an id anyone
+            # wrote, and two rows could share it.
+            raise SourceError(
+                f"{where}: 'id' must be a non-empty string or an integer, got {json.dumps(item_id)}"
+            )
         prompt = row.get("prompt")
         if prompt is not None and not isinstance(prompt, str):
             raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
