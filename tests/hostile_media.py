@@ -1,22 +1,33 @@
 """A hostile corpus, generated (never committed): the files that crash batch jobs in the wild.
 
-``make_hostile_corpus(folder)`` writes them and returns what each must become: ``"ok"`` (a
-caption) or the ``(stage, kind)`` of its error row. Cases whose outcome depends on the
-model's processor (a 1x300 strip) are listed separately in ``ENGINE_DEPENDENT``.
+``make_hostile_corpus(folder)`` writes them and returns what each must become when the folder
+is captioned with ``CORPUS_ARGS``: ``"ok"`` (a caption) or the ``(stage, kind)`` of its error
+row. Cases whose outcome depends on the model's processor (strips of extreme aspect ratio)
+are listed again in ``ENGINE_DEPENDENT``, with what a real model makes of them. Files a folder
+walk passes over (``SKIPPED``) get no row: the summary counts them.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import struct
 import zlib
 from pathlib import Path
 
+from media_files import cfr_video, truncated, write_video
 from PIL import Image
+
+from mmbatch.jsonl import printable
 
 Expectation = str | tuple[str, str]
 
 BOMB_SIDE = 20_000
+SOURCE_PIXEL_CAP = 5_000_000
+"""Pictures and video frames over this are refused (the corpus's 2560x2048 video is)."""
+CORPUS_ARGS = ("--as-clip", "--max-source-pixels", str(SOURCE_PIXEL_CAP))
+"""How the corpus is captioned: its videos whole, under a pixel cap a small file can break."""
+NOT_UTF8 = os.fsdecode(b"name_\xff.jpg")
 
 
 def make_hostile_corpus(folder: Path) -> dict[str, Expectation]:
@@ -43,10 +54,49 @@ def make_hostile_corpus(folder: Path) -> dict[str, Expectation]:
     put("huge_exif.jpg", _huge_exif_jpeg(photo), "ok")
     (folder / "dangling.jpg").symlink_to(folder / "no-such-target.jpg")
     expected["dangling.jpg"] = ("load", "unreadable")
+    # Issue 14: extreme aspect ratios, a name that is not UTF-8, a FIFO and a device named
+    # like pictures, AVIF, formats a walk passes over, and videos: too large, truncated with
+    # its index first, a 16x3600 strip, a FIFO.
+    for width, height in ((1, 201), (1, 5000)):
+        strip = Image.new("RGB", (width, height), (0, 90, 200))
+        put(f"strip_{width}x{height}.png", _save(strip, "PNG"), "ok")
+    (folder / NOT_UTF8).write_bytes(jpeg)
+    expected[printable(NOT_UTF8)] = "ok"
+    os.mkfifo(folder / "fifo.jpg")
+    expected["fifo.jpg"] = ("load", "unsupported")
+    (folder / "zero.png").symlink_to("/dev/zero")
+    expected["zero.png"] = ("load", "unsupported")
+    put("photo.avif", _save(photo, "AVIF"), "ok")
+    for name, data in SKIPPED.items():
+        (folder / name).write_bytes(data)
+    cfr_video(folder / "clip.mp4", frames=25)
+    expected["clip.mp4"] = "ok"
+    write_video(folder / "big_frames.mp4", [0], size=(2560, 2048))
+    expected["big_frames.mp4"] = ("decode", "too_large")
+    whole = cfr_video(folder / ".whole.mp4", frames=125, faststart=True)  # hidden: skipped
+    truncated(whole, folder / "cut_index_first.mp4")
+    expected["cut_index_first.mp4"] = ("decode", "corrupt")
+    cfr_video(folder / "strip_16x3600.mp4", frames=4, size=(16, 3600))
+    expected["strip_16x3600.mp4"] = "ok"
+    os.mkfifo(folder / "fifo.mp4")
+    expected["fifo.mp4"] = ("load", "unsupported")
     return expected
 
 
-ENGINE_DEPENDENT = {"thin_1x300.png": ("validate", "rejected")}
+SKIPPED = {
+    "photo.heic": b"\0\0\0\x18ftypheic",
+    "drawing.eps": b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n",
+    "notes.txt": b"not media",
+}
+"""Files the corpus's folder walk passes over, each counted by reason in the summary (with
+the hidden whole video the truncated one was cut from)."""
+
+ENGINE_DEPENDENT = {
+    "thin_1x300.png": ("validate", "rejected"),
+    "strip_1x201.png": ("validate", "rejected"),
+    "strip_1x5000.png": ("validate", "rejected"),
+    "strip_16x3600.mp4": ("validate", "rejected"),
+}
 """Fine for the decoder; Qwen2-VL's processor refuses an aspect ratio over 200."""
 
 

@@ -1,17 +1,28 @@
 """A hostile corpus (made by ``hostile_media``) through the whole command: every file ends as
 an error row naming its stage and kind, or as a correct caption; never a crash, a hang or a
-lost row. The fast tests use the fake engine; the slow ones vLLM with the tiny model."""
+lost row. The fast tests use the fake engine (with the tiny model's processor, which says
+what media the model takes); the slow ones vLLM with the tiny model."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from fake_cli import main
-from hostile_media import ENGINE_DEPENDENT, make_hostile_corpus, make_thin_strip
+from hostile_media import (
+    CORPUS_ARGS,
+    ENGINE_DEPENDENT,
+    SKIPPED,
+    make_hostile_corpus,
+    make_thin_strip,
+)
 
 from mmbatch.cli import EXIT_ITEMS_FAILED
+from mmbatch.jsonl import printable
 from mmbatch.media.image import decode_image
 from mmbatch.media.loader import MediaLoader
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -32,17 +43,26 @@ def outcome(row: dict[str, object]) -> object:
     return "ok" if error is None else (error["stage"], error["kind"])  # type: ignore[index]
 
 
+def check_corpus_rows(out: Path, expected: dict[str, object]) -> list[dict[str, object]]:
+    """One row per input, each with its expected outcome; the files passed over counted."""
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    by_name = {Path(r["id"]).name: r for r in rows}  # type: ignore[arg-type]
+    assert len(rows) == len(by_name) == len(expected)
+    assert {name: outcome(row) for name, row in by_name.items()} == expected
+    skipped = json.loads(out.with_name(out.name + ".summary.json").read_text())["job"]["skipped"]
+    assert sum(skipped.values()) == len(SKIPPED) + 1  # and the hidden file
+    return rows
+
+
 def test_every_hostile_file_is_one_row_with_its_outcome(
-    hostile: tuple[Path, dict[str, object]], tmp_path: Path
+    hostile: tuple[Path, dict[str, object]], tmp_path: Path, tiny_vl_model: Path
 ) -> None:
     folder, expected = hostile
     out = tmp_path / "o.jsonl"
-    argv = ["caption", str(folder), "--model", "fake", "--out", str(out), "--no-progress"]
+    argv = ["caption", str(folder), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += [*CORPUS_ARGS, "--no-progress"]
     assert main(argv, FakeEngine(capacity=3)) == EXIT_ITEMS_FAILED
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    by_name = {Path(r["id"]).name: r for r in rows}
-    assert len(rows) == len(by_name) == len(expected)
-    assert {name: outcome(row) for name, row in by_name.items()} == expected
+    rows = check_corpus_rows(out, expected)
     for row in rows:
         if row["error"] is None:
             assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
@@ -98,12 +118,16 @@ def test_hostile_corpus_on_vllm_gives_rows_and_the_engine_survives(
     hostile: tuple[Path, dict[str, object]],
     tmp_path: Path,
 ) -> None:
-    folder, expected = hostile
-    expected = {**expected, **ENGINE_DEPENDENT}
+    folder, corpus = hostile
+    pictures = sorted(
+        p for p in folder.iterdir() if printable(p.name) in corpus and p.suffix != ".mp4"
+    )
     thin = make_thin_strip(tmp_path)
-    paths = [*(folder / name for name in sorted(expected) if name in hostile[1]), thin]
+    expected = {printable(p.name): corpus[printable(p.name)] for p in pictures}
+    expected |= {k: v for k, v in ENGINE_DEPENDENT.items() if k in expected or k == thin.name}
     requests = [
-        Request(p.name, "Describe this image.", (MediaRef("image", str(p)),)) for p in paths
+        Request(printable(p.name), "Describe this image.", (MediaRef("image", str(p)),))
+        for p in [*pictures, thin]
     ]
     # Over max_model_len (1024): refused alone, as a "too_long" row.
     picture = (MediaRef("image", str(folder / "cmyk.jpg")),)
@@ -123,6 +147,33 @@ def test_hostile_corpus_on_vllm_gives_rows_and_the_engine_survives(
     # Measured before it reached vLLM (the pre-flight budget), with the numbers.
     assert "over max_model_len 1024" in by_id["too_long"]["error"]["message"]
     assert stats.failed_by_kind["too_long"] == 1
+
+
+@pytest.mark.slow
+def test_the_hostile_corpus_through_the_command_on_vllm(
+    hostile: tuple[Path, dict[str, object]], tmp_path: Path, tiny_vl_model: Path
+) -> None:
+    """The whole command on the real engine, budget and all: one row per input, each with its
+    outcome (the strips refused by the model's resize rules), exit 1, no traceback."""
+    folder, corpus = hostile
+    out = tmp_path / "o.jsonl"
+    argv = ["caption", str(folder), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += [*CORPUS_ARGS, "--no-progress", "--max-tokens", "4"]
+    for arg in ("dtype=float32", "enforce_eager=true", "max_model_len=1024"):
+        argv += ["--engine-arg", arg]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmbatch", *argv],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.returncode == EXIT_ITEMS_FAILED, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    expected = {**corpus, **{k: v for k, v in ENGINE_DEPENDENT.items() if k in corpus}}
+    for row in check_corpus_rows(out, expected):
+        if row["error"] is None:
+            assert row["output_tokens"], row
 
 
 @pytest.mark.slow
