@@ -98,3 +98,13 @@ def test_the_gallery_shows_names_that_are_not_utf8(folder: Path, tmp_path: Path)
     html = page.read_text(encoding="utf-8")
     assert "x_\\xff.jpg" in html
     assert html.count("data:image/jpeg;base64,") == 2  # the exact source found the file
+
+
+def test_two_names_that_escape_to_one_id_are_refused(tmp_path: Path) -> None:
+    from mmbatch.errors import SourceError
+    from mmbatch.sources.files import image_requests
+
+    (tmp_path / GOOD).write_bytes(b"x")
+    (tmp_path / "x_\\xff.jpg").write_bytes(b"x")  # a name with a real backslash in it
+    with pytest.raises(SourceError, match="duplicate id"):
+        image_requests([str(tmp_path)], "p")

@@ -7,13 +7,17 @@ sink appends whole lines (``mmbatch.sinks.JsonlSink``), so a job killed at any m
 leaves every finished row intact and at most one torn last line, which is cut off here
 before the job appends again. Rerunning the same command therefore:
 
-1. checks that the file is an output of this job's shape (never touching one that is not,
-   whatever ``force`` says), and that it was written by the same job (a fingerprint of
-   model, prompt, sampling and decode options, kept in ``OUT.job.json``): appending rows
-   made with other settings would mix two jobs in one file, so that needs ``force``;
-2. repairs a torn last line;
-3. skips every item that has a row, or with ``retry_errors`` every item that has an
-   ``ok`` row (error rows are removed first, atomically, so no id ever has two rows).
+1. checks that the file is an output of this job's shape, and that it was written by the
+   same job (a fingerprint of model name and content, prompt, sampling and decode options,
+   kept in ``OUT.job.json``): appending rows made with other settings would mix two jobs in
+   one file, so that needs ``force``;
+2. reads every whole row, checking each is one of the job's rows (a file with a line that
+   is not is refused as it is, whatever ``force`` says: nothing that is not a job's output
+   is ever modified), and only then repairs a torn last line;
+3. skips every item that has a row, except, with ``retry_errors``, the items whose row is
+   an error, and, unless ``force``, the items whose prompts differ from those their row
+   records (an edited manifest row): those rows are removed first, atomically, so no id
+   ever has two rows, and the items are done again.
 
 Columnar outputs (Parquet, datasets folders) resume the same way through the JSONL spool
 their sink writes rows to.

@@ -76,18 +76,19 @@ def list_inputs(
     a folder) is one item; two manifest rows with one id are a ``SourceError``, as is finding
     no ``kind`` at all. What walks pass over is counted in ``log``."""
     files: list[InputFile] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # id -> the path it was first given to
     for raw in inputs:
         walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
-        for item_id, path, prompt in expand_inputs([raw], suffixes, policy, log):
-            if item_id in seen:
-                if item_id == path:
-                    continue
-                raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
-            seen.add(item_id)
+        for raw_id, path, prompt in expand_inputs([raw], suffixes, policy, log):
             # An id is text in every output, so a file name that is not UTF-8 becomes an id
             # with its odd bytes escaped (the path itself stays the one that opens the file).
-            files.append(InputFile(printable(item_id), path, prompt, walked))
+            item_id = printable(raw_id)
+            if item_id in seen:
+                if raw_id == path == seen[item_id]:
+                    continue  # one file reached twice
+                raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
+            seen[item_id] = path
+            files.append(InputFile(item_id, path, prompt, walked))
     if not files:
         raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
     return files
