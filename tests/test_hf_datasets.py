@@ -7,6 +7,7 @@ picture captioned from its file.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import subprocess
@@ -217,14 +218,20 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
     real_step = type(vl_engine).step
 
     def counting_step(engine):  # type: ignore[no-untyped-def]
-        batches = {engine_id.split(":")[0] for engine_id in engine._pending.values()}
+        batches = {engine_id.split(":")[0] for engine_id in engine._in_flight}
         batches_in_engine.append(len(batches))
         return real_step(engine)
 
+    # datasets runs an async map on an event loop it makes and never closes: closed here.
+    loops: list[asyncio.AbstractEventLoop] = []
+    new_loop = asyncio.new_event_loop
+    monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
     monkeypatch.setattr(type(vl_engine), "step", counting_step)
     captioner = mapper(tiny_vl_model)
     out = ds.map(captioner.pipelined, batched=True, batch_size=3, with_indices=True)
     monkeypatch.undo()
+    for loop in loops:
+        loop.close()
     plain = ds.map(captioner, batched=True, batch_size=3, with_indices=True)
     assert out["text"] == plain["text"]
     assert out["error"] == plain["error"]

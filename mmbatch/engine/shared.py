@@ -5,9 +5,10 @@ and must stay small) ask here instead: the first call in a process builds the en
 later call with the same settings gets the same one, since building it again would cost the
 model load and the GPU memory a second time.
 
-What is built follows the host's GPUs (``mmbatch.engine.layout``): one ``VLLMEngine``, on
-one GPU, a tensor-parallel group, or the CPU; or, with more GPUs than the model needs, a
-``ReplicaEngine`` of one engine process per GPU (or per group).
+What is built follows the host's GPUs (``mmbatch.engine.layout``): a ``ReplicaEngine`` of
+one engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that
+an engine that dies is restarted and the request that killed it isolated; in a process that
+may not start others (a ``Dataset.map`` worker), one ``VLLMEngine`` in-process.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def build_engine(
     if layout.tensor_parallel > 1 and "tensor_parallel_size" not in config.engine_kwargs:
         kwargs = {**config.engine_kwargs, "tensor_parallel_size": layout.tensor_parallel}
         config = replace(config, engine_kwargs=kwargs)
-    if layout.replicas == 1:
+    if not may_start_processes():
+        # A daemonic process (a Dataset.map worker) may not start processes: the engine
+        # runs here, one GPU per worker, without the restart a replica process gives.
         return VLLMEngine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
@@ -71,6 +74,17 @@ def build_engine(
     return ReplicaEngine(
         partial(VLLMEngine, config, media_per_prompt), layout.devices(), template.budget
     )
+
+
+def may_start_processes() -> bool:
+    """False in a daemonic process, which may not have children. datasets' pools come from
+    ``multiprocess`` (dill's fork of multiprocessing), whose process bookkeeping the
+    standard module does not see: ask both."""
+    import multiprocessing
+    import sys
+
+    modules = [multiprocessing, sys.modules.get("multiprocess")]
+    return not any(m is not None and m.current_process().daemon for m in modules)
 
 
 def built_engines() -> int:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.shared import may_start_processes
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -226,7 +226,7 @@ def prepare_engine_process(rank: int | None, engine_kwargs: Mapping[str, Any]) -
     worker, vLLM's engine core kept in-process (datasets' workers are daemonic, and a
     daemonic process may not start the process vLLM would otherwise start)."""
     select_gpu(rank)
-    if not _in_daemonic_worker():
+    if may_start_processes():
         return
     parallel = [
         k
@@ -239,15 +239,6 @@ def prepare_engine_process(rank: int | None, engine_kwargs: Mapping[str, Any]) -
             "(num_proc) cannot start: map with num_proc=None and let the engine use the GPUs"
         )
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
-def _in_daemonic_worker() -> bool:
-    # datasets' pools come from ``multiprocess`` (dill's fork of multiprocessing), whose
-    # process bookkeeping the standard module does not see: ask both.
-    import multiprocessing
-
-    modules = [multiprocessing, sys.modules.get("multiprocess")]
-    return any(m is not None and m.current_process().daemon for m in modules)
 
 
 def select_gpu(rank: int | None) -> None:
