@@ -157,7 +157,9 @@ class DatasetMap:
         """The batch's requests, by position as id; an unusable row carries its error."""
         requests: list[Request] = []
         for index, cell in enumerate(cells):
-            label = f"row {indices[index]}" if indices is not None else f"batch row {index}"
+            # The error lands in the row's own cell, so without indices (with_indices=True)
+            # it names no row rather than a position in the batch, which reads as a row.
+            label = f"row {indices[index]}" if indices is not None else "this row"
             prompt = self.prompt if prompts is None else prompts[index]
             try:
                 if not isinstance(prompt, str) or not prompt:

@@ -207,6 +207,9 @@ def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> N
     if stored.get("digest") == fingerprint_digest(fingerprint):
         return
     before = stored.get("fingerprint", {})
+    # Compared as JSON, the way the record stores it: a tuple of timestamps read back is a
+    # list, and must not be reported as a change.
+    fingerprint = json.loads(json.dumps(fingerprint, default=str))
     keys = before.keys() | fingerprint.keys()
     changed = sorted(k for k in keys if before.get(k) != fingerprint.get(k))
     details = "; ".join(

@@ -8,20 +8,22 @@ A file that cannot be expanded (no video stream, a timestamp past its end) still
 exactly one request, carrying its error (``Request.error``): that is the file's row, and the
 job goes on.
 
-Ids: ``clip.mp4@12.500`` for a frame (the file, then the frame's time in seconds),
-``talk.wav@30.000`` for an audio window after the first (the first keeps the file's name, so
-a short file's id is its path).
+Ids: ``clip.mp4@12.500`` for a frame (the file, then the frame's time in seconds), and
+``talk.wav@30.000`` for an audio window, every window of a file cut in several, the first
+(``@0.000``) included; a file short enough for one window keeps its own id (its path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from mmbatch.errors import MediaError
 from mmbatch.media.options import AudioOptions, VideoOptions
 from mmbatch.sources.files import (
     AUDIO_SUFFIXES,
+    IMAGE_SUFFIXES,
     VIDEO_SUFFIXES,
     InputFile,
     SourcePolicy,
@@ -49,6 +51,14 @@ def frame_requests(
     for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video"):
         path, text = file.path, file.prompt or prompt
         try:
+            if Path(path).suffix.lower() in IMAGE_SUFFIXES:
+                # PyAV opens a still image as a one-frame "video", whose frame then fails to
+                # decode by seeking: say what the file is instead.
+                raise MediaError(
+                    "a still image, not a video: caption pictures with `mmbatch caption`",
+                    stage="source",
+                    kind="unsupported",
+                )
             index = index_video(path)
             frames = select_frames(index, options)
         except MediaError as exc:
@@ -120,8 +130,9 @@ def audio_windows(
         ref = MediaRef("audio", path)
         yield Request(file.id, prompt, (ref,), system, columns=columns, error=_error(exc))
         return
-    for n, span in enumerate(windows(duration, options)):
-        item_id = file.id if n == 0 else f"{file.id}@{span.start:.3f}"
+    spans = windows(duration, options)
+    for span in spans:
+        item_id = file.id if len(spans) == 1 else f"{file.id}@{span.start:.3f}"
         columns = (("start", span.start), ("end", span.end))
         yield Request(
             item_id, prompt, (MediaRef("audio", path, part=span),), system, columns=columns
