@@ -37,14 +37,49 @@ def add_prompt_options(parser: argparse.ArgumentParser, default: str, item: str)
     )
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser, model_required: bool = True) -> None:
     """--model, --out, sampling and engine options, the same for every job command."""
-    parser.add_argument("--model", required=True, help="local model directory or hub name")
+    parser.add_argument(
+        "--model", required=model_required, help="local model directory or hub name"
+    )
     add_output_options(parser)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    add_sampling_options(parser)
     add_engine_options(parser)
+
+
+SAMPLING_FLAGS = {
+    "max_tokens": ("--max-tokens", int, "most tokens per answer (default 128)"),
+    "temperature": ("--temperature", float, "0 (the default) is greedy"),
+    "top_p": ("--top-p", float, "nucleus sampling, in (0, 1]"),
+    "top_k": ("--top-k", int, "sample from the k likeliest tokens (0: all)"),
+    "min_p": ("--min-p", float, "drop tokens below this share of the likeliest, in [0, 1]"),
+    "repetition_penalty": ("--repetition-penalty", float, "above 1 discourages repeats"),
+    "presence_penalty": ("--presence-penalty", float, "in [-2, 2]"),
+    "frequency_penalty": ("--frequency-penalty", float, "in [-2, 2]"),
+    "n": ("--n", int, "completions per item; above 1, a row's text is a list of them"),
+    "seed": ("--seed", int, "sampling seed"),
+}
+"""Sampling settings as flags: ``Sampling``'s field -> (flag, type, help)."""
+
+
+def add_sampling_options(parser: argparse.ArgumentParser, over: str | None = None) -> None:
+    """The sampling flags; each left out takes the job's default (``over`` names where that
+    comes from, e.g. a recipe's [sampling]), else the model's generation_config."""
+    group = parser.add_argument_group(
+        "sampling",
+        "settings left out take "
+        + (f"{over}, else " if over else "")
+        + "the model's generation_config (e.g. its repetition penalty), else vLLM's defaults",
+    )
+    for field, (flag, kind, help) in SAMPLING_FLAGS.items():
+        group.add_argument(flag, dest=field, type=kind, default=None, metavar="N", help=help)
+    group.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop the answer at TEXT (left out of it); repeatable",
+    )
 
 
 def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) -> None:
@@ -194,10 +229,22 @@ def url_policy_from(args: argparse.Namespace) -> UrlPolicy | None:
     return UrlPolicy(args.url_max_bytes, args.url_timeout) if args.allow_urls else None
 
 
-def sampling_from(args: argparse.Namespace) -> Sampling:
-    from mmbatch.types import Sampling
+def sampling_from(args: argparse.Namespace, base: Sampling | None = None) -> Sampling:
+    """``base`` (default: mmbatch's, greedy) with each sampling flag given laid over it;
+    a value out of range is a ``ConfigError`` naming the flag and what it allows."""
+    from dataclasses import replace
 
-    return Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    from mmbatch.errors import ConfigError
+    from mmbatch.types import InvalidSetting, Sampling
+
+    given = {f: getattr(args, f) for f in SAMPLING_FLAGS if getattr(args, f, None) is not None}
+    if getattr(args, "stop", None):
+        given["stop"] = tuple(args.stop)
+    try:
+        return replace(base or Sampling(), **given)
+    except InvalidSetting as exc:
+        flag = SAMPLING_FLAGS.get(exc.field, ("--" + exc.field.replace("_", "-"),))[0]
+        raise ConfigError(f"{flag} {exc.value!r}: must be {exc.rule}") from None
 
 
 def run_config_from(args: argparse.Namespace) -> RunConfig:

@@ -12,8 +12,10 @@ from mmbatch.cli.options import (
     add_engine_options,
     add_input_options,
     add_output_options,
+    add_sampling_options,
     engine_args_from,
     run_to_file,
+    sampling_from,
     source_policy_from,
     url_policy_from,
 )
@@ -33,6 +35,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--input", nargs="+", required=True, metavar="INPUT", dest="inputs")
     add_output_options(parser)
     parser.add_argument("--model", default=None, help="overrides the recipe's [engine] model")
+    add_sampling_options(parser, over="the recipe's [sampling]")
     add_engine_options(parser, "added to (and over) the recipe's [engine] table for vllm.LLM")
     ray.add_options(parser)
     add_input_options(parser)
@@ -42,6 +45,8 @@ def register(commands: Commands) -> None:
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     """Run ``args.recipe`` over ``args.inputs`` into ``args.out``, resumably; ``engine``
     replaces the vLLM engine the recipe describes (for the tests' fake engine)."""
+    from dataclasses import replace
+
     from mmbatch.engine.config import EngineConfig
     from mmbatch.errors import ConfigError
     from mmbatch.recipe import load_recipe
@@ -49,6 +54,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
 
     # Everything that can be checked without the engine is checked before it starts.
     recipe = load_recipe(args.recipe)
+    recipe = replace(recipe, sampling=sampling_from(args, recipe.sampling))
     model = args.model or recipe.model
     if not model:
         raise ConfigError(f"{args.recipe} names no model: set [engine] model or pass --model")

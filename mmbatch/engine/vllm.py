@@ -19,21 +19,23 @@ from __future__ import annotations
 import itertools
 import json
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.types import (
     CacheStats,
+    Choice,
     LoadedRequest,
     MediaItem,
     Modality,
     Result,
     Sampling,
+    Turn,
     Usage,
 )
 
@@ -116,7 +118,7 @@ class VLLMEngine:
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
         prompt = self._prompt(request, media)
-        params = _sampling_params(sampling)
+        params = _sampling_params(sampling, self.model_sampling)
         engine_id = str(next(self._ids))
         if self._pool is None:
             self._submit(engine_id, request.id, self._render(prompt), params)
@@ -139,28 +141,11 @@ class VLLMEngine:
             if not output.finished:
                 continue
             request_id = self._pending.pop(output.request_id)
-            completion = output.outputs[0]
-            if completion.finish_reason in _FAILED_FINISH_REASONS:
-                # vLLM fails one request alone this way ("error": a JSON schema whose grammar
-                # did not compile, for one; "abort"): its text is empty, never an answer.
-                reason = completion.finish_reason
-                message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
-                results.append(Result.failure(request_id, "engine", message, "engine"))
-                continue
-            self._prompt_tokens[0] += len(output.prompt_token_ids or ())
-            self._prompt_tokens[1] += 1
-            results.append(
-                Result(
-                    request_id=request_id,
-                    text=self._tokenizer.decode(completion.token_ids, skip_special_tokens=True),
-                    finish_reason=completion.finish_reason,
-                    usage=Usage(
-                        prompt_tokens=len(output.prompt_token_ids or ()),
-                        output_tokens=len(completion.token_ids),
-                        cached_tokens=output.num_cached_tokens or 0,
-                    ),
-                )
-            )
+            result = _result(request_id, output, self._tokenizer)
+            if result.ok:
+                self._prompt_tokens[0] += result.usage.prompt_tokens
+                self._prompt_tokens[1] += 1
+            results.append(result)
         if self._pending and not self._engine.has_unfinished_requests():
             # vLLM holds nothing more, yet these never came back: without this, the pipeline
             # would wait for them forever.
@@ -239,6 +224,13 @@ class VLLMEngine:
                 counts[metric.name] += int(getattr(metric, "value", 0))
         return counts["vllm:num_requests_running"], counts["vllm:num_requests_waiting"]
 
+    @cached_property
+    def model_sampling(self) -> dict[str, Any]:
+        """The model's own sampling defaults (its ``generation_config``, or none with the
+        engine argument ``generation_config="vllm"``), which vLLM itself applies only in
+        ``LLM.generate`` and its servers: requests added here get them from us."""
+        return dict(self._engine.model_config.get_diff_sampling_param())
+
     def cache_stats(self) -> CacheStats:
         counts = dict.fromkeys(_METRICS.values(), 0)
         for metric in self.llm.get_metrics():
@@ -263,7 +255,8 @@ class VLLMEngine:
 
     def _prompt(self, request: LoadedRequest, media: Sequence[MediaItem]) -> dict[str, Any]:
         modalities = tuple(item.modality for item in media)
-        text = self._template.render(request.request.system, request.request.prompt, modalities)
+        asked = request.request
+        text = self._template.render(asked.system, asked.prompt, modalities, asked.history)
         prompt: dict[str, Any] = {"prompt": text}
         if media:
             data: dict[str, list[Any]] = {}
@@ -308,26 +301,65 @@ def _cpu_kv_cache_default(kwargs: dict[str, Any]) -> None:
         kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
 
 
-def _sampling_params(sampling: Sampling) -> SamplingParams:
+def _sampling_params(sampling: Sampling, model_defaults: Mapping[str, Any]) -> SamplingParams:
+    """vLLM's parameters for ``sampling``: what it sets, over the model's own defaults (its
+    ``generation_config``, as vLLM applies them: ``model_defaults``), over vLLM's."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
+    explicit = sampling.explicit()
+    schema = explicit.pop("json_schema", None)
+    stop = list(explicit.pop("stop", ()))
     return SamplingParams(
-        max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        ignore_eos=sampling.ignore_eos,
+        **{**model_defaults, **explicit},
+        stop=stop or None,
         # A JSON schema is enforced token by token by vLLM's structured-outputs backend
         # (xgrammar or guidance, chosen by vLLM; both run on the CPU build).
-        structured_outputs=StructuredOutputsParams(json=json.loads(sampling.json_schema))
-        if sampling.json_schema is not None
+        structured_outputs=StructuredOutputsParams(json=json.loads(schema))
+        if schema is not None
         else None,
         # Only the finished output: the pipeline never looks at partial text. And no
         # incremental detokenising on every engine step for every running request, which
-        # costs the driving process more than decoding each finished output once.
+        # costs the driving process more than decoding each finished output once; except
+        # that vLLM finds stop strings only in the text it detokenises itself.
         output_kind=RequestOutputKind.FINAL_ONLY,
-        detokenize=False,
+        detokenize=bool(stop),
+    )
+
+
+def _result(request_id: str, output: Any, tokenizer: Any) -> Result:
+    """A finished vLLM ``RequestOutput`` as our ``Result``: its completion, or all ``n`` of
+    them as ``choices``; a request vLLM failed is an engine error."""
+    failed = [c.finish_reason for c in output.outputs if c.finish_reason in _FAILED_FINISH_REASONS]
+    if failed or not output.outputs:
+        # vLLM fails one request alone this way ("error": a JSON schema whose grammar did
+        # not compile, for one; "abort"): its text is empty, never an answer.
+        reason = failed[0] if failed else None
+        message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
+        return Result.failure(request_id, "engine", message, "engine")
+    choices = tuple(
+        Choice(
+            # Stopped by a stop string (its stop_reason): vLLM detokenised the text itself
+            # and cut the string off; else its tokens are decoded here, once.
+            c.text
+            if isinstance(c.stop_reason, str)
+            else tokenizer.decode(c.token_ids, skip_special_tokens=True),
+            c.finish_reason,
+            len(c.token_ids),
+        )
+        for c in sorted(output.outputs, key=lambda c: c.index)
+    )
+    first = choices[0]
+    return Result(
+        request_id=request_id,
+        text=first.text,
+        finish_reason=first.finish_reason,
+        usage=Usage(
+            prompt_tokens=len(output.prompt_token_ids or ()),
+            output_tokens=sum(c.output_tokens for c in choices),
+            cached_tokens=output.num_cached_tokens or 0,
+        ),
+        choices=choices if len(choices) > 1 else (),
     )
 
 
@@ -342,14 +374,29 @@ class _ChatTemplate:
             raise ConfigError(f"the model {model!r} has no chat template")
         self.render = lru_cache(maxsize=4096)(self._render)
 
-    def _render(self, system: str | None, prompt: str, modalities: tuple[str, ...]) -> str:
+    def _render(
+        self,
+        system: str | None,
+        prompt: str,
+        modalities: tuple[str, ...],
+        history: tuple[Turn, ...] = (),
+    ) -> str:
+        """The prompt text; ``history``'s turns come before ``prompt``, each user turn with
+        its share of ``modalities`` (in order), the last message with the rest."""
         messages: list[dict[str, Any]] = []
         if system is not None:
             messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-        content: list[dict[str, Any]] = [{"type": m} for m in modalities]
-        content.append({"type": "text", "text": prompt})
-        messages.append({"role": "user", "content": content})
+        left = list(modalities)
+        for turn in history:
+            taken, left = left[: turn.media], left[turn.media :]
+            messages.append({"role": turn.role, "content": _content(taken, turn.text)})
+        messages.append({"role": "user", "content": _content(left, prompt)})
         text = self._processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
         return str(text)
+
+
+def _content(modalities: Sequence[str], text: str) -> list[dict[str, Any]]:
+    """One message's content parts: its media first, then its text."""
+    return [*({"type": m} for m in modalities), {"type": "text", "text": text}]
