@@ -33,7 +33,7 @@ from mmbatch.jsonl import write_atomic
 from mmbatch.media.feeder import start_decoders
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
-from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows
+from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink
 from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts, quarantine_path
@@ -132,25 +132,32 @@ def run_job(
     the config of the vLLM engine to start if anything is left to do)."""
     run = run or RunConfig()
     progress = _progress_file(out, job.shape)
+    record = job_record_path(out.path)
     plan = prepare(
         progress,
         job.requests,
         job.fingerprint,
         job.shape,
-        record=job_record_path(out.path),
+        record=record,
         force=out.force,
         retry_errors=out.retry_errors,
+        write=False,
     )
     note = plan.describe(out.path)
     if note:
         print(f"mmbatch: {note}", file=sys.stderr)
+    # The engine starts before anything is written: a setting it refuses leaves no output.
+    live = None
+    if plan.pending:
+        start_decoders(run.workers())  # they start while the engine loads
+        live = _engine(engine, plan.pending)
+    write_record(record, job.fingerprint)
     stats = JobStats()
     if plan.pending or progress != out.path:
         sink = open_sink(out.path, out.format, append=True)
         try:
-            if plan.pending:
-                start_decoders(run.workers())  # they start while the engine loads
-                stats = _run(job, plan.pending, _engine(engine, plan.pending), sink, run)
+            if live is not None:
+                stats = _run(job, plan.pending, live, sink, run)
         except FatalEngineError as exc:
             sink.close()
             tally = _count(out, job)

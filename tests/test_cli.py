@@ -100,3 +100,24 @@ def test_frames_help_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == []
+
+
+def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    import mmbatch
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mmbatch {mmbatch.__version__}"
+
+
+def test_check_shows_vllm_log_only_with_v(
+    tiny_vl_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "short_caption.toml")
+    assert main(["check", recipe, "--model", str(tiny_vl_model), "-v"]) == 0
+    shown = capsys.readouterr()
+    assert "Resolved architecture" in shown.out + shown.err
+    assert main(["check", recipe, "--model", str(tiny_vl_model)]) == 0
+    quiet = capsys.readouterr()
+    assert "Resolved architecture" not in quiet.out + quiet.err

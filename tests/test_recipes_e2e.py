@@ -274,6 +274,14 @@ def test_run_command_writes_one_row_per_item(
     assert all(a["text"] for a in good["outputs"].values())
     assert "2 of 2 items: 1 ok, 1 failed (1 at decode)" in proc.stderr
     assert "media: 1 decoded" in proc.stderr
+    # Quiet by default: vLLM's start-up log went to a file beside the output, named here.
+    log = tmp_path / "rows.jsonl.vllm.log"
+    assert f"its log goes to {log}" in proc.stderr
+    assert "INFO" not in proc.stderr + proc.stdout
+    assert "Loading safetensors checkpoint shards" not in proc.stderr
+    logged = log.read_text()
+    assert "Resolved architecture" in logged
+    assert "Loading safetensors checkpoint shards" in logged
 
 
 def test_run_openai_batch_command(tiny_vl_model: Path, samples: Path, tmp_path: Path) -> None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
@@ -146,6 +149,34 @@ def add_engine_options(
         action="store_true",
         help="let the model repository run its own Python code (off by default)",
     )
+    add_verbose_option(parser)
+
+
+def add_verbose_option(
+    parser: argparse.ArgumentParser, where: str = "by default it goes to OUT.vllm.log"
+) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", help=f"show vLLM's log ({where})")
+
+
+def engine_log_from(args: argparse.Namespace) -> str | None:
+    """Where vLLM's log goes: beside ``--out`` (``OUT.vllm.log``), or with ``-v`` the
+    terminal (None)."""
+    if args.verbose:
+        return None
+    out = Path(args.out)
+    return str(out.with_name(out.name + ".vllm.log"))
+
+
+@contextmanager
+def quiet_unless_verbose(args: argparse.Namespace) -> Iterator[None]:
+    """What vLLM prints while a command reads the model's configuration (no engine, no
+    log file), dropped unless ``-v``."""
+    import os
+
+    from mmbatch.engine.logs import engine_log
+
+    with engine_log(None if args.verbose else os.devnull):
+        yield
 
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:
@@ -284,7 +315,7 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     from mmbatch.engine.config import EngineConfig
 
-    return EngineConfig(args.model, engine_args_from(args))
+    return EngineConfig(args.model, engine_args_from(args), engine_log_from(args))
 
 
 def video_options_from(args: argparse.Namespace) -> VideoOptions:

@@ -14,6 +14,8 @@ from mmbatch.cli.options import (
     add_output_options,
     add_sampling_options,
     engine_args_from,
+    engine_log_from,
+    quiet_unless_verbose,
     run_to_file,
     sampling_from,
     source_policy_from,
@@ -58,8 +60,16 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     model = args.model or recipe.model
     if not model:
         raise ConfigError(f"{args.recipe} names no model: set [engine] model or pass --model")
-    config = EngineConfig(model, {**recipe.engine_kwargs(), **engine_args_from(args)})
+    kwargs = {**recipe.engine_kwargs(), **engine_args_from(args)}
+    config = EngineConfig(model, kwargs, engine_log_from(args))
     job = recipe_job(recipe, args.inputs, model, source_policy_from(args), url_policy_from(args))
+    if engine is None:  # the vLLM engine: sized for what the recipe needs of the model
+        from mmbatch.recipe.fit import fit_engine
+
+        with quiet_unless_verbose(args):
+            config, note = fit_engine(recipe, config)
+        if note is not None:
+            print(f"mmbatch: {note}", file=sys.stderr)
     print(
         f"mmbatch: recipe {recipe.name}, {len(job.item_ids)} items x {len(recipe.questions)} "
         f"question(s), model {model}",

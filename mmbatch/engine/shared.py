@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING
 
 from mmbatch.engine.config import EngineConfig
+from mmbatch.errors import FatalEngineError, MmbatchError
 from mmbatch.types import Modality
 
 if TYPE_CHECKING:
@@ -27,11 +28,36 @@ def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -
     )
     engine = _ENGINES.get(key)
     if engine is None:
-        from mmbatch.engine.vllm import VLLMEngine
-
-        engine = VLLMEngine(config, media_per_prompt)
+        engine = start_engine(config, media_per_prompt)
         _ENGINES[key] = engine
     return engine
+
+
+def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
+    """A new engine for ``config``, its settings checked first (``ConfigError``, one line,
+    before any model is loaded); an engine that fails to start anyway is a
+    ``FatalEngineError`` saying why, not a traceback."""
+    import os
+    import sys
+
+    from mmbatch.engine.logs import engine_log
+    from mmbatch.engine.vllm import VLLMEngine, preflight
+
+    log = config.log_file
+    with engine_log(None if log is None else os.devnull):  # a mistake leaves no log file
+        preflight(config, media_per_prompt)
+    if log is not None:
+        print(f"mmbatch: starting vLLM; its log goes to {log} (-v: here)", file=sys.stderr)
+    try:
+        with engine_log(log):
+            return VLLMEngine(config, media_per_prompt)
+    except MmbatchError:
+        raise
+    except Exception as exc:  # vLLM raises anything at start-up (memory, devices, weights)
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        where = f" (its log: {log})" if log is not None else ""
+        raise FatalEngineError(f"the vLLM engine did not start{where}: {reason}") from exc
 
 
 def built_engines() -> int:

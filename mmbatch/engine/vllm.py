@@ -16,8 +16,11 @@ an image share the prefix that the prefix cache can reuse.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import itertools
 import json
+import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.types import (
     CacheStats,
@@ -381,22 +384,93 @@ class _ChatTemplate:
         modalities: tuple[str, ...],
         history: tuple[Turn, ...] = (),
     ) -> str:
-        """The prompt text; ``history``'s turns come before ``prompt``, each user turn with
-        its share of ``modalities`` (in order), the last message with the rest."""
-        messages: list[dict[str, Any]] = []
-        if system is not None:
-            messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-        left = list(modalities)
-        for turn in history:
-            taken, left = left[: turn.media], left[turn.media :]
-            messages.append({"role": turn.role, "content": _content(taken, turn.text)})
-        messages.append({"role": "user", "content": _content(left, prompt)})
+        from mmbatch.engine.processor import chat_messages
+
+        messages = chat_messages(system, prompt, modalities, history)
         text = self._processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
         return str(text)
 
 
-def _content(modalities: Sequence[str], text: str) -> list[dict[str, Any]]:
-    """One message's content parts: its media first, then its text."""
-    return [*({"type": m} for m in modalities), {"type": "text", "text": text}]
+LLM_ONLY_ARGUMENTS = frozenset({"chat_template"})
+"""``vllm.LLM`` arguments that are not ``EngineArgs`` fields."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What vLLM's own configuration says about the model, read without starting an engine."""
+
+    max_model_len: int
+    """The context the engine would run with: ``max_model_len`` if given, else the model's."""
+
+
+def check_engine_arguments(engine_kwargs: Mapping[str, Any]) -> None:
+    """``ConfigError`` for an argument ``vllm.LLM`` does not have, with the likeliest one
+    meant (vLLM itself answers a ``TypeError`` from deep inside, after the job began)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)} | LLM_ONLY_ARGUMENTS
+    for key in engine_kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see `vllm serve --help`"
+            raise ConfigError(f"engine argument {key!r}: vLLM has no such argument ({hint})")
+
+
+def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> ModelFacts:
+    """Check ``config`` as vLLM will read it, without starting an engine: the model can be
+    found, every engine argument is one vLLM has and holds a value it takes, and the model
+    fits the settings (a ``max_model_len`` within its context). A mistake is a
+    ``ConfigError`` of one line naming the bad value and what would be valid."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    check_model_name(config.model)
+    kwargs = config.llm_kwargs()
+    kwargs.setdefault(
+        "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
+    )
+    _cpu_kv_cache_default(kwargs)
+    check_engine_arguments(config.engine_kwargs)
+    args = {k: v for k, v in kwargs.items() if k not in LLM_ONLY_ARGUMENTS}
+    if isinstance(args.get("compilation_config"), int):  # as vllm.LLM reads an int
+        args["compilation_config"] = {"mode": args["compilation_config"]}
+    try:
+        vllm_config = EngineArgs(**args).create_engine_config()
+    except Exception as exc:  # vLLM checks with pydantic, ValueError, OSError from the hub...
+        raise ConfigError(_config_problem(config, exc)) from exc
+    return ModelFacts(max_model_len=int(vllm_config.model_config.max_model_len))
+
+
+def _config_problem(config: EngineConfig, exc: Exception) -> str:
+    """vLLM's complaint about a configuration, as one line for the user."""
+    import pydantic
+
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if str(p).isidentifier()]
+        message = str(first.get("msg", exc)).removeprefix("Value error, ")
+        too_long = re.search(
+            r"User-specified max_model_len \((\d+)\) is greater than the derived "
+            r"max_model_len \((.*?)\)",
+            message,
+        )
+        if too_long:
+            return (
+                f"max_model_len {too_long[1]} is longer than the context of the model "
+                f"{config.model!r} ({too_long[2]}); use at most that, or a model with a "
+                "longer context"
+            )
+        if loc:
+            name = ".".join(loc)
+            value = first.get("input")
+            return f"engine argument {name}={value!r}: {message}"
+        return f"vLLM refuses the engine settings: {message}"
+    if isinstance(exc, OSError):
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return (
+            f"model {config.model!r} is not a local folder, and the Hugging Face hub has no "
+            f"such model or could not be reached: {detail}"
+        )
+    lines = str(exc).strip().splitlines()
+    return f"vLLM refuses the engine settings: {type(exc).__name__}: {lines[0] if lines else ''}"
