@@ -33,6 +33,7 @@ from mmbatch.jsonl import write_atomic
 from mmbatch.media.feeder import start_decoders
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
+from mmbatch.out.order import RowOrder
 from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink
@@ -154,7 +155,8 @@ def run_job(
     write_record(record, job.fingerprint)
     stats = JobStats()
     if plan.pending or progress != out.path:
-        sink = open_sink(out.path, out.format, append=True)
+        order = RowOrder([r.row_id for r in job.requests], job.shape.row_id)
+        sink = open_sink(out.path, out.format, append=True, order=order)
         try:
             if live is not None:
                 stats = _run(job, plan.pending, live, sink, run)
@@ -173,10 +175,11 @@ def run_job(
 def run_in_memory(
     job: Job, engine: Engine, run: RunConfig | None = None
 ) -> tuple[list[dict[str, Any]], JobStats]:
-    """Run every request of ``job`` on ``engine``; the rows, one per item in the order
-    their items finished, and the run's stats. The engine's pipeline (its feeder, its
-    decoded media) is kept for the next call, so batch after batch costs no start-up."""
-    return rows_of(start_in_memory(job, engine, run))
+    """Run every request of ``job`` on ``engine``; the rows, one per item in input order,
+    and the run's stats. The engine's pipeline (its feeder, its decoded media) is kept for
+    the next call, so batch after batch costs no start-up."""
+    rows, stats = rows_of(start_in_memory(job, engine, run))
+    return RowOrder([r.row_id for r in job.requests], job.shape.row_id).sorted(rows), stats
 
 
 def start_in_memory(job: Job, engine: Engine, run: RunConfig | None = None) -> Submission:
@@ -190,7 +193,8 @@ def start_in_memory(job: Job, engine: Engine, run: RunConfig | None = None) -> S
 
 
 def rows_of(submission: Submission) -> tuple[list[dict[str, Any]], JobStats]:
-    """The rows and stats of a finished in-memory submission (waiting for it first)."""
+    """The rows and stats of a finished in-memory submission (waiting for it first), in
+    the order their items finished."""
     stats = submission.wait()
     assert isinstance(submission.sink, MemorySink)
     return submission.sink.rows, stats

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from mmbatch.errors import ConfigError, SourceError
 from mmbatch.jsonl import JsonlError, read_objects
+from mmbatch.out.order import RowOrder
 from mmbatch.out.sinks import JsonlSink, Sink
 
 FileFormat = Literal["jsonl", "parquet", "datasets"]
@@ -28,13 +29,16 @@ def output_format(out: str | Path, requested: str | None = None) -> FileFormat:
     return "parquet" if Path(out).suffix.lower() == ".parquet" else "jsonl"
 
 
-def open_sink(out: str | Path, format: FileFormat, append: bool = False) -> Sink:
-    """A sink writing ``format`` to ``out``; ``append`` continues a stopped job's rows."""
+def open_sink(
+    out: str | Path, format: FileFormat, append: bool = False, order: RowOrder | None = None
+) -> Sink:
+    """A sink writing ``format`` to ``out``; ``append`` continues a stopped job's rows, and
+    ``order`` is the order they are left in when it closes."""
     if format == "jsonl":
-        return JsonlSink(out, append=append)
+        return JsonlSink(out, append=append, order=order)
     from mmbatch.out.tables import TableSink
 
-    return TableSink(out, format, append=append)
+    return TableSink(out, format, append=append, order=order)
 
 
 def read_output(out: str | Path) -> Iterator[dict[str, Any]]:
