@@ -11,6 +11,7 @@ import os
 import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import datasets
@@ -274,3 +275,30 @@ def test_datasets_cache_holds_across_instances(
     # Other settings: another fingerprint, another file.
     other = ds.map(mapper(tiny_vl_model, "List three tags."), batched=True)
     assert other.cache_files != first.cache_files
+
+
+@pytest.mark.slow
+def test_usage_columns_and_several_answers_per_row(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+) -> None:
+    cells = [{"bytes": (samples / n).read_bytes(), "path": n} for n in GOOD] + [None]
+    ds = datasets.Dataset.from_dict({"image": cells})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    fn = DatasetMap(
+        str(tiny_vl_model),
+        PROMPT,
+        engine_kwargs=TINY_ENGINE_KWARGS,
+        sampling=replace(SAMPLING, n=2, temperature=1.0, seed=5),
+        with_usage=True,
+    )
+    out = ds.map(fn, batched=True, batch_size=len(cells))
+    ok = out.select(range(len(GOOD)))
+    assert all(len(texts) == 2 for texts in ok["text"])
+    assert all(reasons == ["length"] * 2 for reasons in ok["finish_reason"])
+    assert ok["output_tokens"] == [2 * SAMPLING.max_tokens] * len(GOOD)
+    assert all(n > 0 for n in ok["prompt_tokens"])
+    failed = out[len(GOOD)]
+    assert (failed["text"], failed["finish_reason"], failed["output_tokens"]) == ([], [], 0)
+    assert failed["error"].startswith("source:")

@@ -58,7 +58,9 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     config = engine_config_from(args)
     video = video_options_from(args)
     policy = source_policy_from(args)
-    requests = frame_requests(args.inputs, video, args.prompt, args.system, policy)
+    requests = frame_requests(
+        args.inputs, video, args.prompt, args.system, policy, save_dir=args.save_frames
+    )
     sampling = sampling_from(args)
     job = Job(
         requests,
@@ -71,6 +73,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             prompt=args.prompt,
             system=args.system,
             video_options=asdict(video),
+            keep_columns=policy.keep_columns,
         ),
         info={"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt},
     )

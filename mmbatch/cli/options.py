@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.pipeline import RunConfig
-    from mmbatch.sources.files import SourcePolicy
+    from mmbatch.sources.files import KeepColumns, SourcePolicy
     from mmbatch.types import Sampling
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
@@ -206,6 +206,13 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_URL_TIMEOUT_S,
         help="seconds allowed per URL (default %(default)s)",
     )
+    parser.add_argument(
+        "--keep-columns",
+        default=None,
+        metavar="COLS",
+        help="input columns copied into each row: a,b,c, all or none (default: all for a "
+        "dataset, none for a manifest); one named like a field of the row becomes input_NAME",
+    )
 
 
 def add_video_options(parser: argparse.ArgumentParser, *, sampling_required: bool) -> None:
@@ -251,7 +258,23 @@ def add_audio_options(parser: argparse.ArgumentParser) -> None:
 def source_policy_from(args: argparse.Namespace) -> SourcePolicy:
     from mmbatch.sources.files import SourcePolicy
 
-    return SourcePolicy(args.input_root, args.allow_outside_root, args.allow_urls)
+    keep = keep_columns_from(args, "none")
+    return SourcePolicy(args.input_root, args.allow_outside_root, args.allow_urls, keep)
+
+
+def keep_columns_from(args: argparse.Namespace, default: str) -> KeepColumns:
+    """``--keep-columns`` (``default`` when not given) as the sources take it."""
+    from mmbatch.errors import ConfigError
+
+    value = getattr(args, "keep_columns", None) or default
+    if value == "all":
+        return "all"
+    if value == "none":
+        return ()
+    names = tuple(name.strip() for name in value.split(","))
+    if not all(names):
+        raise ConfigError(f"--keep-columns {value!r}: name columns as a,b,c (or all, none)")
+    return names
 
 
 def url_policy_from(args: argparse.Namespace) -> UrlPolicy | None:

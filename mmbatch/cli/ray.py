@@ -66,6 +66,8 @@ def run(
         ray_data.import_ray()
     except ImportError as exc:
         raise ConfigError(str(exc)) from exc
+    if getattr(args, "keep_columns", None) not in (None, "none"):
+        raise ConfigError("--keep-columns is not supported with --ray yet")
     items = _one_row_per_item(job.requests)
     _check_items(items)
     out_format = getattr(args, "out_format", None) or "jsonl"

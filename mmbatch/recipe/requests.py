@@ -87,6 +87,7 @@ def recipe_job(
             system=recipe.system,
             media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
             output=asdict(recipe.output),
+            keep_columns=(policy or SourcePolicy()).keep_columns,
         ),
         info={"inputs": list(inputs), "model": model, "recipe": recipe.path},
     )

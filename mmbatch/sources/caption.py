@@ -65,13 +65,15 @@ def caption_requests(
                 article = "a" if kind == "video" else "an"
                 why = f"{article} {kind} file, but {taker} takes {takes} only"
             error = ItemError("validate", why, "unsupported")
+            ref = MediaRef(kind, file.path)
             requests.append(
-                Request(file.id, text, (MediaRef(kind, file.path),), system, error=error)
+                Request(file.id, text, (ref,), system, columns=file.columns, error=error)
             )
         elif kind == "audio":
             requests.extend(audio_windows(file, text, system, audio))
         else:
-            requests.append(Request(file.id, text, (MediaRef(kind, file.path),), system))
+            ref = MediaRef(kind, file.path)
+            requests.append(Request(file.id, text, (ref,), system, columns=file.columns))
     if not requests:
         kinds = " or ".join(sorted(wanted)) or "media"
         names = ", ".join(sorted({f.path for f in files})[:3])

@@ -40,11 +40,15 @@ def frame_requests(
     prompt: str,
     system: str | None = None,
     policy: SourcePolicy | None = None,
+    save_dir: str | None = None,
 ) -> list[Request]:
     """One image request per frame that ``options`` samples from each video in ``inputs``.
 
-    Rows carry ``video``, ``frame_index`` (in presentation order) and ``pts`` (seconds).
+    Rows carry ``video``, ``frame_index`` (in presentation order), ``pts`` (seconds) and,
+    when the frames are saved to ``save_dir`` (``MediaOptions.frame_dir``), ``frame_path``:
+    the file the frame is written to.
     """
+    from mmbatch.media.av_items import frame_file_name
     from mmbatch.media.video import index_video, select_frames
 
     requests: list[Request] = []
@@ -63,13 +67,17 @@ def frame_requests(
             frames = select_frames(index, options)
         except MediaError as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
+            failed += (("frame_path", None),) * (save_dir is not None) + file.columns
             ref = MediaRef("image", path)
             requests.append(Request(path, text, (ref,), system, columns=failed, error=_error(exc)))
             continue
         for i in frames:
             pts = index.seconds(i)
             ref = MediaRef("image", path, part=FrameAt(i, pts))
-            columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)))
+            columns: Columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)))
+            if save_dir is not None:
+                columns += (("frame_path", str(Path(save_dir) / frame_file_name(path, pts))),)
+            columns += file.columns
             requests.append(Request(frame_id(path, pts), text, (ref,), system, columns=columns))
     return _unique_frame_ids(requests)
 
@@ -128,12 +136,13 @@ def audio_windows(
     except MediaError as exc:
         columns: Columns = (("start", None), ("end", None))
         ref = MediaRef("audio", path)
+        columns += file.columns
         yield Request(file.id, prompt, (ref,), system, columns=columns, error=_error(exc))
         return
     spans = windows(duration, options)
     for span in spans:
         item_id = file.id if len(spans) == 1 else f"{file.id}@{span.start:.3f}"
-        columns = (("start", span.start), ("end", span.end))
+        columns = (("start", span.start), ("end", span.end), *file.columns)
         yield Request(
             item_id, prompt, (MediaRef("audio", path, part=span),), system, columns=columns
         )
