@@ -32,7 +32,7 @@ from mmbatch.errors import FatalEngineError
 from mmbatch.jsonl import write_atomic
 from mmbatch.media.feeder import start_decoders
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
+from mmbatch.out.formats import FileFormat, check_shards, open_sink, output_format, read_output
 from mmbatch.out.order import RowOrder
 from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
 from mmbatch.out.rows import FLAT, RowShape
@@ -84,11 +84,23 @@ class FileOutput:
     """Redo the items whose row is an error (their old rows are removed first)."""
     force: bool = False
     """Append to an output written by a job with other settings."""
+    shard_rows: int | None = None
+    """Write a folder of shards of this many rows (Parquet, WebDataset); None: one file
+    (WebDataset: ``mmbatch.out.shards.DEFAULT_SHARD_ROWS``)."""
+
+    def __post_init__(self) -> None:
+        check_shards(self.format, self.shard_rows)
 
     @classmethod
-    def at(cls, path: str | Path, format: str | None = None, **rerun: bool) -> FileOutput:
+    def at(
+        cls,
+        path: str | Path,
+        format: str | None = None,
+        shard_rows: int | None = None,
+        **rerun: bool,
+    ) -> FileOutput:
         """The output at ``path``, in ``format`` or the one its name implies."""
-        return cls(Path(path), output_format(path, format), **rerun)
+        return cls(Path(path), output_format(path, format), shard_rows=shard_rows, **rerun)
 
 
 @dataclass
@@ -156,7 +168,7 @@ def run_job(
     stats = JobStats()
     if plan.pending or progress != out.path:
         order = RowOrder([r.row_id for r in job.requests], job.shape.row_id)
-        sink = open_sink(out.path, out.format, append=True, order=order)
+        sink = open_sink(out.path, out.format, True, order, out.shard_rows)
         try:
             if live is not None:
                 stats = _run(job, plan.pending, live, sink, run)

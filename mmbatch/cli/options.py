@@ -40,11 +40,11 @@ def add_prompt_options(parser: argparse.ArgumentParser, default: str, item: str)
     )
 
 
-def add_model_options(parser: argparse.ArgumentParser, model_required: bool = True) -> None:
-    """--model, --out, sampling and engine options, the same for every job command."""
-    parser.add_argument(
-        "--model", required=model_required, help="local model directory or hub name"
-    )
+def add_model_options(parser: argparse.ArgumentParser, without: str | None = None) -> None:
+    """--model, --out, sampling and engine options, the same for every job command;
+    ``without`` says what the command does without a model (None: --model is required)."""
+    help = "local model directory or hub name" + (f" (without: {without})" if without else "")
+    parser.add_argument("--model", required=without is None, help=help)
     add_output_options(parser)
     add_sampling_options(parser)
     add_engine_options(parser)
@@ -95,10 +95,18 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
         )
         parser.add_argument(
             "--out-format",
-            choices=("jsonl", "parquet", "datasets"),
+            choices=("jsonl", "parquet", "datasets", "webdataset"),
             default=None,
             help="default: parquet for a .parquet --out, else jsonl; datasets = save_to_disk "
-            "folder",
+            "folder; webdataset = a folder of tar shards (media, .json and .txt per item)",
+        )
+        parser.add_argument(
+            "--shard-rows",
+            type=int,
+            default=None,
+            metavar="N",
+            help="parquet, webdataset: --out is a folder of shards of N rows (webdataset: "
+            "10000 by default)",
         )
     else:
         parser.add_argument("--out", required=True, help="the output .jsonl")
@@ -379,6 +387,7 @@ def file_output_from(args: argparse.Namespace) -> FileOutput:
     return FileOutput.at(
         args.out,
         getattr(args, "out_format", None),
+        getattr(args, "shard_rows", None),
         retry_errors=args.retry_errors,
         force=args.force,
     )

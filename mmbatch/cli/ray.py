@@ -68,6 +68,8 @@ def run(
         raise ConfigError(str(exc)) from exc
     if getattr(args, "keep_columns", None) not in (None, "none"):
         raise ConfigError("--keep-columns is not supported with --ray yet")
+    if getattr(args, "shard_rows", None) is not None:
+        raise ConfigError("on Ray the output folder's files are Ray's blocks: drop --shard-rows")
     items = _one_row_per_item(job.requests)
     _check_items(items)
     out_format = getattr(args, "out_format", None) or "jsonl"

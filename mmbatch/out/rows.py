@@ -127,6 +127,28 @@ FLAT = FlatRows()
 """The shape of ``mmbatch caption`` and ``frames`` rows."""
 
 
+class MediaRows(_IdAndErrorRows):
+    """Rows of a job without a model (``mmbatch frames`` without ``--model``): what each
+    item is and where it went (a frame's ``video``, ``frame_index``, ``pts``,
+    ``frame_path``), or why it failed."""
+
+    def builder(self, requests: Sequence[Request]) -> MediaRows:
+        return self
+
+    def add(self, request: Request, media_keys: tuple[str, ...], result: Result) -> Row:
+        data = {
+            "id": request.id,
+            **dict(request.columns),
+            "media_hash": media_keys[0] if len(media_keys) == 1 else (list(media_keys) or None),
+            "error": result.error.to_dict() if result.error else None,
+        }
+        return Row(result, data)
+
+
+MEDIA_ONLY = MediaRows()
+"""The shape of rows of media extracted without a model."""
+
+
 class ItemShape(_IdAndErrorRows):
     """Rows of several answers per item (recipes): see ``ItemRows``."""
 
