@@ -12,6 +12,9 @@ from collections.abc import Sequence
 
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
+DECODE_ONLY_CAPACITY = 256
+"""Requests in flight: enough to keep the decoders busy, few enough to bound held frames."""
+
 
 class DecodeOnly:
     """The ``Engine`` of a job without a model."""
@@ -28,6 +31,17 @@ class DecodeOnly:
 
     def num_unfinished(self) -> int:
         return len(self._done)
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        dropped = set(request_ids)
+        self._done = [r for r in self._done if r.request_id not in dropped]
+
+    def capacity(self) -> int:
+        """Requests cost nothing here once decoded: as many as the feeder gives."""
+        return DECODE_ONLY_CAPACITY
+
+    def queue_depths(self) -> tuple[int, int]:
+        return 0, len(self._done)
 
     def cache_stats(self) -> CacheStats:
         return CacheStats()

@@ -48,7 +48,7 @@ def frame_requests(
     when the frames are saved to ``save_dir`` (``MediaOptions.frame_dir``), ``frame_path``:
     the file the frame is written to.
     """
-    from mmbatch.media.av_items import frame_file_name
+    from mmbatch.media.decode import frame_file_name
     from mmbatch.media.video import index_video, select_frames
 
     requests: list[Request] = []
