@@ -7,6 +7,7 @@ picture captioned from its file.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import subprocess
@@ -223,9 +224,16 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
         return real_step(engine)
 
     monkeypatch.setattr(type(vl_engine), "step", counting_step)
+    # datasets runs coroutines on an event loop it makes and never closes; closed here, or
+    # its ResourceWarning fails whichever later test the garbage collector meets it in.
+    loops: list[asyncio.AbstractEventLoop] = []
+    new_loop = asyncio.new_event_loop
+    monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
     captioner = mapper(tiny_vl_model)
     out = ds.map(captioner.pipelined, batched=True, batch_size=3, with_indices=True)
     monkeypatch.undo()
+    for loop in loops:
+        loop.close()
     plain = ds.map(captioner, batched=True, batch_size=3, with_indices=True)
     assert out["text"] == plain["text"]
     assert out["error"] == plain["error"]
