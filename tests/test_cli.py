@@ -111,13 +111,12 @@ def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"mmbatch {mmbatch.__version__}"
 
 
-def test_check_shows_vllm_log_only_with_v(
-    tiny_vl_model: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_check_shows_vllm_log_only_with_v(tiny_vl_model: Path) -> None:
+    """In a process of its own each: vLLM's logging is configured once per process."""
     recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "short_caption.toml")
-    assert main(["check", recipe, "--model", str(tiny_vl_model), "-v"]) == 0
-    shown = capsys.readouterr()
-    assert "Resolved architecture" in shown.out + shown.err
-    assert main(["check", recipe, "--model", str(tiny_vl_model)]) == 0
-    quiet = capsys.readouterr()
-    assert "Resolved architecture" not in quiet.out + quiet.err
+    argv = [sys.executable, "-m", "mmbatch", "check", recipe, "--model", str(tiny_vl_model)]
+    shown = subprocess.run([*argv, "-v"], capture_output=True, text=True, check=True)
+    assert "Resolved architecture" in shown.stdout + shown.stderr
+    quiet = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert "Resolved architecture" not in quiet.stdout + quiet.stderr
+    assert "can run it" in quiet.stdout
