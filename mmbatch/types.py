@@ -143,6 +143,9 @@ class Sampling:
         for name in ("presence_penalty", "frequency_penalty"):
             _check(getattr(self, name), name, "in [-2, 2]", lambda v: -2 <= v <= 2)
         _check(self.n, "n", "an integer >= 1", lambda v: v >= 1)
+        if self.n > 1 and self.temperature == 0:
+            # Greedy decoding gives one answer however often it is asked (vLLM refuses it).
+            raise InvalidSetting("n", self.n, "1 at temperature 0 (greedy): set a temperature")
         stop: Any = self.stop  # a caller may pass one string where a tuple is due
         if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
             raise InvalidSetting("stop", self.stop, "a list of non-empty strings")

@@ -30,14 +30,15 @@ def test_caption_asks_for_n_completions_and_rows_list_them(samples: Path, tmp_pa
     out = tmp_path / "o.jsonl"
     engine = FakeEngine()
     argv = ["caption", str(samples / "sunset.jpg"), "--model", "m", "--out", str(out)]
-    assert main([*argv, "--n", "3", "--top-k", "5", "--no-progress"], engine) == EXIT_OK
+    flags = ["--n", "3", "--temperature", "0.8", "--top-k", "5", "--no-progress"]
+    assert main([*argv, *flags], engine) == EXIT_OK
     [row] = rows(out)
     base = expected_text([row["media_hash"]], row["prompt"])
     assert row["text"] == [f"{base}#{i}" for i in range(3)]
     assert row["finish_reason"] == ["stop"] * 3
     assert row["output_tokens"] == sum(map(len, row["text"]))
     [sampling] = engine.sampling.values()
-    assert (sampling.n, sampling.top_k, sampling.temperature) == (3, 5, 0.0)
+    assert (sampling.n, sampling.top_k, sampling.temperature) == (3, 5, 0.8)
 
 
 def test_run_takes_sampling_flags_over_the_recipe(samples: Path, tmp_path: Path) -> None:
@@ -80,7 +81,7 @@ def test_a_json_recipe_parses_each_of_n_answers(samples: Path) -> None:
     recipe = parse_recipe(
         {
             "prompt": {"text": "x"},
-            "sampling": {"n": 2},
+            "sampling": {"n": 2, "temperature": 0.5},
             "output": {"format": "json", "schema": schema},
         },
         "r.toml",
@@ -104,6 +105,7 @@ def test_a_json_recipe_parses_each_of_n_answers(samples: Path) -> None:
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"n": 0}, "n"),
+        ({"n": 2}, "n"),  # greedy (temperature 0) gives one answer however often asked
         ({"stop": "\n"}, "stop"),
         ({"temperature": True}, "temperature"),
     ],

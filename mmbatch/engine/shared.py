@@ -33,6 +33,14 @@ def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -
     return engine
 
 
+def forget(engine: VLLMEngine) -> None:
+    """Drop ``engine`` from this process's engines (it is closing): the next ask builds
+    another."""
+    for key, kept in list(_ENGINES.items()):
+        if kept is engine:
+            del _ENGINES[key]
+
+
 def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
     """A new engine for ``config``, its settings checked first (``ConfigError``, one line,
     before any model is loaded); an engine that fails to start anyway is a

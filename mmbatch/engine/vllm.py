@@ -22,7 +22,7 @@ import itertools
 import json
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -120,6 +120,7 @@ class VLLMEngine:
         )
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        self._check_open()
         prompt = self._prompt(request, media)
         params = _sampling_params(sampling, self.model_sampling)
         engine_id = str(next(self._ids))
@@ -227,6 +228,46 @@ class VLLMEngine:
                 counts[metric.name] += int(getattr(metric, "value", 0))
         return counts["vllm:num_requests_running"], counts["vllm:num_requests_waiting"]
 
+    def close(self) -> None:
+        """Free what the engine holds: its engine process (or, in-process, its model and KV
+        cache) and with it the GPU memory, and its render threads. It takes no requests
+        after; closing again does nothing. ``with VLLMEngine(...) as engine:`` closes it on
+        the way out."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        from mmbatch.engine.shared import forget
+
+        forget(self)
+        for hook in getattr(self, "_close_hooks", ()):
+            hook()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._rendering.clear()
+        self._pending.clear()
+        shutdown = getattr(getattr(self._engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del self.llm, self._engine
+        _free_memory()
+
+    def on_close(self, hook: Callable[[], object]) -> None:
+        """Call ``hook`` when the engine closes (what was kept for it goes too: its
+        pipeline's decoding workers)."""
+        hooks: list[Callable[[], object]] = self.__dict__.setdefault("_close_hooks", [])
+        if hook not in hooks:
+            hooks.append(hook)
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise FatalEngineError("the engine is closed; start another to go on")
+
     @cached_property
     def model_sampling(self) -> dict[str, Any]:
         """The model's own sampling defaults (its ``generation_config``, or none with the
@@ -272,6 +313,18 @@ class VLLMEngine:
         return prompt
 
 
+def _free_memory() -> None:
+    """Return what a closed engine held: Python's references first, then the CUDA caching
+    allocator's blocks (on a GPU host)."""
+    import gc
+
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 _FAILED_FINISH_REASONS = frozenset({"abort", "error"})
 """vLLM finish reasons that mean the request produced no usable text."""
 
@@ -306,28 +359,32 @@ def _cpu_kv_cache_default(kwargs: dict[str, Any]) -> None:
 
 def _sampling_params(sampling: Sampling, model_defaults: Mapping[str, Any]) -> SamplingParams:
     """vLLM's parameters for ``sampling``: what it sets, over the model's own defaults (its
-    ``generation_config``, as vLLM applies them: ``model_defaults``), over vLLM's."""
+    ``generation_config``, as vLLM applies them: ``model_defaults``), over vLLM's. Settings
+    that vLLM refuses once merged refuse this request alone (``RequestRejected``)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
     explicit = sampling.explicit()
     schema = explicit.pop("json_schema", None)
     stop = list(explicit.pop("stop", ()))
-    return SamplingParams(
-        **{**model_defaults, **explicit},
-        stop=stop or None,
-        # A JSON schema is enforced token by token by vLLM's structured-outputs backend
-        # (xgrammar or guidance, chosen by vLLM; both run on the CPU build).
-        structured_outputs=StructuredOutputsParams(json=json.loads(schema))
-        if schema is not None
-        else None,
-        # Only the finished output: the pipeline never looks at partial text. And no
-        # incremental detokenising on every engine step for every running request, which
-        # costs the driving process more than decoding each finished output once; except
-        # that vLLM finds stop strings only in the text it detokenises itself.
-        output_kind=RequestOutputKind.FINAL_ONLY,
-        detokenize=bool(stop),
-    )
+    try:
+        return SamplingParams(
+            **{**model_defaults, **explicit},
+            stop=stop or None,
+            # A JSON schema is enforced token by token by vLLM's structured-outputs backend
+            # (xgrammar or guidance, chosen by vLLM; both run on the CPU build).
+            structured_outputs=StructuredOutputsParams(json=json.loads(schema))
+            if schema is not None
+            else None,
+            # Only the finished output: the pipeline never looks at partial text. And no
+            # incremental detokenising on every engine step for every running request,
+            # which costs the driving process more than decoding each finished output once;
+            # except that vLLM finds stop strings only in the text it detokenises itself.
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=bool(stop),
+        )
+    except (ValueError, TypeError) as exc:  # vLLM's own checks, on the settings merged
+        raise RequestRejected(f"vLLM refuses the sampling settings: {exc}") from exc
 
 
 def _result(request_id: str, output: Any, tokenizer: Any) -> Result:
