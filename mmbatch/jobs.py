@@ -20,6 +20,7 @@ callers that own their output (a ``Dataset.map`` batch, a Ray replica's block).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -270,5 +271,7 @@ def _report(job: Job, out: FileOutput, plan: ResumePlan, stats: JobStats) -> Job
             "rows_from_earlier_runs": kept,
         }
     )
-    summary = write_summary(out.path, whole, {**job.info, "output_format": out.format})
+    # The folder the job ran in: relative sources in its rows are relative to it.
+    info = {**job.info, "output_format": out.format, "cwd": os.getcwd()}
+    summary = write_summary(out.path, whole, info)
     return JobReport(out.path, len(job.item_ids), kept, stats, tally, summary)
