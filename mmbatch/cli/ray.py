@@ -41,7 +41,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--gpus-per-replica",
         type=float,
         default=None,
-        help="GPUs per engine (default: tensor_parallel_size; 0 on vLLM's CPU build)",
+        help="GPUs per engine (default: tensor_parallel_size x pipeline_parallel_size, or 0 "
+        "where vLLM's CPU build is installed)",
     )
     group.add_argument(
         "--ray-batch",

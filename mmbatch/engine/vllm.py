@@ -450,6 +450,13 @@ class _ChatTemplate:
         return str(text)
 
 
+def cpu_build() -> bool:
+    """Whether the vLLM installed here is its CPU build, whose engines use no GPU."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 LLM_ONLY_ARGUMENTS = frozenset({"chat_template"})
 """``vllm.LLM`` arguments that are not ``EngineArgs`` fields."""
 
