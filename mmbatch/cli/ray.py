@@ -67,6 +67,10 @@ def run(
         ray_data.import_ray()
     except ImportError as exc:
         raise ConfigError(str(exc)) from exc
+    # The replicas read the model; the engine arguments' names are checked here, at once.
+    from mmbatch.engine.vllm import check_engine_arguments
+
+    check_engine_arguments(engine.engine_kwargs)
     if getattr(args, "keep_columns", None) not in (None, "none"):
         raise ConfigError("--keep-columns is not supported with --ray yet")
     if getattr(args, "shard_rows", None) is not None:
