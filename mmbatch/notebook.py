@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.vllm import VLLMEngine
 from mmbatch.errors import ConfigError
@@ -43,7 +44,7 @@ def caption(
     inputs: Any,
     *,
     model: str | None = None,
-    engine: VLLMEngine | None = None,
+    engine: Engine | None = None,
     prompt: str = DEFAULT_PROMPT,
     system: str | None = None,
     sampling: Sampling | None = None,
@@ -60,12 +61,17 @@ def caption(
     for ``vllm.LLM``), closed again before this returns."""
     if (engine is None) == (model is None):
         raise ConfigError("caption() takes a model or an engine (load_engine(model))")
-    config = engine.config if engine is not None else EngineConfig(str(model), engine_kwargs or {})
+    if engine is not None:
+        config: EngineConfig | None = getattr(engine, "config", None)
+    else:
+        config = EngineConfig(str(model), engine_kwargs or {})
     requests = _requests(_as_list(inputs), prompt, system, config)
     job = Job(requests, sampling or Sampling(), MediaOptions(image=ImageOptions(max_pixels)))
     run = RunConfig(progress=progress)
     if engine is not None:
-        engine.on_close(lambda: close_pipeline(engine))
+        on_close = getattr(engine, "on_close", None)  # the pipeline kept for it goes with it
+        if on_close is not None:
+            on_close(lambda: close_pipeline(engine))
         rows, _ = run_in_memory(job, engine, run)
         return rows
     assert model is not None
@@ -86,10 +92,12 @@ def _requests(
     inputs: list[Any],
     prompt: str,
     system: str | None,
-    config: EngineConfig,
+    config: EngineConfig | None,
 ) -> list[Request]:
     """The requests of ``inputs``, in order: paths listed as ``mmbatch caption`` lists them
-    (ids are paths), pictures in memory named by their place (``#3``)."""
+    (ids are paths), pictures in memory named by their place (``#3``). Files that are not
+    pictures are taken if the model's processor takes them (``config``; every kind for an
+    engine that names no model)."""
     requests: list[Request] = []
     for index, item in enumerate(inputs):
         if isinstance(item, (str, Path)):
@@ -99,7 +107,7 @@ def _requests(
             if kinds - take:  # more than pictures: the model's processor says what it takes
                 from mmbatch.engine.processor import model_modalities
 
-                take = set(model_modalities(config))
+                take = set(model_modalities(config)) if config else {"image", "video", "audio"}
             requests += caption_requests(files, prompt, system, take=take, as_clip=True)
         elif isinstance(item, (bytes, bytearray, memoryview)):
             requests.append(Request(f"#{index}", prompt, (_in_memory(index, data=item),), system))

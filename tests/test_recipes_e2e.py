@@ -68,9 +68,12 @@ def recipe_engines(
             return request.getfixturevalue("vl_engine")
         key = json.dumps([str(model), kwargs, media], sort_keys=True)
         if key not in engines:
-            from mmbatch.engine.vllm import VLLMEngine
+            from mmbatch.engine.shared import shared_engine
 
-            engines[key] = VLLMEngine(EngineConfig(str(model), kwargs), media)
+            # Kept for the session (the registry holds it): an in-process engine collected
+            # at this module's end would take vLLM's global state, which later modules'
+            # engines share, along with it.
+            engines[key] = shared_engine(EngineConfig(str(model), kwargs), media)
         return engines[key]
 
     return {"for": engine_for}

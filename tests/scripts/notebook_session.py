@@ -2,21 +2,14 @@
 captions on a model, then an engine opened in a ``with`` block, closed on the way out. It
 prints what it saw as one JSON line."""
 
+import gc
 import json
 import sys
+import weakref
 
 from PIL import Image
 
 import mmbatch
-
-
-def rss() -> int:
-    """This process's resident memory, in bytes."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def main(model: str, samples: str) -> None:
@@ -33,11 +26,11 @@ def main(model: str, samples: str) -> None:
         sampling=sampling,
         progress=False,
     )
-    before = rss()
     with mmbatch.load_engine(model, **kwargs) as engine:
         again = mmbatch.caption(sunset, engine=engine, sampling=sampling, progress=False)
-        held = rss()
-    after = rss()
+        # What holds the model and its KV cache: vLLM's LLM and its engine.
+        held = [weakref.ref(engine.llm), weakref.ref(engine.llm.llm_engine)]
+    gc.collect()
     try:
         engine.add(None, [], sampling)  # type: ignore[arg-type]
         closed = "no error"
@@ -48,9 +41,7 @@ def main(model: str, samples: str) -> None:
         "texts": [row["text"] for row in rows],
         "errors": [row["error"] for row in rows],
         "again": again[0]["text"],
-        "before": before,
-        "held": held,
-        "after": after,
+        "released": [ref() is None for ref in held],
         "closed": closed,
     }
     print(json.dumps(seen))
