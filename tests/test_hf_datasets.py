@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import datasets
@@ -227,6 +228,11 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
     new_loop = asyncio.new_event_loop
     monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
     monkeypatch.setattr(type(vl_engine), "step", counting_step)
+    # datasets runs coroutines on an event loop it makes and never closes; closed here, or
+    # its ResourceWarning fails whichever later test the garbage collector meets it in.
+    loops: list[asyncio.AbstractEventLoop] = []
+    new_loop = asyncio.new_event_loop
+    monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
     captioner = mapper(tiny_vl_model)
     out = ds.map(captioner.pipelined, batched=True, batch_size=3, with_indices=True)
     monkeypatch.undo()
@@ -281,3 +287,30 @@ def test_datasets_cache_holds_across_instances(
     # Other settings: another fingerprint, another file.
     other = ds.map(mapper(tiny_vl_model, "List three tags."), batched=True)
     assert other.cache_files != first.cache_files
+
+
+@pytest.mark.slow
+def test_usage_columns_and_several_answers_per_row(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+) -> None:
+    cells = [{"bytes": (samples / n).read_bytes(), "path": n} for n in GOOD] + [None]
+    ds = datasets.Dataset.from_dict({"image": cells})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    fn = DatasetMap(
+        str(tiny_vl_model),
+        PROMPT,
+        engine_kwargs=TINY_ENGINE_KWARGS,
+        sampling=replace(SAMPLING, n=2, temperature=1.0, seed=5),
+        with_usage=True,
+    )
+    out = ds.map(fn, batched=True, batch_size=len(cells))
+    ok = out.select(range(len(GOOD)))
+    assert all(len(texts) == 2 for texts in ok["text"])
+    assert all(reasons == ["length"] * 2 for reasons in ok["finish_reason"])
+    assert ok["output_tokens"] == [2 * SAMPLING.max_tokens] * len(GOOD)
+    assert all(n > 0 for n in ok["prompt_tokens"])
+    failed = out[len(GOOD)]
+    assert (failed["text"], failed["finish_reason"], failed["output_tokens"]) == ([], [], 0)
+    assert failed["error"].startswith("source:")

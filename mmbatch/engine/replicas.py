@@ -357,6 +357,9 @@ def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> 
         engine = make_engine()
         limits = getattr(engine, "context_limits", lambda: (0, None))()
         conn.send(("ready", engine.capacity(), limits))
+    except FatalEngineError as exc:  # says why already
+        conn.send(("fatal", str(exc)))
+        return
     except Exception as exc:
         conn.send(("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
         return

@@ -78,16 +78,19 @@ def prepare(
     record: str | Path | None = None,
     force: bool = False,
     retry_errors: bool = False,
+    write: bool = True,
 ) -> ResumePlan:
     """Make the JSONL file ``out`` ready to be appended to by the job ``fingerprint``
     describes, and return the requests that still need a row. The fingerprint is kept in
-    ``record`` (default ``OUT.job.json``). Raises ``ConfigError``, before touching ``out``,
-    when ``out`` is not an output of ``shape``'s rows, or holds another job's rows and
-    ``force`` is off."""
+    ``record`` (default ``OUT.job.json``); with ``write=False`` the caller writes it
+    (``write_record``) once the job is sure to start. Raises ``ConfigError``, before
+    touching ``out``, when ``out`` is not an output of ``shape``'s rows, or holds another
+    job's rows and ``force`` is off."""
     out = Path(out)
     record = Path(record) if record is not None else job_record_path(out)
     if not out.exists() or out.stat().st_size == 0:
-        write_record(record, fingerprint)
+        if write:
+            write_record(record, fingerprint)
         return ResumePlan(pending=list(requests))
     _check_is_output(out, shape, record)
     if not force:
@@ -99,7 +102,8 @@ def prepare(
     failed_ids: set[str] = set()
     for outcome in map(shape.outcome, read_rows(out, shape)):
         (ok_ids if outcome.ok else failed_ids).add(outcome.request_id)
-    write_record(record, fingerprint)
+    if write:
+        write_record(record, fingerprint)
     done = ok_ids | failed_ids
     return ResumePlan(
         pending=[r for r in requests if r.row_id not in done],
@@ -207,6 +211,9 @@ def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> N
     if stored.get("digest") == fingerprint_digest(fingerprint):
         return
     before = stored.get("fingerprint", {})
+    # Compared as JSON, the way the record stores it: a tuple of timestamps read back is a
+    # list, and must not be reported as a change.
+    fingerprint = json.loads(json.dumps(fingerprint, default=str))
     keys = before.keys() | fingerprint.keys()
     changed = sorted(k for k in keys if before.get(k) != fingerprint.get(k))
     details = "; ".join(

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from mmbatch.jsonl import encode_line
+from mmbatch.out.order import RowOrder
 
 
 class Sink(Protocol):
@@ -44,11 +45,15 @@ class JsonlSink:
     Every row goes to the operating system at once, in a single ``write`` of the whole line
     on an ``O_APPEND`` descriptor: a SIGKILL loses no row that ``write`` returned from.
     ``flush`` fsyncs, so the rows also survive a power cut. ``append=True`` continues an
-    existing file (resume); the default starts it afresh.
+    existing file (resume); the default starts it afresh. Rows go down in the order their
+    items finish; with an ``order``, ``close`` rewrites them in the job's input order.
     """
 
-    def __init__(self, path: str | Path, append: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, append: bool = False, order: RowOrder | None = None
+    ) -> None:
         self.path = Path(path)
+        self.order = order
         if self.path.parent != Path(""):
             self.path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
@@ -63,10 +68,13 @@ class JsonlSink:
         os.fsync(self._require_open())
 
     def close(self) -> None:
+        """Make every row durable, then put the rows in the job's order (``order``)."""
         if self._fd is not None:
             os.fsync(self._fd)
             os.close(self._fd)
             self._fd = None
+            if self.order is not None:
+                self.order.apply(self.path)
 
     def _require_open(self) -> int:
         if self._fd is None:

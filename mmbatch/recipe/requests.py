@@ -59,6 +59,7 @@ def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
                     columns=item.columns,
                     item_id=item.id,
                     output=question.name,
+                    error=item.error,
                 )
             )
     return requests
@@ -86,6 +87,7 @@ def recipe_job(
             system=recipe.system,
             media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
             output=asdict(recipe.output),
+            keep_columns=(policy or SourcePolicy()).keep_columns,
         ),
         info={"inputs": list(inputs), "model": model, "recipe": recipe.path},
     )
@@ -100,7 +102,8 @@ def _items(inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None) -
     if recipe.media.options.get("as_clip", False):
         clips: tuple[Modality, ...] = ("video",)
         files = list_media(inputs, policy)
-        return caption_requests(files, prompt, system, take=clips, as_clip=True)
+        taker = f"the recipe {recipe.name!r} ([media] kind = 'video')"
+        return caption_requests(files, prompt, system, take=clips, as_clip=True, taker=taker)
     return frame_requests(inputs, video_options(recipe), prompt, system, policy)
 
 
