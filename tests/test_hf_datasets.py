@@ -223,10 +223,6 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
         batches_in_engine.append(len(batches))
         return real_step(engine)
 
-    # datasets runs an async map on an event loop it makes and never closes: closed here.
-    loops: list[asyncio.AbstractEventLoop] = []
-    new_loop = asyncio.new_event_loop
-    monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
     monkeypatch.setattr(type(vl_engine), "step", counting_step)
     # datasets runs coroutines on an event loop it makes and never closes; closed here, or
     # its ResourceWarning fails whichever later test the garbage collector meets it in.
