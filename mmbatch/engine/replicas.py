@@ -363,6 +363,15 @@ def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> 
     except Exception as exc:
         conn.send(("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
         return
+    try:
+        _serve_engine(engine, conn)
+    finally:
+        # vLLM's own engine-core process is not ours to leave behind: closed here, whatever
+        # ended the loop (a stop, the parent gone, the engine dead).
+        getattr(engine, "close", lambda: None)()
+
+
+def _serve_engine(engine: Engine, conn: Connection) -> None:
     inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
     threading.Thread(target=_receive_into, args=(conn, inbox), daemon=True).start()
     rejected: list[Result] = []
