@@ -147,12 +147,10 @@ def test_the_model_generation_config_applies_to_what_is_left_unset(
     from mmbatch.engine.config import EngineConfig
     from mmbatch.engine.shared import shared_engine
 
-    # Kept for the session: an in-process engine that goes takes vLLM's global state along.
+    # The engine runs in its own process (a ReplicaEngine): what it applies shows in its text.
     engine = shared_engine(EngineConfig(str(penalised_model), TINY_ENGINE_KWARGS), {"image": 1})
-    assert engine.model_sampling == {"repetition_penalty": 3.0}
     greedy = Sampling(max_tokens=24)
     plain = texts(vl_engine, samples, greedy)
-    assert vl_engine.model_sampling == {}
     # Same weights, the model's penalty applied: the random model's repeats change.
     assert texts(engine, samples, greedy) != plain
     # A setting given explicitly wins over the model's.
@@ -174,9 +172,11 @@ def test_n_completions_and_stop_strings_on_the_engine(vl_engine: Any, samples: P
 
 
 @pytest.mark.slow
-def test_a_conversation_renders_as_vllm_chat_renders_it(vl_engine: Any) -> None:
+def test_a_conversation_renders_as_vllm_chat_renders_it(uncached_vl_engine: Any) -> None:
     """A multi-turn batch line gets what vLLM's own chat entry point gives the same messages
-    (the text and the prompt's length), at temperature 0."""
+    (the text and the prompt's length), at temperature 0. The engine is the in-process one:
+    the reference needs its ``LLM``."""
+    vl_engine = uncached_vl_engine
     from vllm import SamplingParams
 
     history = (Turn("user", "Name a colour."), Turn("assistant", "Blue."))
