@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
     from mmbatch.integrations.hf_datasets import DatasetMap
     from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory, run_job
+    from mmbatch.notebook import caption, load_engine
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.files import image_requests
     from mmbatch.sources.timeline import audio_requests, frame_requests
@@ -50,6 +51,8 @@ _LAZY = {
     "JobReport": "mmbatch.jobs",
     "run_job": "mmbatch.jobs",
     "run_in_memory": "mmbatch.jobs",
+    "caption": "mmbatch.notebook",
+    "load_engine": "mmbatch.notebook",
     "RunConfig": "mmbatch.pipeline",
     "image_requests": "mmbatch.sources.files",
     "frame_requests": "mmbatch.sources.timeline",
@@ -86,8 +89,10 @@ __all__ = [
     "VideoOptions",
     "__version__",
     "audio_requests",
+    "caption",
     "frame_requests",
     "image_requests",
+    "load_engine",
     "run_in_memory",
     "run_job",
 ]

@@ -20,6 +20,7 @@ callers that own their output (a ``Dataset.map`` batch, a Ray replica's block).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
@@ -35,8 +36,9 @@ from mmbatch.errors import ConfigError, FatalEngineError, OutputError, SourceErr
 from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.media.feeder import start_decoders
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.formats import FileFormat, open_sink, output_format, read_output
-from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows
+from mmbatch.out.formats import FileFormat, check_shards, open_sink, output_format, read_output
+from mmbatch.out.order import RowOrder
+from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink
 from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts, quarantine_path
@@ -99,11 +101,23 @@ class FileOutput:
     """Redo the items whose row is an error (their old rows are removed first)."""
     force: bool = False
     """Append to an output written by a job with other settings."""
+    shard_rows: int | None = None
+    """Write a folder of shards of this many rows (Parquet, WebDataset); None: one file
+    (WebDataset: ``mmbatch.out.shards.DEFAULT_SHARD_ROWS``)."""
+
+    def __post_init__(self) -> None:
+        check_shards(self.format, self.shard_rows)
 
     @classmethod
-    def at(cls, path: str | Path, format: str | None = None, **rerun: bool) -> FileOutput:
+    def at(
+        cls,
+        path: str | Path,
+        format: str | None = None,
+        shard_rows: int | None = None,
+        **rerun: bool,
+    ) -> FileOutput:
         """The output at ``path``, in ``format`` or the one its name implies."""
-        return cls(Path(path), output_format(path, format), **rerun)
+        return cls(Path(path), output_format(path, format), shard_rows=shard_rows, **rerun)
 
 
 @dataclass
@@ -152,27 +166,34 @@ def run_job(
     layout = _layout(engine)  # a configuration mistake stops the job before any output
     _remove_orphans(out)
     progress = _progress_file(out, job.shape)
+    record = job_record_path(out.path)
     plan = prepare(
         progress,
         job.requests,
         job.fingerprint,
         job.shape,
-        record=job_record_path(out.path),
+        record=record,
         force=out.force,
         retry_errors=out.retry_errors,
+        write=False,
     )
     note = plan.describe(out.path)
     if note:
         print(f"mmbatch: {note}", file=sys.stderr)
-    stats = JobStats()
+    # The engine starts before anything is written: a setting it refuses leaves no output.
     info = dict(job.info)
+    live = None
+    if plan.pending:
+        start_decoders(run.workers())  # they start while the engine loads
+        live = _engine(engine, layout, plan.pending, info)
+    write_record(record, job.fingerprint)
+    stats = JobStats()
     if plan.pending or progress != out.path:
-        sink = open_sink(out.path, out.format, append=True)
+        order = RowOrder([r.row_id for r in job.requests], job.shape.row_id)
+        sink = open_sink(out.path, out.format, True, order, out.shard_rows)
         try:
-            if plan.pending:
-                start_decoders(run.workers())  # they start while the engine loads
-                built = _engine(engine, layout, plan.pending, info)
-                stats = _run(job, plan.pending, built, sink, run)
+            if live is not None:
+                stats = _run(job, plan.pending, live, sink, run)
             sink.close()
         except FatalEngineError as exc:
             sink.close()
@@ -201,10 +222,11 @@ def run_job(
 def run_in_memory(
     job: Job, engine: Engine, run: RunConfig | None = None
 ) -> tuple[list[dict[str, Any]], JobStats]:
-    """Run every request of ``job`` on ``engine``; the rows, one per item in the order
-    their items finished, and the run's stats. The engine's pipeline (its feeder, its
-    decoded media) is kept for the next call, so batch after batch costs no start-up."""
-    return rows_of(start_in_memory(job, engine, run))
+    """Run every request of ``job`` on ``engine``; the rows, one per item in input order,
+    and the run's stats. The engine's pipeline (its feeder, its decoded media) is kept for
+    the next call, so batch after batch costs no start-up."""
+    rows, stats = rows_of(start_in_memory(job, engine, run))
+    return RowOrder([r.row_id for r in job.requests], job.shape.row_id).sorted(rows), stats
 
 
 def start_in_memory(job: Job, engine: Engine, run: RunConfig | None = None) -> Submission:
@@ -218,7 +240,8 @@ def start_in_memory(job: Job, engine: Engine, run: RunConfig | None = None) -> S
 
 
 def rows_of(submission: Submission) -> tuple[list[dict[str, Any]], JobStats]:
-    """The rows and stats of a finished in-memory submission (waiting for it first)."""
+    """The rows and stats of a finished in-memory submission (waiting for it first), in
+    the order their items finished."""
     stats = submission.wait()
     assert isinstance(submission.sink, MemorySink)
     return submission.sink.rows, stats
@@ -328,5 +351,7 @@ def _report(
             "rows_from_earlier_runs": kept,
         }
     )
-    summary = write_summary(out.path, whole, {**info, "output_format": out.format})
+    # The folder the job ran in: relative sources in its rows are relative to it.
+    info = {**info, "output_format": out.format, "cwd": os.getcwd()}
+    summary = write_summary(out.path, whole, info)
     return JobReport(out.path, len(job.item_ids), kept, stats, tally, summary, job.notes)

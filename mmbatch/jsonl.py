@@ -178,3 +178,8 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_bytes_atomic(path: str | Path, chunks: Iterable[bytes]) -> None:
+    """Replace ``path`` by the concatenation of ``chunks`` (streamed), atomically."""
+    _replace(Path(path), lambda handle: handle.writelines(chunks))

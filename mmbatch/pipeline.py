@@ -417,3 +417,12 @@ def pipeline_for(engine: Engine, run: RunConfig | None = None) -> Pipeline:
         for key in idle[: max(0, len(_PIPELINES) - KEPT_PIPELINES)]:
             _PIPELINES.pop(key).close()
         return pipeline
+
+
+def close_pipeline(engine: Engine) -> None:
+    """Stop the pipeline kept for ``engine`` (its feeder's workers, its decoded media), if
+    there is one: the engine is going away."""
+    with _PIPELINES_LOCK:
+        pipeline = _PIPELINES.pop(id(engine), None)
+    if pipeline is not None:
+        pipeline.close()

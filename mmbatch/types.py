@@ -9,7 +9,8 @@ Pixels live only in ``MediaItem.payload``; everything the planner sees is keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Modality = Literal["image", "video", "audio"]
@@ -92,13 +93,40 @@ class MediaItem:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+class InvalidSetting(ValueError):
+    """A setting outside what it allows: ``field`` names it, ``rule`` says what is valid, so
+    each face can name it its own way (``--top-p``, ``[sampling] top_p``, a batch line's
+    ``top_p``)."""
+
+    def __init__(self, field: str, value: Any, rule: str) -> None:
+        super().__init__(f"{field} must be {rule}, got {value!r}")
+        self.field = field
+        self.value = value
+        self.rule = rule
+
+
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling settings a job uses; greedy by default so runs are reproducible."""
+    """The sampling settings of a job: greedy by default, so runs are reproducible.
+
+    A setting left ``None`` takes the model's own value from its ``generation_config`` (as
+    vLLM does: Qwen's sets a repetition penalty that keeps captions from looping), and where
+    the model sets none, vLLM's default. ``temperature=None`` hands the temperature to the
+    model as well (vLLM's default is then 1.0)."""
 
     max_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
+    temperature: float | None = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    """Sample from the ``top_k`` likeliest tokens; 0 (or -1): no limit."""
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: tuple[str, ...] = ()
+    """Stop at the first of these strings (not included in the text)."""
+    n: int = 1
+    """Completions per request; with more than one, a row's ``text`` is a list of them."""
     seed: int | None = None
     ignore_eos: bool = False
     json_schema: str | None = None
@@ -106,12 +134,33 @@ class Sampling:
     through the engine's structured outputs; None: free text."""
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.max_tokens, "max_tokens", "an integer >= 1", lambda v: v >= 1)
+        _check(self.temperature, "temperature", "a number >= 0", lambda v: v >= 0)
+        _check(self.top_p, "top_p", "in (0, 1]", lambda v: 0 < v <= 1)
+        _check(self.top_k, "top_k", "an integer >= 1, or 0 for no limit", lambda v: v >= -1)
+        _check(self.min_p, "min_p", "in [0, 1]", lambda v: 0 <= v <= 1)
+        _check(self.repetition_penalty, "repetition_penalty", "a number > 0", lambda v: v > 0)
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check(getattr(self, name), name, "in [-2, 2]", lambda v: -2 <= v <= 2)
+        _check(self.n, "n", "an integer >= 1", lambda v: v >= 1)
+        if self.n > 1 and self.temperature == 0:
+            # Greedy decoding gives one answer however often it is asked (vLLM refuses it).
+            raise InvalidSetting("n", self.n, "1 at temperature 0 (greedy): set a temperature")
+        stop: Any = self.stop  # a caller may pass one string where a tuple is due
+        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+            raise InvalidSetting("stop", self.stop, "a list of non-empty strings")
+
+    def explicit(self) -> dict[str, Any]:
+        """The settings given a value (not ``None``), by name, for the engine to lay over the
+        model's defaults."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def _check(value: Any, field: str, rule: str, valid: Callable[[Any], bool]) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not valid(value):
+        raise InvalidSetting(field, value, rule)
 
 
 @dataclass(frozen=True)
@@ -124,6 +173,17 @@ class ItemError:
 
     def to_dict(self) -> dict[str, str]:
         return {"stage": self.stage, "kind": self.kind, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Turn:
+    """An earlier message of a conversation: a user's (with ``media`` of the request's media,
+    taken in order) or the assistant's answer. OpenAI batch lines with several turns carry
+    them; the request's own ``prompt`` is the last user message."""
+
+    role: Literal["user", "assistant"]
+    text: str
+    media: int = 0
 
 
 @dataclass(frozen=True)
@@ -148,6 +208,8 @@ class Request:
     columns: tuple[tuple[str, Any], ...] = ()
     """Extra columns for this request's output row, e.g. a video frame's ``video``,
     ``frame_index`` and ``pts``, or an audio window's ``start`` and ``end``."""
+    history: tuple[Turn, ...] = ()
+    """The conversation before ``prompt``, if any; its turns' media come first in ``media``."""
     error: ItemError | None = None
     """Set by a source that found this input unusable while listing it (a video it could not
     index, a dataset cell holding no picture, a batch line asking for what cannot be served):
@@ -181,6 +243,15 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """One completion of a request that asked for several (``Sampling.n`` > 1)."""
+
+    text: str
+    finish_reason: str | None = None
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
 class Result:
     """The outcome of one request: text, or an error. Errors are data, never exceptions."""
 
@@ -189,6 +260,9 @@ class Result:
     finish_reason: str | None = None
     usage: Usage = Usage()
     error: ItemError | None = None
+    choices: tuple[Choice, ...] = ()
+    """Every completion, when the request asked for more than one (``text`` and
+    ``finish_reason`` are then the first's, ``usage.output_tokens`` their sum); empty for one."""
 
     @property
     def ok(self) -> bool:

@@ -112,3 +112,23 @@ def test_frames_help_imports_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == []
+
+
+def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
+    import mmbatch
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"mmbatch {mmbatch.__version__}"
+
+
+def test_check_shows_vllm_log_only_with_v(tiny_vl_model: Path) -> None:
+    """In a process of its own each: vLLM's logging is configured once per process."""
+    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "short_caption.toml")
+    argv = [sys.executable, "-m", "mmbatch", "check", recipe, "--model", str(tiny_vl_model)]
+    shown = subprocess.run([*argv, "-v"], capture_output=True, text=True, check=True)
+    assert "Resolved architecture" in shown.stdout + shown.stderr
+    quiet = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert "Resolved architecture" not in quiet.stdout + quiet.stderr
+    assert "can run it" in quiet.stdout

@@ -190,3 +190,90 @@ def test_a_video_gets_a_strip_of_frames_from_across_it(tmp_path: Path) -> None:
         thumbnail_uri(MediaRef("video", str(tmp_path / "missing.mp4")))
     with pytest.raises(NoPreview, match="audio has no picture"):
         thumbnail_uri(MediaRef("audio", str(path)))
+
+
+def test_an_openai_batch_output_shows_its_errors_ids_and_pictures_from_anywhere(
+    samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gallery of a run-openai-batch output, made from another folder than the job's:
+    failed lines are error cards (the header, the filter and the cards agree), cards are
+    named by custom_id, and pictures named by relative paths still preview."""
+    import base64
+    import json as jsonlib
+
+    from fake_cli import main as fake_main
+
+    job = tmp_path / "job"
+    (job / "pics").mkdir(parents=True)
+    (job / "pics" / "s.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+    (job / "pics" / "bad.jpg").write_bytes((samples / "truncated.jpg").read_bytes())
+    inline = (
+        "data:image/png;base64,"
+        + base64.b64encode((samples / "checkerboard.png").read_bytes()).decode()
+    )
+
+    def line(custom_id: str, url: str, **body: object) -> str:
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Q?"}]
+        entry = {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": content}], **body},
+        }
+        return jsonlib.dumps(entry)
+
+    lines = [
+        line("photo", "pics/s.jpg"),
+        line("inline", inline),
+        line("broken", "pics/bad.jpg"),
+        line("refused", "pics/s.jpg", tools=[]),
+    ]
+    (job / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(job)  # the job runs here, with relative paths
+    argv = ["run-openai-batch", "requests.jsonl", "--model", "m", "--out", "out/results.jsonl"]
+    assert fake_main([*argv, "--no-progress"]) == 1
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the report is made from somewhere else
+    page = elsewhere / "report.html"
+    assert main(["report", str(job / "out" / "results.jsonl"), "--html", str(page)]) == 0
+
+    dom = browse(page, tmp_path / "profile", "--dump-dom")
+    assert "4: 2 ok, 2 failed" in dom  # the summary's count...
+    assert "errors only (2)" in dom  # ...the filter's...
+    assert dom.count('<article class="item error"') == 2  # ...and the cards agree
+    for custom_id in ("photo", "inline", "broken", "refused"):
+        assert f'<h2 class="id">{custom_id}</h2>' in dom
+    assert "batch_req_" not in dom.split('<main id="items">', 1)[1].split("</main>")[0]
+    assert '<p class="prompt">Q?</p>' in dom  # read back from the batch input
+    assert "unsupported parameter(s): 'tools'" in dom
+    # photo's (a relative path) and inline's (a data: URI) pictures; broken's is the
+    # truncated JPEG, and refused was refused before its pictures were listed.
+    assert dom.count('src="data:image/jpeg;base64,') == 2
+    filtered = browse(page, tmp_path / "profile-2", "--dump-dom", fragment="#errors")
+    assert "showing 2 of 4" in filtered
+
+
+def test_relative_sources_preview_from_another_folder(
+    samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fake_cli import main as fake_main
+
+    job = tmp_path / "job"
+    (job / "photos").mkdir(parents=True)
+    for name in ("sunset.jpg", "checkerboard.png"):
+        (job / "photos" / name).write_bytes((samples / name).read_bytes())
+    monkeypatch.chdir(job)
+    assert (
+        fake_main(["caption", "photos", "--model", "m", "--out", "c.jsonl", "--no-progress"]) == 0
+    )
+    assert {row["source"] for row in read_output(job / "c.jsonl")} == {
+        "photos/sunset.jpg",
+        "photos/checkerboard.png",
+    }
+    monkeypatch.chdir(tmp_path)
+    page = tmp_path / "report.html"
+    assert main(["report", str(job / "c.jsonl"), "--html", str(page)]) == 0
+    html = page.read_text()
+    assert html.count('src="data:image/jpeg;base64,') == 2
+    assert "no preview" not in html

@@ -7,12 +7,12 @@ picture captioned from its file.
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import os
 import pickle
 import subprocess
 import sys
-import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import datasets
@@ -219,19 +219,21 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
     real_step = type(vl_engine).step
 
     def counting_step(engine):  # type: ignore[no-untyped-def]
-        batches = {engine_id.split(":")[0] for engine_id in engine._pending.values()}
+        batches = {engine_id.split(":")[0] for engine_id in engine._in_flight}
         batches_in_engine.append(len(batches))
         return real_step(engine)
 
     monkeypatch.setattr(type(vl_engine), "step", counting_step)
+    # datasets runs coroutines on an event loop it makes and never closes; closed here, or
+    # its ResourceWarning fails whichever later test the garbage collector meets it in.
+    loops: list[asyncio.AbstractEventLoop] = []
+    new_loop = asyncio.new_event_loop
+    monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_loop()) or loops[-1])
     captioner = mapper(tiny_vl_model)
-    with warnings.catch_warnings():
-        # datasets' map makes an event loop for a coroutine function and never closes it;
-        # collected later, inside some other test, its ResourceWarning would fail that test.
-        warnings.simplefilter("ignore", ResourceWarning)
-        out = ds.map(captioner.pipelined, batched=True, batch_size=3, with_indices=True)
-        gc.collect()
+    out = ds.map(captioner.pipelined, batched=True, batch_size=3, with_indices=True)
     monkeypatch.undo()
+    for loop in loops:
+        loop.close()
     plain = ds.map(captioner, batched=True, batch_size=3, with_indices=True)
     assert out["text"] == plain["text"]
     assert out["error"] == plain["error"]
@@ -281,3 +283,30 @@ def test_datasets_cache_holds_across_instances(
     # Other settings: another fingerprint, another file.
     other = ds.map(mapper(tiny_vl_model, "List three tags."), batched=True)
     assert other.cache_files != first.cache_files
+
+
+@pytest.mark.slow
+def test_usage_columns_and_several_answers_per_row(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+) -> None:
+    cells = [{"bytes": (samples / n).read_bytes(), "path": n} for n in GOOD] + [None]
+    ds = datasets.Dataset.from_dict({"image": cells})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    fn = DatasetMap(
+        str(tiny_vl_model),
+        PROMPT,
+        engine_kwargs=TINY_ENGINE_KWARGS,
+        sampling=replace(SAMPLING, n=2, temperature=1.0, seed=5),
+        with_usage=True,
+    )
+    out = ds.map(fn, batched=True, batch_size=len(cells))
+    ok = out.select(range(len(GOOD)))
+    assert all(len(texts) == 2 for texts in ok["text"])
+    assert all(reasons == ["length"] * 2 for reasons in ok["finish_reason"])
+    assert ok["output_tokens"] == [2 * SAMPLING.max_tokens] * len(GOOD)
+    assert all(n > 0 for n in ok["prompt_tokens"])
+    failed = out[len(GOOD)]
+    assert (failed["text"], failed["finish_reason"], failed["output_tokens"]) == ([], [], 0)
+    assert failed["error"].startswith("source:")

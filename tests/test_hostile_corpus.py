@@ -178,9 +178,10 @@ def test_the_hostile_corpus_through_the_command_on_vllm(
 
 @pytest.mark.slow
 def test_a_request_vllm_drops_becomes_an_error_row_not_a_hang(
-    vl_engine,  # type: ignore[no-untyped-def]
+    uncached_vl_engine,  # type: ignore[no-untyped-def]
     samples: Path,
 ) -> None:
+    engine = uncached_vl_engine  # the vLLM adapter itself, whose internals this test drives
     loader = MediaLoader()
     image = [
         Request(n, "Describe.", (MediaRef("image", str(samples / "sunset.jpg")),)) for n in "ab"
@@ -190,18 +191,18 @@ def test_a_request_vllm_drops_becomes_an_error_row_not_a_hang(
     results = {}
     try:
         for loaded in window.requests:
-            vl_engine.add(loaded, [window.media[k] for k in loaded.media_keys], sampling)
-        while vl_engine._rendering:  # hand background renders to vLLM now
-            assert not vl_engine._submit_rendered(wait=True)
+            engine.add(loaded, [window.media[k] for k in loaded.media_keys], sampling)
+        while engine._rendering:  # hand background renders to vLLM now
+            assert not engine._submit_rendered(wait=True)
         # Abort "a" inside vLLM, behind the adapter's back: as if the engine gave up on it.
-        engine_id = next(e for e, ours in vl_engine._pending.items() if ours == "a")
-        vl_engine._engine.abort_request([engine_id])
+        engine_id = next(e for e, ours in engine._pending.items() if ours == "a")
+        engine._engine.abort_request([engine_id])
     finally:
         # Whatever happens, leave the shared engine empty for the next test.
         for _ in range(500):
-            if not vl_engine.num_unfinished():
+            if not engine.num_unfinished():
                 break
-            for result in vl_engine.step():
+            for result in engine.step():
                 results[result.request_id] = result
     assert set(results) == {"a", "b"}
     failed = results["a"].error

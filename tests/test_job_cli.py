@@ -159,3 +159,16 @@ def test_a_multi_question_recipe_resumes_by_item(good: Path, tmp_path: Path) -> 
             assert answer["text"] == expected_text([row["media_hash"]], answer["prompt"])
     # Only the unfinished items' questions were asked again.
     assert len(rest.added) == (4 - len(first)) * len(questions)
+
+
+def test_a_recipe_run_into_parquet_writes_parquet(good: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    recipe = Path(__file__).resolve().parent.parent / "recipes" / "multi_question.toml"
+    out = tmp_path / "answers.parquet"
+    argv = ["run", str(recipe), "--input", str(good), "--model", "fake", "--out", str(out)]
+    assert main([*argv, "--no-progress"], FakeEngine()) == EXIT_OK
+    assert out.read_bytes()[:4] == b"PAR1"
+    table = pq.read_table(out)
+    assert table.num_rows == 4
+    assert "outputs" in table.column_names

@@ -19,7 +19,7 @@ LAYERS = [
     {"sources", "engine"},
     {"pipeline"},
     {"jobs"},
-    {"recipe"},
+    {"recipe", "notebook"},
     {"review", "integrations"},
     {"testing", "bench"},
     {"cli"},

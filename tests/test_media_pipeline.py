@@ -147,7 +147,7 @@ def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> Non
     assert row["error"] == {
         "stage": "validate",
         "kind": "unsupported",
-        "message": "the model takes no audio input",
+        "message": "an audio file, but the model takes image only",
     }
 
 

@@ -42,7 +42,9 @@ def test_a_video_that_cannot_be_indexed_is_one_request_that_will_fail(
 def test_audio_windows_are_requests_with_start_and_end(tmp_path: Path) -> None:
     path = str(write_audio(tmp_path / "talk.wav", rate=8000, seconds=2.5))
     requests = audio_requests([path], AudioOptions(window_s=1.0, overlap_s=0.25), "Transcribe.")
-    assert [r.id for r in requests] == [path, f"{path}@0.750", f"{path}@1.500"]
+    assert [r.id for r in requests] == [f"{path}@0.000", f"{path}@0.750", f"{path}@1.500"]
+    (short,) = audio_requests([path], AudioOptions(window_s=5.0), "Transcribe.")
+    assert short.id == path  # one window: the file's own id
     assert [dict(r.columns) for r in requests] == [
         {"start": 0.0, "end": 1.0},
         {"start": 0.75, "end": 1.75},
@@ -66,7 +68,9 @@ def test_a_named_file_the_model_cannot_take_gets_an_error_row(samples: Path) -> 
     wav, mp4 = str(samples / "tone.wav"), str(samples / "clip.mp4")
     requests = caption_requests(list_media([wav, mp4]), "p", take=("image", "video"))
     reasons = {r.id: r.error for r in requests}
-    assert reasons[wav] == ItemError("validate", "the model takes no audio input", "unsupported")
+    assert reasons[wav] == ItemError(
+        "validate", "an audio file, but the model takes image or video only", "unsupported"
+    )
     assert reasons[mp4] is not None
     assert "--as-clip" in reasons[mp4].message
 

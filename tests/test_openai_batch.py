@@ -15,7 +15,7 @@ from mmbatch.out.openai_batch import OpenAIBatchShape
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.openai_batch import read_batch
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.types import Request, Result, Sampling
+from mmbatch.types import Request, Result, Sampling, Turn
 
 
 def refused_line(request: Request) -> dict[str, Any]:
@@ -82,7 +82,8 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
     c1, c2, c3 = batch.requests
     assert (c1.id, c1.system, c1.prompt) == ("c1", "Be brief.", "What is it?")
     assert c1.media[0].data == (samples / "sunset.jpg").read_bytes()
-    assert c1.sampling == Sampling(max_tokens=7, temperature=1.0)  # the hosted API's default
+    # Left out: the model's generation_config, else vLLM's default (1.0, the hosted API's).
+    assert c1.sampling == Sampling(max_tokens=7, temperature=None)
     assert c2.prompt == "Describe\nas JSON."
     assert [m.source for m in c2.media] == [
         str(tmp_path / "pics" / "s.jpg"),
@@ -102,12 +103,14 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
     [
         ({**line("x", "hi"), "url": "/v1/embeddings"}, "url '/v1/embeddings' is not supported"),
         ({**line("x", "hi"), "method": "GET"}, "method 'GET'"),
-        (line("x", "hi", n=2), "only n = 1"),
+        (line("x", "hi", n=0), "n must be an integer >= 1, got 0"),
+        (line("x", "hi", stop=[1]), "stop must be a string or a list of strings"),
+        (line("x", "hi", top_p=0), "top_p must be in (0, 1], got 0"),
         (line("x", "hi", stream=True), "streaming"),
-        (line("x", "hi", tools=[], stop=["\n"]), "unsupported parameter(s): 'stop', 'tools'"),
+        (line("x", "hi", tools=[], logprobs=True), "unsupported parameter(s): 'logprobs', 'tools'"),
         (line("x", "hi", temperature="warm"), "temperature must be a number"),
         (line("x", "hi", max_tokens=1.5), "max_tokens must be an integer"),
-        (line("x", "hi", max_tokens=0), "max_tokens must be >= 1"),
+        (line("x", "hi", max_tokens=0), "max_tokens must be an integer >= 1, got 0"),
         (line("x", image("https://example.com/a.jpg")), "remote image URLs are not fetched"),
         (line("x", image("data:image/png;base64,@@@")), "not valid base64"),
         (line("x", image("data:image/png,raw")), "must be base64"),
@@ -135,15 +138,80 @@ def test_lines_we_cannot_serve_get_a_400_row(
     assert reason in response["body"]["error"]["message"]
 
 
-def test_multi_turn_is_refused(tmp_path: Path) -> None:
-    entry = line("x", "hi")
-    entry["body"]["messages"] += [
-        {"role": "assistant", "content": "hello"},
-        {"role": "user", "content": "again"},
+def test_sampling_extras_and_several_choices_are_served(tmp_path: Path) -> None:
+    extras = {
+        "n": 3,
+        "stop": "\n",
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "top_k": 20,
+        "min_p": 0.05,
+        "repetition_penalty": 1.05,
+        "temperature": 0.7,
+        "seed": 1,
+    }
+    [request] = read_batch(write(tmp_path, line("x", "hi", **extras))).requests
+    assert request.error is None
+    assert request.sampling == Sampling(
+        max_tokens=1024,
+        temperature=0.7,
+        top_k=20,
+        min_p=0.05,
+        repetition_penalty=1.05,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        stop=("\n",),
+        n=3,
+        seed=1,
+    )
+    job = Job([request], shape=OpenAIBatchShape("m"))
+    [row], _ = run_in_memory(job, FakeEngine(), RunConfig(progress=False))
+    body = row["response"]["body"]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    texts = [c["message"]["content"] for c in body["choices"]]
+    assert texts == [f"{expected_text([], 'hi')}#{i}" for i in range(3)]
+    assert body["usage"]["completion_tokens"] == sum(map(len, texts))
+
+
+def test_a_conversation_keeps_its_turns_and_their_images(tmp_path: Path, samples: Path) -> None:
+    entry = line("x", image(str(samples / "sunset.jpg")), "What is this?")
+    entry["body"]["messages"] = [
+        {"role": "system", "content": "Be brief."},
+        *entry["body"]["messages"],
+        {"role": "assistant", "content": [{"type": "text", "text": "A sunset."}]},
+        {
+            "role": "user",
+            "content": [image(str(samples / "checkerboard.png")), {"type": "text", "text": "And?"}],
+        },
     ]
-    refused, _ = read_batch(write(tmp_path, entry, line("y", "z"))).requests
-    row = refused_line(refused)
-    assert "role 'assistant' is not supported" in row["response"]["body"]["error"]["message"]
+    [request] = read_batch(write(tmp_path, entry)).requests
+    assert request.error is None
+    assert (request.system, request.prompt) == ("Be brief.", "And?")
+    assert request.history == (
+        Turn("user", "What is this?", 1),
+        Turn("assistant", "A sunset.", 0),
+    )
+    assert [Path(m.source).name for m in request.media] == ["sunset.jpg", "checkerboard.png"]
+
+
+@pytest.mark.parametrize(
+    ("messages", "reason"),
+    [
+        ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "last message"),
+        ([{"role": "tool", "content": "a"}], "role 'tool' is not supported"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
+            "must come before",
+        ),
+    ],
+)
+def test_conversations_we_cannot_answer_are_refused(
+    tmp_path: Path, messages: list[dict[str, Any]], reason: str
+) -> None:
+    entry = line("x", "hi")
+    entry["body"]["messages"] = messages
+    [refused] = read_batch(write(tmp_path, entry)).requests
+    assert reason in refused_line(refused)["response"]["body"]["error"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -361,9 +361,61 @@ def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:
     from mmbatch.integrations.ray_data import RayResources
 
     engine = EngineConfig("m", {"tensor_parallel_size": 2, "pipeline_parallel_size": 2})
-    assert RayResources().num_gpus(engine) == 4
-    assert RayResources(gpus_per_replica=0).num_gpus(engine) == 0
-    assert RayResources().num_gpus(EngineConfig("m")) == 1
+    assert RayResources().num_gpus(engine, cpu_build=False) == 4
+    assert RayResources(gpus_per_replica=0).num_gpus(engine, cpu_build=False) == 0
+    assert RayResources().num_gpus(EngineConfig("m"), cpu_build=False) == 1
+    # vLLM's CPU build asks Ray for no GPU; this machine has that build.
+    assert RayResources().num_gpus(engine, cpu_build=True) == 0
+    assert RayResources().num_gpus(engine) == 0
+    assert RayResources(gpus_per_replica=1).num_gpus(engine, cpu_build=True) == 1
+
+
+class _FakeRay:
+    def __init__(self, gpus: float) -> None:
+        self.gpus = gpus
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 8.0, "GPU": self.gpus}
+
+
+def test_a_cluster_that_can_never_hold_the_replicas_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations import ray_data
+
+    monkeypatch.setattr(ray_data, "_most_gpus_possible", lambda: None)  # no autoscaler
+    with pytest.raises(ConfigError) as info:
+        ray_data._check_resources(_FakeRay(0), 1.0)
+    message = str(info.value)
+    assert "1 replica(s) x 1 GPU(s)" in message
+    assert "has 0 and no autoscaler to add more" in message
+    assert "--gpus-per-replica 0" in message
+    with pytest.raises(ConfigError, match="has 2 and no autoscaler"):
+        ray_data._check_resources(_FakeRay(2), 1.0, replicas=4)
+    ray_data._check_resources(_FakeRay(4), 1.0, replicas=4)  # fits
+    ray_data._check_resources(_FakeRay(0), 0.0, replicas=4)  # CPUs only
+    monkeypatch.setattr(ray_data, "_most_gpus_possible", lambda: 2.0)  # can grow to 2
+    with pytest.raises(ConfigError, match="can grow to 2"):
+        ray_data._check_resources(_FakeRay(0), 1.0, replicas=4)
+    monkeypatch.setattr(ray_data, "_most_gpus_possible", lambda: 8.0)
+    ray_data._check_resources(_FakeRay(0), 1.0, replicas=4)
+    assert "its autoscaler can add up to 8: the job waits for them" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_asking_a_gpu_of_a_cluster_without_one_exits_2_before_any_output(
+    local_ray,  # type: ignore[no-untyped-def]
+    samples: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "rows"
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", "m", "--out", str(out)]
+    assert main([*argv, "--ray", "--gpus-per-replica", "1"]) == EXIT_JOB_FAILED
+    assert "has 0 and no autoscaler to add more" in capsys.readouterr().err
+    assert not out.exists()
+    assert not (tmp_path / "rows.job.json").exists()
 
 
 def test_without_ray_the_error_says_how_to_install_it(samples: Path, tmp_path: Path) -> None:

@@ -175,7 +175,10 @@ def test_questions(tmp_path: Path) -> None:
         ('[prompt]\ntext = "  "', "[prompt] text is empty"),
         ("[prompt]\ntext = 3", "'text' must be a string, got 3"),
         ('prompt = "x"', "'prompt' must be a table"),
-        ('[prompt]\ntext = "x"\n[sampling]\nmax_tokens = 0', "max_tokens must be >= 1"),
+        (
+            '[prompt]\ntext = "x"\n[sampling]\nmax_tokens = 0',
+            "max_tokens = 0: must be an integer >= 1",
+        ),
         ('[prompt]\ntext = "x"\n[sampling]\ntemperature = "hot"', "must be a number"),
         ('[prompt]\ntext = "x"\n[sampling]\nmax_tokens = 1.5', "must be an integer"),
         ('[prompt]\ntext = "x"\n[media]\nkind = "smell"', "kind must be one of"),

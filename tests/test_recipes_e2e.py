@@ -68,9 +68,12 @@ def recipe_engines(
             return request.getfixturevalue("vl_engine")
         key = json.dumps([str(model), kwargs, media], sort_keys=True)
         if key not in engines:
-            from mmbatch.engine.vllm import VLLMEngine
+            from mmbatch.engine.shared import shared_engine
 
-            engines[key] = VLLMEngine(EngineConfig(str(model), kwargs), media)
+            # Kept for the session (the registry holds it): an in-process engine collected
+            # at this module's end would take vLLM's global state, which later modules'
+            # engines share, along with it.
+            engines[key] = shared_engine(EngineConfig(str(model), kwargs), media)
         return engines[key]
 
     return {"for": engine_for}
@@ -274,6 +277,14 @@ def test_run_command_writes_one_row_per_item(
     assert all(a["text"] for a in good["outputs"].values())
     assert "2 of 2 items: 1 ok, 1 failed (1 at decode)" in proc.stderr
     assert "media: 1 decoded" in proc.stderr
+    # Quiet by default: vLLM's start-up log went to a file beside the output, named here.
+    log = tmp_path / "rows.jsonl.vllm.log"
+    assert f"its log goes to {log}" in proc.stderr
+    assert "INFO" not in proc.stderr + proc.stdout
+    assert "Loading safetensors checkpoint shards" not in proc.stderr
+    logged = log.read_text()
+    assert "Resolved architecture" in logged
+    assert "Loading safetensors checkpoint shards" in logged
 
 
 def test_run_openai_batch_command(tiny_vl_model: Path, samples: Path, tmp_path: Path) -> None:

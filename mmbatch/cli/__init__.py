@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from mmbatch.cli import (
     bench,
@@ -35,12 +35,25 @@ COMMANDS = (caption, frames, run, check, openai_batch, report, tiny_model, bench
 __all__ = ["EXIT_ITEMS_FAILED", "EXIT_JOB_FAILED", "EXIT_OK", "build_parser", "main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake said the way every other mistake is: one line,
+    ``mmbatch: error: ...``, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_JOB_FAILED, f"mmbatch: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from mmbatch import __version__
+
+    parser = _Parser(
         prog="mmbatch",
         description="Multimodal batch captioning and extraction on vLLM's offline engine.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"mmbatch {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     for command in COMMANDS:
         command.register(commands)
     return parser

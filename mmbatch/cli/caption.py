@@ -20,6 +20,7 @@ from mmbatch.cli.options import (
     add_video_options,
     audio_options_from,
     engine_config_from,
+    keep_columns_from,
     run_to_file,
     sampling_from,
     source_policy_from,
@@ -105,6 +106,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             video_options=asdict(media.video),
             audio_options=asdict(media.audio),
             as_clip=args.as_clip,
+            keep_columns=args.keep_columns,
         ),
         info=info | {"model": args.model, "prompt": args.prompt} | log.to_dict(),
         notes=log.lines(),
@@ -165,5 +167,5 @@ def _inputs(
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
     spec = DatasetInput(args.inputs[0], fmt, args.image_column, args.split, args.id_column)
-    requests = dataset_requests(spec, args.prompt, args.system)
+    requests = dataset_requests(spec, args.prompt, args.system, keep_columns_from(args, "all"))
     return requests, {"inputs": list(args.inputs), "dataset": asdict(spec)}

@@ -1,41 +1,77 @@
-"""``mmbatch check RECIPE...``: validate recipes without starting an engine."""
+"""``mmbatch check RECIPE... [--model M]``: validate recipes without starting an engine."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from mmbatch.cli.options import EXIT_JOB_FAILED, EXIT_OK, Commands
+from mmbatch.cli.options import (
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    Commands,
+    add_verbose_option,
+    quiet_unless_verbose,
+)
 
 
 def register(commands: Commands) -> None:
     parser = commands.add_parser(
         "check",
-        help="validate recipe files (unknown keys, types, JSON schemas); starts no engine",
+        help="validate recipes (keys, types, schemas, engine arguments; with --model, whether "
+        "that model can run them); starts no engine",
         description="Validate each RECIPE and print what it would run; every problem found "
-        "is listed, unknown keys by name.",
+        "is listed, unknown keys by name, [engine] arguments against vLLM's. With --model "
+        "(or a model the recipe names that is on this machine), say whether that model can "
+        "run it: its media, and the context the recipe needs against the model's, read from "
+        "the model's config and processor without starting an engine.",
     )
     parser.add_argument("recipes", nargs="+", metavar="RECIPE")
+    parser.add_argument("--model", default=None, help="check the recipes against this model")
+    add_verbose_option(parser, "by default it is left out")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from mmbatch.errors import ConfigError
-    from mmbatch.recipe.spec import load_recipe
 
     code = EXIT_OK
     for path in args.recipes:
         try:
-            recipe = load_recipe(path)
+            with quiet_unless_verbose(args):
+                lines = _check(path, args.model)
         except ConfigError as exc:
-            print(f"mmbatch: error: {exc}", file=sys.stderr)
+            print(f"mmbatch: error: {path}: {exc}", file=sys.stderr)
             code = EXIT_JOB_FAILED
             continue
-        questions = ", ".join(q.name for q in recipe.questions)
-        output = "json (schema enforced)" if recipe.output.format == "json" else "text"
-        print(
-            f"{path}: ok: {recipe.name}: {recipe.media.kind} input, "
-            f"{len(recipe.questions)} question(s) [{questions}], {output} output, "
-            f"max_tokens {recipe.sampling.max_tokens}, model {recipe.model or '(pass --model)'}"
-        )
+        print("\n  ".join(lines))
     return code
+
+
+def _check(path: str, model_option: str | None) -> list[str]:
+    from mmbatch.engine.config import EngineConfig, check_model_name
+    from mmbatch.engine.processor import model_is_here
+    from mmbatch.engine.vllm import check_engine_arguments
+    from mmbatch.recipe.fit import describe_fit
+    from mmbatch.recipe.spec import load_recipe
+
+    recipe = load_recipe(path)
+    check_engine_arguments(recipe.engine_kwargs())
+    questions = ", ".join(q.name for q in recipe.questions)
+    output = "json (schema enforced)" if recipe.output.format == "json" else "text"
+    model = model_option or recipe.model
+    lines = [
+        f"{path}: ok: {recipe.name}: {recipe.media.kind} input, "
+        f"{len(recipe.questions)} question(s) [{questions}], {output} output, "
+        f"max_tokens {recipe.sampling.max_tokens}, model {model or '(pass --model)'}"
+    ]
+    if model is None:
+        return lines
+    check_model_name(model)
+    if model_option is None and not model_is_here(model):
+        lines.append(
+            f"model {model}: not checked (not on this machine; --model {model} checks it, "
+            "fetching its config from the hub)"
+        )
+        return lines
+    lines.append(describe_fit(recipe, EngineConfig(model, recipe.engine_kwargs())))
+    return lines

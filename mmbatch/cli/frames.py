@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.cli.options import (
+    SAMPLING_FLAGS,
     Commands,
     add_input_options,
     add_model_options,
@@ -25,6 +26,8 @@ from mmbatch.cli.options import (
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
+    from mmbatch.media.options import MediaOptions
+    from mmbatch.types import Request
 
 DEFAULT_PROMPT = "Describe this video frame in one sentence."
 
@@ -34,7 +37,9 @@ def register(commands: Commands) -> None:
         "frames",
         help="caption sampled video frames: one JSON row per frame",
         description="Sample frames from every VIDEO (files, folders, globs, manifests) and "
-        "caption each; rows carry video, frame_index and pts (seconds).",
+        "caption each; rows carry video, frame_index and pts (seconds). Without --model, "
+        "only extract them: with --save-frames DIR the frames are written there and each "
+        "row says where (frame_path); no engine is started.",
     )
     parser.add_argument("inputs", nargs="+", metavar="VIDEO")
     add_prompt_options(parser, DEFAULT_PROMPT, "frame")
@@ -42,7 +47,7 @@ def register(commands: Commands) -> None:
         "--save-frames", metavar="DIR", default=None, help="also write the frames as JPEG here"
     )
     add_video_options(parser, sampling_required=True)
-    add_model_options(parser)
+    add_model_options(parser, without="only extract the frames")
     add_input_options(parser)
     parser.set_defaults(handler=run)
 
@@ -56,16 +61,23 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     from mmbatch.sources.timeline import frame_requests
 
     # Everything that can be checked without the engine is checked before it starts.
-    config = engine_config_from(args)
+    config = engine_config_from(args) if args.model is not None else None
     video = video_options_from(args)
     policy = source_policy_from(args)
     log = ListingLog()
-    requests = frame_requests(args.inputs, video, args.prompt, args.system, policy, log)
     sampling = sampling_from(args)
+    requests = frame_requests(
+        args.inputs, video, args.prompt, args.system, policy, log, save_dir=args.save_frames
+    )
+    media = MediaOptions(video=video, frame_dir=args.save_frames)
+    info = {"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt}
+    info |= log.to_dict()
+    if config is None:
+        return _extract(args, requests, media, info, engine, log.lines())
     job = Job(
         requests,
         sampling,
-        MediaOptions(video=video, frame_dir=args.save_frames),
+        media,
         fingerprint=fingerprint(
             "frames",
             args.model,
@@ -73,10 +85,43 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             prompt=args.prompt,
             system=args.system,
             video_options=asdict(video),
+            keep_columns=policy.keep_columns,
         ),
-        info={"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt}
-        | log.to_dict(),
+        info=info,
         notes=log.lines(),
     )
     print(f"mmbatch: {len(job.item_ids)} frames, model {args.model}", file=sys.stderr)
     return run_to_file(job, engine or config, args)
+
+
+def _extract(
+    args: argparse.Namespace,
+    requests: list[Request],
+    media: MediaOptions,
+    info: dict[str, Any],
+    engine: Engine | None,
+    notes: list[str],
+) -> int:
+    """Without a model: decode the frames (written to --save-frames) and list them, one row
+    each (video, frame_index, pts, frame_path), starting no engine."""
+    from dataclasses import asdict
+
+    from mmbatch.engine.decode_only import DecodeOnly
+    from mmbatch.errors import ConfigError
+    from mmbatch.jobs import Job
+    from mmbatch.out.rows import MEDIA_ONLY
+
+    given = [flag for field, (flag, *_) in SAMPLING_FLAGS.items() if getattr(args, field)]
+    if given or args.stop:
+        raise ConfigError(f"{', '.join(given) or '--stop'}: sampling needs a --model")
+    job = Job(
+        requests,
+        media=media,
+        shape=MEDIA_ONLY,
+        fingerprint={"command": "frames", "model": None, "video_options": asdict(media.video)},
+        info=info,
+        notes=notes,
+    )
+    where = f" to {media.frame_dir}" if media.frame_dir else " (add --save-frames DIR to keep them)"
+    print(f"mmbatch: {len(job.item_ids)} frames, no model: extracting{where}", file=sys.stderr)
+    return run_to_file(job, engine or DecodeOnly(), args)

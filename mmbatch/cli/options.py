@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
@@ -18,7 +21,7 @@ if TYPE_CHECKING:
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.pipeline import RunConfig
-    from mmbatch.sources.files import SourcePolicy
+    from mmbatch.sources.files import KeepColumns, SourcePolicy
     from mmbatch.types import Sampling
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
@@ -46,14 +49,49 @@ def add_prompt_options(parser: argparse.ArgumentParser, default: str, item: str)
     )
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    """--model, --out, sampling and engine options, the same for every job command."""
-    parser.add_argument("--model", required=True, help="local model directory or hub name")
+def add_model_options(parser: argparse.ArgumentParser, without: str | None = None) -> None:
+    """--model, --out, sampling and engine options, the same for every job command;
+    ``without`` says what the command does without a model (None: --model is required)."""
+    help = "local model directory or hub name" + (f" (without: {without})" if without else "")
+    parser.add_argument("--model", required=without is None, help=help)
     add_output_options(parser)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    add_sampling_options(parser)
     add_engine_options(parser)
+
+
+SAMPLING_FLAGS = {
+    "max_tokens": ("--max-tokens", int, "most tokens per answer (default 128)"),
+    "temperature": ("--temperature", float, "0 (the default) is greedy"),
+    "top_p": ("--top-p", float, "nucleus sampling, in (0, 1]"),
+    "top_k": ("--top-k", int, "sample from the k likeliest tokens (0: all)"),
+    "min_p": ("--min-p", float, "drop tokens below this share of the likeliest, in [0, 1]"),
+    "repetition_penalty": ("--repetition-penalty", float, "above 1 discourages repeats"),
+    "presence_penalty": ("--presence-penalty", float, "in [-2, 2]"),
+    "frequency_penalty": ("--frequency-penalty", float, "in [-2, 2]"),
+    "n": ("--n", int, "completions per item; above 1, a row's text is a list of them"),
+    "seed": ("--seed", int, "sampling seed"),
+}
+"""Sampling settings as flags: ``Sampling``'s field -> (flag, type, help)."""
+
+
+def add_sampling_options(parser: argparse.ArgumentParser, over: str | None = None) -> None:
+    """The sampling flags; each left out takes the job's default (``over`` names where that
+    comes from, e.g. a recipe's [sampling]), else the model's generation_config."""
+    group = parser.add_argument_group(
+        "sampling",
+        "settings left out take "
+        + (f"{over}, else " if over else "")
+        + "the model's generation_config (e.g. its repetition penalty), else vLLM's defaults",
+    )
+    for field, (flag, kind, help) in SAMPLING_FLAGS.items():
+        group.add_argument(flag, dest=field, type=kind, default=None, metavar="N", help=help)
+    group.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop the answer at TEXT (left out of it); repeatable",
+    )
 
 
 def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) -> None:
@@ -66,10 +104,18 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
         )
         parser.add_argument(
             "--out-format",
-            choices=("jsonl", "parquet", "datasets"),
+            choices=("jsonl", "parquet", "datasets", "webdataset"),
             default=None,
             help="default: parquet for a .parquet --out, else jsonl; datasets = save_to_disk "
-            "folder",
+            "folder; webdataset = a folder of tar shards (media, .json and .txt per item)",
+        )
+        parser.add_argument(
+            "--shard-rows",
+            type=int,
+            default=None,
+            metavar="N",
+            help="parquet, webdataset: --out is a folder of shards of N rows (webdataset: "
+            "10000 by default)",
         )
     else:
         parser.add_argument("--out", required=True, help="the output .jsonl")
@@ -128,6 +174,34 @@ def add_engine_options(
         action="store_true",
         help="let the model repository run its own Python code (off by default)",
     )
+    add_verbose_option(parser)
+
+
+def add_verbose_option(
+    parser: argparse.ArgumentParser, where: str = "by default it goes to OUT.vllm.log"
+) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", help=f"show vLLM's log ({where})")
+
+
+def engine_log_from(args: argparse.Namespace) -> str | None:
+    """Where vLLM's log goes: beside ``--out`` (``OUT.vllm.log``), or with ``-v`` the
+    terminal (None)."""
+    if args.verbose:
+        return None
+    out = Path(args.out)
+    return str(out.with_name(out.name + ".vllm.log"))
+
+
+@contextmanager
+def quiet_unless_verbose(args: argparse.Namespace) -> Iterator[None]:
+    """What vLLM prints while a command reads the model's configuration (no engine, no
+    log file), dropped unless ``-v``."""
+    import os
+
+    from mmbatch.engine.logs import engine_log
+
+    with engine_log(None if args.verbose else os.devnull):
+        yield
 
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:
@@ -156,6 +230,13 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_URL_TIMEOUT_S,
         help="seconds allowed per URL (default %(default)s)",
+    )
+    parser.add_argument(
+        "--keep-columns",
+        default=None,
+        metavar="COLS",
+        help="input columns copied into each row: a,b,c, all or none (default: all for a "
+        "dataset, none for a manifest); one named like a field of the row becomes input_NAME",
     )
 
 
@@ -205,7 +286,23 @@ def add_audio_options(parser: argparse.ArgumentParser) -> None:
 def source_policy_from(args: argparse.Namespace) -> SourcePolicy:
     from mmbatch.sources.files import SourcePolicy
 
-    return SourcePolicy(args.input_root, args.allow_outside_root, args.allow_urls)
+    keep = keep_columns_from(args, "none")
+    return SourcePolicy(args.input_root, args.allow_outside_root, args.allow_urls, keep)
+
+
+def keep_columns_from(args: argparse.Namespace, default: str) -> KeepColumns:
+    """``--keep-columns`` (``default`` when not given) as the sources take it."""
+    from mmbatch.errors import ConfigError
+
+    value = getattr(args, "keep_columns", None) or default
+    if value == "all":
+        return "all"
+    if value == "none":
+        return ()
+    names = tuple(name.strip() for name in value.split(","))
+    if not all(names):
+        raise ConfigError(f"--keep-columns {value!r}: name columns as a,b,c (or all, none)")
+    return names
 
 
 def url_policy_from(args: argparse.Namespace) -> UrlPolicy | None:
@@ -214,10 +311,22 @@ def url_policy_from(args: argparse.Namespace) -> UrlPolicy | None:
     return UrlPolicy(args.url_max_bytes, args.url_timeout) if args.allow_urls else None
 
 
-def sampling_from(args: argparse.Namespace) -> Sampling:
-    from mmbatch.types import Sampling
+def sampling_from(args: argparse.Namespace, base: Sampling | None = None) -> Sampling:
+    """``base`` (default: mmbatch's, greedy) with each sampling flag given laid over it;
+    a value out of range is a ``ConfigError`` naming the flag and what it allows."""
+    from dataclasses import replace
 
-    return Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    from mmbatch.errors import ConfigError
+    from mmbatch.types import InvalidSetting, Sampling
+
+    given = {f: getattr(args, f) for f in SAMPLING_FLAGS if getattr(args, f, None) is not None}
+    if getattr(args, "stop", None):
+        given["stop"] = tuple(args.stop)
+    try:
+        return replace(base or Sampling(), **given)
+    except InvalidSetting as exc:
+        flag = SAMPLING_FLAGS.get(exc.field, ("--" + exc.field.replace("_", "-"),))[0]
+        raise ConfigError(f"{flag} {exc.value!r}: must be {exc.rule}") from None
 
 
 def run_config_from(args: argparse.Namespace) -> RunConfig:
@@ -257,7 +366,7 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     from mmbatch.engine.config import EngineConfig
 
-    return EngineConfig(args.model, engine_args_from(args), gpus=args.gpus)
+    return EngineConfig(args.model, engine_args_from(args), engine_log_from(args), gpus=args.gpus)
 
 
 def video_options_from(args: argparse.Namespace) -> VideoOptions:
@@ -299,6 +408,7 @@ def file_output_from(args: argparse.Namespace) -> FileOutput:
     return FileOutput.at(
         args.out,
         getattr(args, "out_format", None),
+        getattr(args, "shard_rows", None),
         retry_errors=args.retry_errors,
         force=args.force,
     )

@@ -41,7 +41,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--gpus-per-replica",
         type=float,
         default=None,
-        help="GPUs per engine (default: tensor_parallel_size; 0 on vLLM's CPU build)",
+        help="GPUs per engine (default: tensor_parallel_size x pipeline_parallel_size, or 0 "
+        "where vLLM's CPU build is installed)",
     )
     group.add_argument(
         "--ray-batch",
@@ -66,6 +67,14 @@ def run(
         ray_data.import_ray()
     except ImportError as exc:
         raise ConfigError(str(exc)) from exc
+    # The replicas read the model; the engine arguments' names are checked here, at once.
+    from mmbatch.engine.vllm import check_engine_arguments
+
+    check_engine_arguments(engine.engine_kwargs)
+    if getattr(args, "keep_columns", None) not in (None, "none"):
+        raise ConfigError("--keep-columns is not supported with --ray yet")
+    if getattr(args, "shard_rows", None) is not None:
+        raise ConfigError("on Ray the output folder's files are Ray's blocks: drop --shard-rows")
     items = _one_row_per_item(job.requests)
     _check_items(items)
     out_format = getattr(args, "out_format", None) or "jsonl"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.cli.options import EXIT_OK, Commands
 
 if TYPE_CHECKING:
-    from mmbatch.types import FrameAt
+    from mmbatch.types import FrameAt, MediaRef
 
 DEFAULT_MAX_ITEMS = 2000
 
@@ -40,11 +40,14 @@ def run(args: argparse.Namespace) -> int:
     from mmbatch.out.formats import read_output
     from mmbatch.out.summary import read_summary
     from mmbatch.review.gallery import render
+    from mmbatch.review.views import card_rows, job_folder
 
-    rows = list(read_output(args.out))
     summary = read_summary(args.out)
+    rows, media = card_rows(list(read_output(args.out)), summary)
     shown = _select(rows, args.max_items)
-    preview = _previews(summary)
+    # Relative sources: where the job ran, else beside the output, else here.
+    folders = [f for f in (job_folder(summary), Path(args.out).resolve().parent) if f]
+    preview = _previews(summary, media, [*folders, Path.cwd()])
     page = render(shown, summary, preview, title=f"mmbatch report: {args.out}")
     target = Path(args.html)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -72,15 +75,19 @@ def _select(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
     return shown
 
 
-def _previews(summary: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]], str]:
-    """``preview(row)``: from the file the row names, or, for a job that read a local
-    dataset, from the dataset's row (reopened the way the job read it)."""
+def _previews(
+    summary: Mapping[str, Any] | None, known: Mapping[str, MediaRef], folders: list[Path]
+) -> Callable[[Mapping[str, Any]], str]:
+    """``preview(row)``: from the media ``known`` by the row's id, from the file the row
+    names (a relative one under the first of ``folders`` that holds it), or, for a job that
+    read a local dataset, from the dataset's row (reopened the way the job read it)."""
     from mmbatch.review.thumbnails import NoPreview, thumbnail_uri
+    from mmbatch.review.views import located
     from mmbatch.sources.caption import modality_of
     from mmbatch.types import MediaRef
 
     dataset = (summary or {}).get("job", {}).get("dataset")
-    media: dict[str, MediaRef] = {}
+    media: dict[str, MediaRef] = dict(known)
     if dataset:
         from mmbatch.errors import SourceError
         from mmbatch.sources.local_datasets import DatasetInput, media_by_id
@@ -97,6 +104,7 @@ def _previews(summary: Mapping[str, Any] | None) -> Callable[[Mapping[str, Any]]
             source = source[0] if isinstance(source, list) and source else source
             if not isinstance(source, str) or not source:
                 raise NoPreview("the row names no source")
+            source = located(source, folders)
             if row.get("frame_index") is not None and row.get("pts") is not None:
                 ref = MediaRef("image", source, part=_frame(row))  # a frame job's row
             else:

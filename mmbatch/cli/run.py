@@ -12,8 +12,12 @@ from mmbatch.cli.options import (
     add_engine_options,
     add_input_options,
     add_output_options,
+    add_sampling_options,
     engine_args_from,
+    engine_log_from,
+    quiet_unless_verbose,
     run_to_file,
+    sampling_from,
     source_policy_from,
     url_policy_from,
 )
@@ -33,6 +37,7 @@ def register(commands: Commands) -> None:
     parser.add_argument("--input", nargs="+", required=True, metavar="INPUT", dest="inputs")
     add_output_options(parser)
     parser.add_argument("--model", default=None, help="overrides the recipe's [engine] model")
+    add_sampling_options(parser, over="the recipe's [sampling]")
     add_engine_options(parser, "added to (and over) the recipe's [engine] table for vllm.LLM")
     ray.add_options(parser)
     add_input_options(parser)
@@ -42,6 +47,8 @@ def register(commands: Commands) -> None:
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     """Run ``args.recipe`` over ``args.inputs`` into ``args.out``, resumably; ``engine``
     replaces the vLLM engine the recipe describes (for the tests' fake engine)."""
+    from dataclasses import replace
+
     from mmbatch.engine.config import EngineConfig
     from mmbatch.errors import ConfigError
     from mmbatch.recipe import load_recipe
@@ -49,13 +56,20 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
 
     # Everything that can be checked without the engine is checked before it starts.
     recipe = load_recipe(args.recipe)
+    recipe = replace(recipe, sampling=sampling_from(args, recipe.sampling))
     model = args.model or recipe.model
     if not model:
         raise ConfigError(f"{args.recipe} names no model: set [engine] model or pass --model")
-    config = EngineConfig(
-        model, {**recipe.engine_kwargs(), **engine_args_from(args)}, gpus=args.gpus
-    )
+    kwargs = {**recipe.engine_kwargs(), **engine_args_from(args)}
+    config = EngineConfig(model, kwargs, engine_log_from(args), gpus=args.gpus)
     job = recipe_job(recipe, args.inputs, model, source_policy_from(args), url_policy_from(args))
+    if engine is None:  # the vLLM engine: sized for what the recipe needs of the model
+        from mmbatch.recipe.fit import fit_engine
+
+        with quiet_unless_verbose(args):
+            config, note = fit_engine(recipe, config)
+        if note is not None:
+            print(f"mmbatch: {note}", file=sys.stderr)
     print(
         f"mmbatch: recipe {recipe.name}, {len(job.item_ids)} items x {len(recipe.questions)} "
         f"question(s), model {model}",

@@ -8,6 +8,7 @@ encoder data-parallel mode under tensor parallelism) that the user can still ove
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,9 @@ class EngineConfig:
 
     model: str
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    log_file: str | None = None
+    """Where vLLM's log goes once the engine starts (``mmbatch.engine.logs``); None: where
+    vLLM sends it (the terminal)."""
     gpus: int | None = None
     """How many of the visible GPUs to use (None: all); how they run the model is chosen
     by ``mmbatch.engine.layout``."""
@@ -72,3 +76,20 @@ def parse_engine_args(pairs: Iterable[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             parsed[key] = raw
     return parsed
+
+
+def check_model_name(model: str) -> None:
+    """A ``ConfigError`` for a model named by a path that holds no model; hub names (one
+    ``/`` at most, no leading ``.`` or ``/``) are left to the hub."""
+    path = os.path.expanduser(model)
+    looks_like_path = path.startswith(("/", ".", "~")) or path.count("/") > 1
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ConfigError(f"model {model!r}: the folder holds no model (no config.json)")
+    elif os.path.exists(path):
+        raise ConfigError(f"model {model!r} is a file; name the model's folder")
+    elif looks_like_path:
+        raise ConfigError(
+            f"model {model!r}: no such model folder (a hub model is named like "
+            "'Qwen/Qwen2.5-VL-3B-Instruct')"
+        )

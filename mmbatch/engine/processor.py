@@ -8,12 +8,13 @@ is seconds for a hub model, so it is loaded once and shared.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
-from mmbatch.types import Modality
+from mmbatch.types import Modality, Turn
 
 if TYPE_CHECKING:
     from mmbatch.engine.budget import PromptBudget
@@ -33,7 +34,9 @@ def load_processor(model: str, trust_remote_code: bool = False) -> Any:
     try:
         return AutoProcessor.from_pretrained(model, trust_remote_code=trust_remote_code)
     except Exception as exc:
-        raise ConfigError(f"cannot load the processor of {model!r}: {exc}") from exc
+        lines = str(exc).strip().splitlines()
+        reason = lines[0] if lines else type(exc).__name__
+        raise ConfigError(f"cannot load the processor of {model!r}: {reason}") from exc
 
 
 def model_modalities(config: EngineConfig) -> frozenset[Modality]:
@@ -44,7 +47,7 @@ def model_modalities(config: EngineConfig) -> frozenset[Modality]:
 
 
 class ChatTemplate:
-    """Renders (system, prompt, media) with the model's chat template, media first."""
+    """Renders (system, prompt, media, earlier turns) with the model's chat template."""
 
     def __init__(self, model: str, trust_remote_code: bool) -> None:
         self.processor = load_processor(model, trust_remote_code)
@@ -52,13 +55,14 @@ class ChatTemplate:
             raise ConfigError(f"the model {model!r} has no chat template")
         self.render = lru_cache(maxsize=4096)(self._render)
 
-    def _render(self, system: str | None, prompt: str, modalities: tuple[str, ...]) -> str:
-        messages: list[dict[str, Any]] = []
-        if system is not None:
-            messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-        content: list[dict[str, Any]] = [{"type": m} for m in modalities]
-        content.append({"type": "text", "text": prompt})
-        messages.append({"role": "user", "content": content})
+    def _render(
+        self,
+        system: str | None,
+        prompt: str,
+        modalities: tuple[str, ...],
+        history: tuple[Turn, ...] = (),
+    ) -> str:
+        messages = chat_messages(system, prompt, modalities, history)
         text = self.processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
@@ -71,3 +75,43 @@ class ChatTemplate:
         return PromptBudget.from_processor(
             self.processor, self.render, max_model_len, max_item_tokens
         )
+
+
+def chat_messages(
+    system: str | None,
+    prompt: str,
+    modalities: Sequence[str],
+    history: Sequence[Turn] = (),
+) -> list[dict[str, Any]]:
+    """The chat messages of one request, as the model's chat template takes them: the
+    system prompt, the earlier turns (each user turn with its share of ``modalities``, in
+    order), then ``prompt`` with the rest; in each message the media come before the text,
+    so that requests sharing a picture share the prefix the prefix cache reuses."""
+    messages: list[dict[str, Any]] = []
+    if system is not None:
+        messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+    left = list(modalities)
+    for turn in history:
+        taken, left = left[: turn.media], left[turn.media :]
+        messages.append({"role": turn.role, "content": _content(taken, turn.text)})
+    messages.append({"role": "user", "content": _content(left, prompt)})
+    return messages
+
+
+def _content(modalities: Sequence[str], text: str) -> list[dict[str, Any]]:
+    return [*({"type": m} for m in modalities), {"type": "text", "text": text}]
+
+
+def model_is_here(model: str) -> bool:
+    """Whether ``model`` can be read without the network: a local folder, or a hub model in
+    the local Hugging Face cache."""
+    import os
+
+    if os.path.isdir(os.path.expanduser(model)):
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(model, "config.json"), str)
+    except ValueError:  # not a valid hub name either
+        return False

@@ -27,6 +27,7 @@ queue depths. Pictures travel pickled: about a millisecond for a 448x448 image.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
@@ -35,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -102,6 +103,9 @@ class ReplicaEngine:
         self._suspects: deque[list[str]] = deque()  # groups to try, one per replica at a time
         self._deaths_in_a_row = 0
         self._context_limits: tuple[int, int | None] | None = None
+        # Replicas are not daemonic; at exit the interpreter waits for them, so they are
+        # told to stop first (atexit runs this before multiprocessing's own join).
+        atexit.register(self.close)
         for replica in self._replicas:
             self._start(replica)
         for replica in self._replicas:
@@ -110,7 +114,7 @@ class ReplicaEngine:
     # -- Engine --------------------------------------------------------------------------
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
-        flight = _InFlight(request, media, sampling)
+        flight = _InFlight(_portable(request), media, sampling)
         self._in_flight[request.id] = flight
         self._send_to(self._choose(request), flight)
 
@@ -330,6 +334,16 @@ class ReplicaEngine:
         replica.conn, replica.process, replica.ready = None, None, False
 
 
+def _portable(request: LoadedRequest) -> LoadedRequest:
+    """``request`` without the source bytes its media references may hold (a view into a
+    memory-mapped dataset cannot be pickled, and the replica needs only the decoded items)."""
+    refs = request.request.media
+    if all(ref.data is None and ref.image is None for ref in refs):
+        return request
+    bare = tuple(replace(ref, data=None, image=None) for ref in refs)
+    return LoadedRequest(replace(request.request, media=bare), request.media_keys)
+
+
 def _load(replica: _Replica) -> float:
     return len(replica.held) / max(1, replica.capacity)
 
@@ -343,9 +357,21 @@ def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> 
         engine = make_engine()
         limits = getattr(engine, "context_limits", lambda: (0, None))()
         conn.send(("ready", engine.capacity(), limits))
+    except FatalEngineError as exc:  # says why already
+        conn.send(("fatal", str(exc)))
+        return
     except Exception as exc:
         conn.send(("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
         return
+    try:
+        _serve_engine(engine, conn)
+    finally:
+        # vLLM's own engine-core process is not ours to leave behind: closed here, whatever
+        # ended the loop (a stop, the parent gone, the engine dead).
+        getattr(engine, "close", lambda: None)()
+
+
+def _serve_engine(engine: Engine, conn: Connection) -> None:
     inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
     threading.Thread(target=_receive_into, args=(conn, inbox), daemon=True).start()
     rejected: list[Result] = []

@@ -5,21 +5,31 @@ and must stay small) ask here instead: the first call in a process builds the en
 later call with the same settings gets the same one, since building it again would cost the
 model load and the GPU memory a second time.
 
-What is built follows the host's GPUs (``mmbatch.engine.layout``): one ``VLLMEngine``, on
-one GPU, a tensor-parallel group, or the CPU; or, with more GPUs than the model needs, a
-``ReplicaEngine`` of one engine process per GPU (or per group).
+What is built follows the host's GPUs (``mmbatch.engine.layout``): a ``ReplicaEngine`` of
+one engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that
+an engine that dies is restarted and the request that killed it isolated; in a process that
+may not start others (a ``Dataset.map`` worker), one ``VLLMEngine`` in-process. Either way
+the settings are checked first (``preflight``): a mistake is a one-line ``ConfigError``
+before any model is loaded or any output written.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from dataclasses import replace
 from functools import partial
+from typing import TYPE_CHECKING
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Layout, choose_layout, visible_gpus
+from mmbatch.errors import FatalEngineError, MmbatchError
 from mmbatch.types import Modality
+
+if TYPE_CHECKING:
+    from mmbatch.engine.vllm import VLLMEngine
 
 _ENGINES: dict[str, tuple[Engine, Layout]] = {}
 
@@ -55,22 +65,80 @@ def host_layout(config: EngineConfig) -> Layout:
 def build_engine(
     config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout
 ) -> Engine:
-    """The engine(s) ``layout`` describes for ``config``."""
-    from mmbatch.engine.vllm import VLLMEngine
-
+    """The engine(s) ``layout`` describes for ``config``, its settings checked first."""
     if layout.tensor_parallel > 1 and "tensor_parallel_size" not in config.engine_kwargs:
         kwargs = {**config.engine_kwargs, "tensor_parallel_size": layout.tensor_parallel}
         config = replace(config, engine_kwargs=kwargs)
-    if layout.replicas == 1:
-        return VLLMEngine(config, media_per_prompt)
+    if not may_start_processes():
+        # A daemonic process (a Dataset.map worker) may not start processes: the engine
+        # runs here, one GPU per worker, without the restart a replica process gives.
+        return start_engine(config, media_per_prompt)
+    check_engine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
 
     trust = bool(config.engine_kwargs.get("trust_remote_code", False))
     template = ChatTemplate(config.model, trust)
     return ReplicaEngine(
-        partial(VLLMEngine, config, media_per_prompt), layout.devices(), template.budget
+        partial(open_engine, config, media_per_prompt), layout.devices(), template.budget
     )
+
+
+def may_start_processes() -> bool:
+    """False in a daemonic process, which may not have children. datasets' pools come from
+    ``multiprocess`` (dill's fork of multiprocessing), whose process bookkeeping the
+    standard module does not see: ask both."""
+    import multiprocessing
+
+    modules = [multiprocessing, sys.modules.get("multiprocess")]
+    return not any(m is not None and m.current_process().daemon for m in modules)
+
+
+def forget(engine: Engine) -> None:
+    """Drop ``engine`` from this process's engines (it is closing): the next ask builds
+    another."""
+    for key, (kept, _) in list(_ENGINES.items()):
+        if kept is engine:
+            del _ENGINES[key]
+
+
+def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
+    """A new engine in this process for ``config``: ``check_engine``, then ``open_engine``."""
+    check_engine(config, media_per_prompt)
+    return open_engine(config, media_per_prompt)
+
+
+def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> None:
+    """``ConfigError`` (one line) for settings vLLM would refuse, before any model is
+    loaded; then says where vLLM's log will go."""
+    from mmbatch.engine.logs import engine_log
+    from mmbatch.engine.vllm import preflight
+
+    log = config.log_file
+    with engine_log(None if log is None else os.devnull):  # a mistake leaves no log file
+        preflight(config, media_per_prompt)
+    if log is not None:
+        print(f"mmbatch: starting vLLM; its log goes to {log} (-v: here)", file=sys.stderr)
+
+
+def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
+    """The engine for ``config`` (settings already checked), its start-up log in
+    ``config.log_file``; one that fails to start is a ``FatalEngineError`` saying why, not
+    a traceback. Runs in a replica process too (``ReplicaEngine``)."""
+    from mmbatch.engine.logs import engine_log
+    from mmbatch.engine.vllm import VLLMEngine
+
+    log = config.log_file
+    try:
+        with engine_log(log):
+            return VLLMEngine(config, media_per_prompt)
+    except MmbatchError:
+        raise
+    except Exception as exc:  # vLLM raises anything at start-up (memory, devices, weights)
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        where = f" (its log: {log})" if log is not None else ""
+        raise FatalEngineError(f"the vLLM engine did not start{where}: {reason}") from exc
 
 
 def built_engines() -> int:

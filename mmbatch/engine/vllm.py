@@ -16,19 +16,24 @@ an image share the prefix that the prefix cache can reuse.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import itertools
 import json
+import re
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.processor import ChatTemplate
-from mmbatch.errors import FatalEngineError, RequestRejected
+from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.types import (
     CacheStats,
+    Choice,
     LoadedRequest,
     MediaItem,
     Modality,
@@ -115,8 +120,9 @@ class VLLMEngine:
         )
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        self._check_open()
         prompt = self._prompt(request, media)
-        params = _sampling_params(sampling)
+        params = _sampling_params(sampling, self.model_sampling)
         engine_id = str(next(self._ids))
         if self._pool is None:
             self._submit(engine_id, request.id, self._render(prompt), params)
@@ -139,28 +145,11 @@ class VLLMEngine:
             if not output.finished:
                 continue
             request_id = self._pending.pop(output.request_id)
-            completion = output.outputs[0]
-            if completion.finish_reason in _FAILED_FINISH_REASONS:
-                # vLLM fails one request alone this way ("error": a JSON schema whose grammar
-                # did not compile, for one; "abort"): its text is empty, never an answer.
-                reason = completion.finish_reason
-                message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
-                results.append(Result.failure(request_id, "engine", message, "engine"))
-                continue
-            self._prompt_tokens[0] += len(output.prompt_token_ids or ())
-            self._prompt_tokens[1] += 1
-            results.append(
-                Result(
-                    request_id=request_id,
-                    text=self._tokenizer.decode(completion.token_ids, skip_special_tokens=True),
-                    finish_reason=completion.finish_reason,
-                    usage=Usage(
-                        prompt_tokens=len(output.prompt_token_ids or ()),
-                        output_tokens=len(completion.token_ids),
-                        cached_tokens=output.num_cached_tokens or 0,
-                    ),
-                )
-            )
+            result = _result(request_id, output, self._tokenizer)
+            if result.ok:
+                self._prompt_tokens[0] += result.usage.prompt_tokens
+                self._prompt_tokens[1] += 1
+            results.append(result)
         if self._pending and not self._engine.has_unfinished_requests():
             # vLLM holds nothing more, yet these never came back: without this, the pipeline
             # would wait for them forever.
@@ -239,6 +228,53 @@ class VLLMEngine:
                 counts[metric.name] += int(getattr(metric, "value", 0))
         return counts["vllm:num_requests_running"], counts["vllm:num_requests_waiting"]
 
+    def close(self) -> None:
+        """Free what the engine holds: its engine process (or, in-process, its model and KV
+        cache) and with it the GPU memory, and its render threads. It takes no requests
+        after; closing again does nothing. ``with VLLMEngine(...) as engine:`` closes it on
+        the way out."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        from mmbatch.engine.shared import forget
+
+        forget(self)
+        for hook in getattr(self, "_close_hooks", ()):
+            hook()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._rendering.clear()
+        self._pending.clear()
+        shutdown = getattr(getattr(self._engine, "engine_core", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del self.llm, self._engine
+        _free_memory()
+
+    def on_close(self, hook: Callable[[], object]) -> None:
+        """Call ``hook`` when the engine closes (what was kept for it goes too: its
+        pipeline's decoding workers)."""
+        hooks: list[Callable[[], object]] = self.__dict__.setdefault("_close_hooks", [])
+        if hook not in hooks:
+            hooks.append(hook)
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise FatalEngineError("the engine is closed; start another to go on")
+
+    @cached_property
+    def model_sampling(self) -> dict[str, Any]:
+        """The model's own sampling defaults (its ``generation_config``, or none with the
+        engine argument ``generation_config="vllm"``), which vLLM itself applies only in
+        ``LLM.generate`` and its servers: requests added here get them from us."""
+        return dict(self._engine.model_config.get_diff_sampling_param())
+
     def cache_stats(self) -> CacheStats:
         counts = dict.fromkeys(_METRICS.values(), 0)
         for metric in self.llm.get_metrics():
@@ -260,7 +296,8 @@ class VLLMEngine:
 
     def _prompt(self, request: LoadedRequest, media: Sequence[MediaItem]) -> dict[str, Any]:
         modalities = tuple(item.modality for item in media)
-        text = self._template.render(request.request.system, request.request.prompt, modalities)
+        asked = request.request
+        text = self._template.render(asked.system, asked.prompt, modalities, asked.history)
         prompt: dict[str, Any] = {"prompt": text}
         if media:
             data: dict[str, list[Any]] = {}
@@ -271,6 +308,18 @@ class VLLMEngine:
             prompt["multi_modal_data"] = data
             prompt["multi_modal_uuids"] = uuids
         return prompt
+
+
+def _free_memory() -> None:
+    """Return what a closed engine held: Python's references first, then the CUDA caching
+    allocator's blocks (on a GPU host)."""
+    import gc
+
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 _FAILED_FINISH_REASONS = frozenset({"abort", "error"})
@@ -305,24 +354,157 @@ def _cpu_kv_cache_default(kwargs: dict[str, Any]) -> None:
         kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
 
 
-def _sampling_params(sampling: Sampling) -> SamplingParams:
+def _sampling_params(sampling: Sampling, model_defaults: Mapping[str, Any]) -> SamplingParams:
+    """vLLM's parameters for ``sampling``: what it sets, over the model's own defaults (its
+    ``generation_config``, as vLLM applies them: ``model_defaults``), over vLLM's. Settings
+    that vLLM refuses once merged refuse this request alone (``RequestRejected``)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-    return SamplingParams(
-        max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature,
-        top_p=sampling.top_p,
-        seed=sampling.seed,
-        ignore_eos=sampling.ignore_eos,
-        # A JSON schema is enforced token by token by vLLM's structured-outputs backend
-        # (xgrammar or guidance, chosen by vLLM; both run on the CPU build).
-        structured_outputs=StructuredOutputsParams(json=json.loads(sampling.json_schema))
-        if sampling.json_schema is not None
-        else None,
-        # Only the finished output: the pipeline never looks at partial text. And no
-        # incremental detokenising on every engine step for every running request, which
-        # costs the driving process more than decoding each finished output once.
-        output_kind=RequestOutputKind.FINAL_ONLY,
-        detokenize=False,
+    explicit = sampling.explicit()
+    schema = explicit.pop("json_schema", None)
+    stop = list(explicit.pop("stop", ()))
+    try:
+        return SamplingParams(
+            **{**model_defaults, **explicit},
+            stop=stop or None,
+            # A JSON schema is enforced token by token by vLLM's structured-outputs backend
+            # (xgrammar or guidance, chosen by vLLM; both run on the CPU build).
+            structured_outputs=StructuredOutputsParams(json=json.loads(schema))
+            if schema is not None
+            else None,
+            # Only the finished output: the pipeline never looks at partial text. And no
+            # incremental detokenising on every engine step for every running request,
+            # which costs the driving process more than decoding each finished output once;
+            # except that vLLM finds stop strings only in the text it detokenises itself.
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=bool(stop),
+        )
+    except (ValueError, TypeError) as exc:  # vLLM's own checks, on the settings merged
+        raise RequestRejected(f"vLLM refuses the sampling settings: {exc}") from exc
+
+
+def _result(request_id: str, output: Any, tokenizer: Any) -> Result:
+    """A finished vLLM ``RequestOutput`` as our ``Result``: its completion, or all ``n`` of
+    them as ``choices``; a request vLLM failed is an engine error."""
+    failed = [c.finish_reason for c in output.outputs if c.finish_reason in _FAILED_FINISH_REASONS]
+    if failed or not output.outputs:
+        # vLLM fails one request alone this way ("error": a JSON schema whose grammar did
+        # not compile, for one; "abort"): its text is empty, never an answer.
+        reason = failed[0] if failed else None
+        message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
+        return Result.failure(request_id, "engine", message, "engine")
+    choices = tuple(
+        Choice(
+            # Stopped by a stop string (its stop_reason): vLLM detokenised the text itself
+            # and cut the string off; else its tokens are decoded here, once.
+            c.text
+            if isinstance(c.stop_reason, str)
+            else tokenizer.decode(c.token_ids, skip_special_tokens=True),
+            c.finish_reason,
+            len(c.token_ids),
+        )
+        for c in sorted(output.outputs, key=lambda c: c.index)
     )
+    first = choices[0]
+    return Result(
+        request_id=request_id,
+        text=first.text,
+        finish_reason=first.finish_reason,
+        usage=Usage(
+            prompt_tokens=len(output.prompt_token_ids or ()),
+            output_tokens=sum(c.output_tokens for c in choices),
+            cached_tokens=output.num_cached_tokens or 0,
+        ),
+        choices=choices if len(choices) > 1 else (),
+    )
+
+
+def cpu_build() -> bool:
+    """Whether the vLLM installed here is its CPU build, whose engines use no GPU."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+LLM_ONLY_ARGUMENTS = frozenset({"chat_template"})
+"""``vllm.LLM`` arguments that are not ``EngineArgs`` fields."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What vLLM's own configuration says about the model, read without starting an engine."""
+
+    max_model_len: int
+    """The context the engine would run with: ``max_model_len`` if given, else the model's."""
+
+
+def check_engine_arguments(engine_kwargs: Mapping[str, Any]) -> None:
+    """``ConfigError`` for an argument ``vllm.LLM`` does not have, with the likeliest one
+    meant (vLLM itself answers a ``TypeError`` from deep inside, after the job began)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)} | LLM_ONLY_ARGUMENTS
+    for key in engine_kwargs:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see `vllm serve --help`"
+            raise ConfigError(f"engine argument {key!r}: vLLM has no such argument ({hint})")
+
+
+def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> ModelFacts:
+    """Check ``config`` as vLLM will read it, without starting an engine: the model can be
+    found, every engine argument is one vLLM has and holds a value it takes, and the model
+    fits the settings (a ``max_model_len`` within its context). A mistake is a
+    ``ConfigError`` of one line naming the bad value and what would be valid."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    check_model_name(config.model)
+    kwargs = config.llm_kwargs()
+    kwargs.setdefault(
+        "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
+    )
+    _cpu_kv_cache_default(kwargs)
+    check_engine_arguments(config.engine_kwargs)
+    args = {k: v for k, v in kwargs.items() if k not in LLM_ONLY_ARGUMENTS}
+    if isinstance(args.get("compilation_config"), int):  # as vllm.LLM reads an int
+        args["compilation_config"] = {"mode": args["compilation_config"]}
+    try:
+        vllm_config = EngineArgs(**args).create_engine_config()
+    except Exception as exc:  # vLLM checks with pydantic, ValueError, OSError from the hub...
+        raise ConfigError(_config_problem(config, exc)) from exc
+    return ModelFacts(max_model_len=int(vllm_config.model_config.max_model_len))
+
+
+def _config_problem(config: EngineConfig, exc: Exception) -> str:
+    """vLLM's complaint about a configuration, as one line for the user."""
+    import pydantic
+
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        loc = [str(p) for p in first.get("loc", ()) if str(p).isidentifier()]
+        message = str(first.get("msg", exc)).removeprefix("Value error, ")
+        too_long = re.search(
+            r"User-specified max_model_len \((\d+)\) is greater than the derived "
+            r"max_model_len \((.*?)\)",
+            message,
+        )
+        if too_long:
+            return (
+                f"max_model_len {too_long[1]} is longer than the context of the model "
+                f"{config.model!r} ({too_long[2]}); use at most that, or a model with a "
+                "longer context"
+            )
+        if loc:
+            name = ".".join(loc)
+            value = first.get("input")
+            return f"engine argument {name}={value!r}: {message}"
+        return f"vLLM refuses the engine settings: {message}"
+    if isinstance(exc, OSError):
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return (
+            f"model {config.model!r} is not a local folder, and the Hugging Face hub has no "
+            f"such model or could not be reached: {detail}"
+        )
+    lines = str(exc).strip().splitlines()
+    return f"vLLM refuses the engine settings: {type(exc).__name__}: {lines[0] if lines else ''}"

@@ -16,7 +16,9 @@ What datasets' ``map`` asks of a function, and how this one answers:
   workers are daemonic processes, which may not start processes of their own, so there the
   engine runs in the worker (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one GPU each.
 * A batch is a dict of columns; the answer is two new columns of the same length, ``text``
-  and ``error``. One bad row never raises: it gets ``text == ""`` and an ``error`` naming
+  and ``error`` (with ``with_usage=True`` also ``finish_reason``, ``prompt_tokens``,
+  ``output_tokens`` and ``cached_tokens``; with ``Sampling(n=...)`` above 1, each text is a
+  list of n). One bad row never raises: it gets ``text == ""`` and an ``error`` naming
   the stage and the cause. Both columns are strings, never None, because datasets cannot
   write a column whose first batch is all None (it would have the null type).
 * ``Image(decode=False)`` / ``Audio(decode=False)`` cells are ``{bytes, path}``: the raw
@@ -29,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ import xxhash
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.identity import model_identity
+from mmbatch.engine.shared import may_start_processes
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -74,6 +76,7 @@ class DatasetMap:
         image_options: ImageOptions | None = None,
         text_column: str = "text",
         error_column: str = "error",
+        with_usage: bool = False,
     ) -> None:
         self.engine_config = EngineConfig(model, dict(engine_kwargs or {}))
         self.prompt = prompt
@@ -85,6 +88,7 @@ class DatasetMap:
         self.image_options = image_options or ImageOptions()
         self.text_column = text_column
         self.error_column = error_column
+        self.with_usage = with_usage
         if text_column == error_column:
             raise ConfigError(f"text and error columns must differ, both are {text_column!r}")
         # Computed once, here, so that workers and later runs hash the same state.
@@ -95,7 +99,7 @@ class DatasetMap:
 
     def __call__(
         self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any
-    ) -> dict[str, list[str]]:
+    ) -> dict[str, list[Any]]:
         """Caption one batch. datasets appends the rows' indices (``with_indices=True``, a
         list) and the worker's rank (``with_rank=True``, an int or None), in that order."""
         job, engine, size = self._batch_job(batch, indices_and_rank)
@@ -106,7 +110,7 @@ class DatasetMap:
 
     async def pipelined(
         self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any
-    ) -> dict[str, list[str]]:
+    ) -> dict[str, list[Any]]:
         """The same as calling this object, as a coroutine: ``Dataset.map`` then keeps many
         batches in flight at once, all on this process's one engine, which therefore never
         drains between batches (a plain call returns only once its batch is done)::
@@ -143,17 +147,26 @@ class DatasetMap:
         usable = any(r.error is None for r in requests)
         return job, self._engine(rank) if usable else None, len(cells)
 
-    def _columns(self, job: Job, rows: list[dict[str, Any]], size: int) -> dict[str, list[str]]:
+    def _columns(self, job: Job, rows: list[dict[str, Any]], size: int) -> dict[str, list[Any]]:
         """Exactly one (text, error) per input row, in input order; a missing one is a bug."""
         by_id = {row["id"]: row for row in rows}
         for request in job.requests:
             if request.id not in by_id:  # failed before any work: its error is its row
                 by_id[request.id] = output_row(request, (), Result(request.id, error=request.error))
         ordered = [by_id[str(index)] for index in range(size)]
-        return {
-            self.text_column: [row["text"] or "" for row in ordered],
+        # Every value has its column's type in every row, a failed one too (datasets fixes
+        # a column's type from its first batch): text is a string, or with n > 1 a list of
+        # them (empty for a failed row).
+        empty: Any = [] if self.sampling.n > 1 else ""
+        columns: dict[str, list[Any]] = {
+            self.text_column: [row["text"] or empty for row in ordered],
             self.error_column: [_error_text(row["error"]) for row in ordered],
         }
+        if self.with_usage:
+            columns["finish_reason"] = [row["finish_reason"] or empty for row in ordered]
+            for name in ("prompt_tokens", "output_tokens", "cached_tokens"):
+                columns[name] = [int(row[name] or 0) for row in ordered]
+        return columns
 
     def _requests(
         self, cells: Sequence[Any], prompts: Sequence[Any] | None, indices: Sequence[int] | None
@@ -161,7 +174,9 @@ class DatasetMap:
         """The batch's requests, by position as id; an unusable row carries its error."""
         requests: list[Request] = []
         for index, cell in enumerate(cells):
-            label = f"row {indices[index]}" if indices is not None else f"batch row {index}"
+            # The error lands in the row's own cell, so without indices (with_indices=True)
+            # it names no row rather than a position in the batch, which reads as a row.
+            label = f"row {indices[index]}" if indices is not None else "this row"
             prompt = self.prompt if prompts is None else prompts[index]
             try:
                 if not isinstance(prompt, str) or not prompt:
@@ -192,7 +207,7 @@ class DatasetMap:
             "system": self.system,
             "sampling": asdict(self.sampling),
             "image_options": self.image_options.cache_token(),
-            "columns": [self.text_column, self.error_column],
+            "columns": [self.text_column, self.error_column, self.with_usage],
         }
 
     def __repr__(self) -> str:
@@ -230,7 +245,7 @@ def prepare_engine_process(rank: int | None, engine_kwargs: Mapping[str, Any]) -
     worker, vLLM's engine core kept in-process (datasets' workers are daemonic, and a
     daemonic process may not start the process vLLM would otherwise start)."""
     select_gpu(rank)
-    if not _in_daemonic_worker():
+    if may_start_processes():
         return
     parallel = [
         k
@@ -243,15 +258,6 @@ def prepare_engine_process(rank: int | None, engine_kwargs: Mapping[str, Any]) -
             "(num_proc) cannot start: map with num_proc=None and let the engine use the GPUs"
         )
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
-def _in_daemonic_worker() -> bool:
-    # datasets' pools come from ``multiprocess`` (dill's fork of multiprocessing), whose
-    # process bookkeeping the standard module does not see: ask both.
-    import multiprocessing
-
-    modules = [multiprocessing, sys.modules.get("multiprocess")]
-    return any(m is not None and m.current_process().daemon for m in modules)
 
 
 def select_gpu(rank: int | None) -> None:

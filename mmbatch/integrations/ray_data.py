@@ -123,8 +123,8 @@ class RayResources:
     replicas: int = 1
     """Actors, each with its own engine (Ray Data's ``concurrency``)."""
     gpus_per_replica: float | None = None
-    """GPUs per actor; None means the engine's tensor_parallel_size x pipeline_parallel_size.
-    0 runs on CPUs (vLLM's CPU build)."""
+    """GPUs per actor; None: the engine's tensor_parallel_size x pipeline_parallel_size, or
+    0 where the driver has vLLM's CPU build. 0 runs on CPUs."""
     batch_groups: int = DEFAULT_BATCH_GROUPS
     shuffle_partitions: int | None = None
     """Partitions of the group-by shuffle; None: four per replica."""
@@ -139,9 +139,17 @@ class RayResources:
         if self.batch_groups < 1:
             raise ConfigError(f"batch_groups must be >= 1, got {self.batch_groups}")
 
-    def num_gpus(self, engine: EngineConfig) -> float:
+    def num_gpus(self, engine: EngineConfig, cpu_build: bool | None = None) -> float:
+        """GPUs per replica: as given, else none on vLLM's CPU build (``cpu_build``, found
+        out from the vLLM installed here when None), else the engine's parallel size."""
         if self.gpus_per_replica is not None:
             return self.gpus_per_replica
+        if cpu_build is None:
+            from mmbatch.engine.vllm import cpu_build as installed_cpu_build
+
+            cpu_build = installed_cpu_build()
+        if cpu_build:
+            return 0.0
         kwargs = engine.engine_kwargs
         return float(
             int(kwargs.get("tensor_parallel_size", 1))
@@ -226,7 +234,7 @@ def run_on_ray(
     ray = import_ray()
     out = out if isinstance(out, FileOutput) else FileOutput(Path(out))
     _check_output(out, job)
-    _check_resources(ray, resources.num_gpus(job.engine))
+    _check_resources(ray, resources.num_gpus(job.engine), resources.replicas)
     started = time.perf_counter()
     inputs = _input_ids(ds, job)
     shape = job.shape
@@ -453,17 +461,44 @@ def _read(out: FileOutput, shape: RowShape) -> list[dict[str, Any]]:
         raise ConfigError(str(exc)) from None
 
 
-def _check_resources(ray: Any, gpus: float) -> None:
-    """Say so when no replica fits the cluster as it is now, rather than wait silently
-    (an autoscaler may still add GPU nodes, so this is not an error)."""
+def _check_resources(ray: Any, gpus: float, replicas: int = 1) -> None:
+    """Refuse a job the cluster can never run: replicas that need more GPUs than it has and
+    can get (the autoscaler's limit; none without an autoscaler), which would otherwise wait
+    for GPUs forever. When the autoscaler can add them, say that the job waits for them."""
+    if gpus <= 0:
+        return
     have = float(ray.cluster_resources().get("GPU", 0))
-    if gpus > have:
-        print(
-            f"mmbatch: warning: each replica needs {gpus:g} GPU(s) (tensor_parallel_size) and "
-            f"the Ray cluster has {have:g} now; the job waits until GPUs join (on vLLM's CPU "
-            "build pass --gpus-per-replica 0)",
-            file=sys.stderr,
+    needed = gpus * replicas
+    if needed <= have:
+        return
+    most = _most_gpus_possible()
+    ask = (
+        f"{replicas} replica(s) x {gpus:g} GPU(s) (tensor_parallel_size x "
+        f"pipeline_parallel_size, or --gpus-per-replica) = {needed:g} GPU(s)"
+    )
+    if most is None or most < needed:
+        can = "and no autoscaler to add more" if most is None else f"and can grow to {most:g}"
+        raise ConfigError(
+            f"{ask}, but the Ray cluster has {have:g} {can}: lower --replicas or "
+            "--gpus-per-replica, join a cluster with the GPUs, or run on CPUs with "
+            "--gpus-per-replica 0 (vLLM's CPU build)"
         )
+    print(
+        f"mmbatch: {ask}; the Ray cluster has {have:g} now and its autoscaler can add up to "
+        f"{most:g}: the job waits for them",
+        file=sys.stderr,
+    )
+
+
+def _most_gpus_possible() -> float | None:
+    """The most GPUs the cluster's autoscaler may provide (None: no autoscaler)."""
+    from ray._private.state import state
+
+    try:
+        most = state.get_max_resources_from_cluster_config()
+    except Exception:  # a private API: if it moves, behave as if there were no autoscaler
+        return None
+    return None if most is None else float(most.get("GPU", 0))
 
 
 def _check_one_row_per_input(

@@ -2,7 +2,8 @@
 and rows back (``read_output``).
 
 ``--out`` picks the format: ``x.parquet`` a Parquet file, ``--out-format datasets`` a
-datasets folder (``save_to_disk``), anything else JSON lines, one row per line.
+datasets folder (``save_to_disk``), anything else JSON lines, one row per line; a folder of
+Parquet shards (``--shard-rows N``) or WebDataset tar shards is ``mmbatch.out.shards``'s.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any, Literal
 
 from mmbatch.errors import ConfigError, SourceError
 from mmbatch.jsonl import JsonlError, read_objects
+from mmbatch.out.order import RowOrder
 from mmbatch.out.sinks import JsonlSink, Sink
 
-FileFormat = Literal["jsonl", "parquet", "datasets"]
-FILE_FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet", "datasets")
+FileFormat = Literal["jsonl", "parquet", "datasets", "webdataset"]
+FILE_FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet", "datasets", "webdataset")
 
 
 def output_format(out: str | Path, requested: str | None = None) -> FileFormat:
@@ -28,13 +30,38 @@ def output_format(out: str | Path, requested: str | None = None) -> FileFormat:
     return "parquet" if Path(out).suffix.lower() == ".parquet" else "jsonl"
 
 
-def open_sink(out: str | Path, format: FileFormat, append: bool = False) -> Sink:
-    """A sink writing ``format`` to ``out``; ``append`` continues a stopped job's rows."""
+def open_sink(
+    out: str | Path,
+    format: FileFormat,
+    append: bool = False,
+    order: RowOrder | None = None,
+    shard_rows: int | None = None,
+) -> Sink:
+    """A sink writing ``format`` to ``out``; ``append`` continues a stopped job's rows,
+    ``order`` is the order they are left in when it closes, and ``shard_rows`` makes ``out``
+    a folder of shards of that many rows (Parquet; WebDataset always has shards)."""
+    check_shards(format, shard_rows)
+    if format == "webdataset" or shard_rows is not None:
+        from mmbatch.out.shards import DEFAULT_SHARD_ROWS, ShardSink
+
+        assert format == "parquet" or format == "webdataset"
+        rows = shard_rows or DEFAULT_SHARD_ROWS
+        return ShardSink(out, format, rows, append=append, order=order)
     if format == "jsonl":
-        return JsonlSink(out, append=append)
+        return JsonlSink(out, append=append, order=order)
     from mmbatch.out.tables import TableSink
 
-    return TableSink(out, format, append=append)
+    return TableSink(out, format, append=append, order=order)
+
+
+def check_shards(format: FileFormat, shard_rows: int | None) -> None:
+    """``ConfigError`` for shards of a format that has none, or of no rows."""
+    if shard_rows is None:
+        return
+    if format not in ("parquet", "webdataset"):
+        raise ConfigError(f"--shard-rows applies to parquet and webdataset outputs, not {format}")
+    if shard_rows < 1:
+        raise ConfigError(f"--shard-rows {shard_rows}: must be an integer >= 1")
 
 
 def read_output(out: str | Path) -> Iterator[dict[str, Any]]:
@@ -42,6 +69,12 @@ def read_output(out: str | Path) -> Iterator[dict[str, Any]]:
     path = Path(out)
     if not path.exists():
         raise SourceError(f"no output at {out}")
+    from mmbatch.out.shards import is_shard_folder, read_shard_rows
+
+    shards = is_shard_folder(path)
+    if shards is not None:
+        yield from read_shard_rows(path, shards)
+        return
     if path.is_dir() or path.suffix.lower() == ".parquet":
         from mmbatch.out.tables import read_table_rows
 

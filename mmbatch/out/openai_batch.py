@@ -17,7 +17,7 @@ from typing import Any, cast
 import xxhash
 
 from mmbatch.out.rows import Asked, Row
-from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
+from mmbatch.types import Choice, FailureKind, ItemError, Request, Result, Stage, Usage
 
 _CLIENT_ERROR_STAGES: frozenset[Stage] = frozenset({"source", "load", "decode", "validate"})
 
@@ -72,11 +72,14 @@ class OpenAIBatchShape:
             "model": self.model,
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": result.text, "refusal": None},
+                    "index": index,
+                    "message": {"role": "assistant", "content": choice.text, "refusal": None},
                     "logprobs": None,
-                    "finish_reason": result.finish_reason,
+                    "finish_reason": choice.finish_reason,
                 }
+                for index, choice in enumerate(
+                    result.choices or (Choice(result.text or "", result.finish_reason),)
+                )
             ],
             "usage": {
                 "prompt_tokens": usage.prompt_tokens,

@@ -96,16 +96,18 @@ def prepare(
     record: str | Path | None = None,
     force: bool = False,
     retry_errors: bool = False,
+    write: bool = True,
 ) -> ResumePlan:
     """Make the JSONL file ``out`` ready to be appended to by the job ``fingerprint``
     describes, and return the requests that still need a row. The fingerprint is kept in
-    ``record`` (default ``OUT.job.json``). Raises ``ConfigError``, before touching ``out``,
-    when ``out`` is not an output of ``shape``'s rows, or holds another job's rows and
-    ``force`` is off."""
+    ``record`` (default ``OUT.job.json``); with ``write=False`` the caller writes it
+    (``write_record``) once the job is sure to start. Raises ``ConfigError``, before
+    touching ``out``, when ``out`` is not an output of ``shape``'s rows, or holds another
+    job's rows and ``force`` is off."""
     out = Path(out)
     record = Path(record) if record is not None else job_record_path(out)
     try:
-        return _prepare(out, requests, fingerprint, shape, record, force, retry_errors)
+        return _prepare(out, requests, fingerprint, shape, record, force, retry_errors, write)
     except OSError as exc:
         raise OutputError(f"cannot use {str(out)!r}: {exc.strerror or exc}") from None
 
@@ -118,11 +120,13 @@ def _prepare(
     record: Path,
     force: bool,
     retry_errors: bool,
+    write: bool,
 ) -> ResumePlan:
     if out.is_dir():
         raise ConfigError(f"{out} is a folder; --out names the file the rows go to")
     if not out.exists() or out.stat().st_size == 0:
-        write_record(record, fingerprint)
+        if write:
+            write_record(record, fingerprint)
         return ResumePlan(pending=list(requests))
     _check_is_output(out, shape, record)
     if not force:
@@ -146,7 +150,8 @@ def _prepare(
     redo = retried | changed
     if redo:
         _drop_rows(out, shape, redo)
-    write_record(record, fingerprint)
+    if write:
+        write_record(record, fingerprint)
     done = (ok_ids | failed_ids) - redo
     return ResumePlan(
         pending=[r for r in requests if r.row_id not in done],
@@ -274,6 +279,9 @@ def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> N
     if stored.get("digest") == fingerprint_digest(fingerprint):
         return
     before = stored.get("fingerprint", {})
+    # Compared as JSON, the way the record stores it: a tuple of timestamps read back is a
+    # list, and must not be reported as a change.
+    fingerprint = json.loads(json.dumps(fingerprint, default=str))
     keys = before.keys() | fingerprint.keys()
     changed = sorted(k for k in keys if before.get(k) != fingerprint.get(k))
     details = "; ".join(

@@ -82,6 +82,16 @@ def asked_of(requests: Sequence[Request]) -> dict[str, Asked]:
     return items
 
 
+def answer_text(result: Result) -> str | list[str] | None:
+    """A result's text for a row: the text, or the list of its ``n`` completions."""
+    return [c.text for c in result.choices] if result.choices else result.text
+
+
+def answer_finish_reason(result: Result) -> str | list[str | None] | None:
+    """Why the text ended, or why each of its ``n`` completions did."""
+    return [c.finish_reason for c in result.choices] if result.choices else result.finish_reason
+
+
 def output_row(request: Request, media_keys: tuple[str, ...], result: Result) -> dict[str, Any]:
     """The flat JSON row for one request: what it was, and its text or the reason it has none."""
     sources = [ref.source for ref in request.media]
@@ -90,8 +100,8 @@ def output_row(request: Request, media_keys: tuple[str, ...], result: Result) ->
         "source": sources[0] if len(sources) == 1 else sources,
         "media_hash": media_keys[0] if len(media_keys) == 1 else (list(media_keys) or None),
         "prompt": request.prompt,
-        "text": result.text,
-        "finish_reason": result.finish_reason,
+        "text": answer_text(result),
+        "finish_reason": answer_finish_reason(result),
         "prompt_tokens": result.usage.prompt_tokens,
         "output_tokens": result.usage.output_tokens,
         "cached_tokens": result.usage.cached_tokens,
@@ -146,6 +156,34 @@ class FlatRows(_IdAndErrorRows):
 _FLAT_FIELDS = frozenset({"id", "source", "prompt", "text", "error"})
 FLAT = FlatRows()
 """The shape of ``mmbatch caption`` and ``frames`` rows."""
+
+
+class MediaRows(_IdAndErrorRows):
+    """Rows of a job without a model (``mmbatch frames`` without ``--model``): what each
+    item is and where it went (a frame's ``video``, ``frame_index``, ``pts``,
+    ``frame_path``), or why it failed."""
+
+    def builder(self, requests: Sequence[Request]) -> MediaRows:
+        return self
+
+    def is_row(self, row: Mapping[str, Any]) -> bool:
+        return {"id", "media_hash", "error"} <= row.keys()
+
+    def asked(self, row: Mapping[str, Any]) -> Asked | None:
+        return None  # nothing is asked of an item without a model
+
+    def add(self, request: Request, media_keys: tuple[str, ...], result: Result) -> Row:
+        data = {
+            "id": request.id,
+            **dict(request.columns),
+            "media_hash": media_keys[0] if len(media_keys) == 1 else (list(media_keys) or None),
+            "error": result.error.to_dict() if result.error else None,
+        }
+        return Row(result, data)
+
+
+MEDIA_ONLY = MediaRows()
+"""The shape of rows of media extracted without a model."""
 
 
 class ItemShape(_IdAndErrorRows):
@@ -248,17 +286,20 @@ class ItemRows:
 
     def _answer(self, request: Request, result: Result) -> tuple[dict[str, Any], ItemError | None]:
         error = result.error
-        answer: dict[str, Any] = {"prompt": request.prompt, "text": result.text}
+        answer: dict[str, Any] = {"prompt": request.prompt, "text": answer_text(result)}
         if self.parse is not None:
-            parsed = None
+            parsed: Any = None
             if error is None and result.text is not None:
+                texts = [c.text for c in result.choices] or [result.text]
                 try:
-                    parsed = self.parse(result.text)
+                    values = [self.parse(text) for text in texts]
                 except ValueError as exc:
                     error = ItemError("parse", str(exc), "unparsable")
+                else:
+                    parsed = values if result.choices else values[0]
             answer["parsed"] = parsed
         answer.update(
-            finish_reason=result.finish_reason,
+            finish_reason=answer_finish_reason(result),
             prompt_tokens=result.usage.prompt_tokens,
             output_tokens=result.usage.output_tokens,
             cached_tokens=result.usage.cached_tokens,

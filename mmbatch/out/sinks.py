@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from mmbatch.errors import OutputError
 from mmbatch.jsonl import cannot_write, encode_line
+from mmbatch.out.order import RowOrder
 
 
 class Sink(Protocol):
@@ -45,13 +46,19 @@ class JsonlSink:
     Every row goes to the operating system at once, in a single ``write`` of the whole line
     on an ``O_APPEND`` descriptor: a SIGKILL loses no row that ``write`` returned from.
     ``flush`` fsyncs, so the rows also survive a power cut. ``append=True`` continues an
-    existing file (resume); the default starts it afresh. A new file gets the mode the
-    user's umask gives. A write that fails (a read-only folder, a full disk) raises
-    ``OutputError``: at most a torn last line is left, which resume repairs.
+    existing file (resume); the default starts it afresh. Rows go down in the order their
+    items finish; with an ``order``, ``close`` rewrites them in the job's input order. A new
+    file gets the mode the user's umask gives. A write that fails (a read-only folder, a
+    full disk) raises ``OutputError``: at most a torn last line is left, which resume
+    repairs.
     """
 
-    def __init__(self, path: str | Path, append: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, append: bool = False, order: RowOrder | None = None
+    ) -> None:
         self.path = Path(path)
+        self.order = order
+        self._torn = False  # a write failed: the last line may be cut, the rows stay as written
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
         try:
             if self.path.parent != Path(""):
@@ -66,6 +73,7 @@ class JsonlSink:
             while view:  # a regular file takes the whole line at once; loop only to be sure
                 view = view[os.write(self._require_open(), view) :]
         except OSError as exc:
+            self._torn = True
             raise OutputError(cannot_write(self.path, exc)) from None
 
     def flush(self) -> None:
@@ -75,6 +83,8 @@ class JsonlSink:
             raise OutputError(cannot_write(self.path, exc)) from None
 
     def close(self) -> None:
+        """Make every row durable, then put the rows in the job's order (``order``); after a
+        failed write they stay as written (the resumed run repairs the tail, then orders)."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
             try:
@@ -83,6 +93,8 @@ class JsonlSink:
                 raise OutputError(cannot_write(self.path, exc)) from None
             finally:
                 os.close(fd)
+            if self.order is not None and not self._torn:
+                self.order.apply(self.path)
 
     def _require_open(self) -> int:
         if self._fd is None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mmbatch.errors import OutputError, SourceError
 from mmbatch.jsonl import cannot_write, printable_values, read_objects
+from mmbatch.out.order import RowOrder
 from mmbatch.out.sinks import JsonlSink
 
 if TYPE_CHECKING:
@@ -35,14 +36,21 @@ class TableSink:
     """Rows to a Parquet file (``"parquet"``) or a datasets folder (``"datasets"``, opened by
     ``datasets.load_from_disk``), through a JSONL spool converted on ``close``."""
 
-    def __init__(self, path: str | Path, format: TableFormat, append: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        format: TableFormat,
+        append: bool = False,
+        order: RowOrder | None = None,
+    ) -> None:
         if format not in _WRITERS:
             raise ValueError(f"unknown table format {format!r}; expected one of {list(_WRITERS)}")
         self.path = Path(path)
         self.format: TableFormat = format
         self.spool_path = self.path.with_name(self.path.name + SPOOL_SUFFIX)
         # append=True continues the spool of a stopped job (``mmbatch.out.resume`` reads it).
-        self._spool = JsonlSink(self.spool_path, append=append)
+        # The spool's rows are put in the job's order when it closes, before conversion.
+        self._spool = JsonlSink(self.spool_path, append=append, order=order)
         self._closed = False
 
     def write(self, row: dict[str, Any]) -> None:

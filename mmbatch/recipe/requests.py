@@ -64,6 +64,7 @@ def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
                     columns=item.columns,
                     item_id=item.id,
                     output=question.name,
+                    error=item.error,
                 )
             )
     return requests
@@ -92,6 +93,7 @@ def recipe_job(
             system=recipe.system,
             media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
             output=asdict(recipe.output),
+            keep_columns=(policy or SourcePolicy()).keep_columns,
         ),
         info={"inputs": list(inputs), "model": model, "recipe": recipe.path} | log.to_dict(),
         notes=log.lines(),
@@ -112,7 +114,10 @@ def _items(
         note = clip_cap_note(video_options(recipe))
         if note:
             log.note(note)
-        return caption_requests(files, prompt, system, take=clips, as_clip=True, log=log)
+        taker = f"the recipe {recipe.name!r} ([media] kind = 'video')"
+        return caption_requests(
+            files, prompt, system, take=clips, as_clip=True, taker=taker, log=log
+        )
     return frame_requests(inputs, video_options(recipe), prompt, system, policy, log)
 
 

@@ -7,7 +7,9 @@ A recipe has five tables, each read by one stage::
     [prompt]    system = "..."  (optional), and either  text = "..."  (one answer, named by
                 name = "..." or "answer") or  [[prompt.questions]]  name = "...", text = "..."
                 (several answers per item, one request each, sharing the item's media)
-    [sampling]  max_tokens, temperature, top_p, seed
+    [sampling]  max_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
+                presence_penalty, frequency_penalty, stop, n, seed (what is left out takes
+                the model's generation_config)
     [engine]    handed to vllm.LLM untouched (model = "..." names the model; --model overrides)
     [media]     kind = "image" | "video" | "audio", and that kind's decode options
     [output]    format = "text" | "json"; json needs  schema = {...}  (a JSON Schema)
@@ -35,7 +37,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from mmbatch.errors import ConfigError
-from mmbatch.types import Modality, Sampling
+from mmbatch.types import InvalidSetting, Modality, Sampling
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,7 +52,20 @@ DEFAULT_ANSWER_NAME = "answer"
 _TOP_KEYS = ("name", "description", "prompt", "sampling", "engine", "media", "output")
 _PROMPT_KEYS = ("system", "text", "name", "questions")
 _QUESTION_KEYS = ("name", "text")
-_SAMPLING_KEYS = {"max_tokens": int, "temperature": float, "top_p": float, "seed": int}
+_SAMPLING_KEYS = {
+    "max_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "repetition_penalty": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "stop": list,
+    "n": int,
+    "seed": int,
+}
+"""``Sampling``'s settings a recipe may set; the others take the model's generation_config."""
 _OUTPUT_KEYS = ("format", "schema")
 _MEDIA_KEYS: dict[str, dict[str, Any]] = {
     # kind -> option -> expected type. Video and audio options follow issue 3's loaders
@@ -287,15 +302,15 @@ def _check_name(name: str, where: str, problems: _Problems) -> None:
 
 def _sampling(table: dict[str, Any], problems: _Problems) -> Sampling:
     problems.unknown_keys("[sampling]", table, tuple(_SAMPLING_KEYS))
-    values = {}
+    values: dict[str, Any] = {}
     for key, kind in _SAMPLING_KEYS.items():
         value = problems.typed(table, key, kind, "[sampling]")
         if value is not None:
-            values[key] = value
+            values[key] = tuple(value) if key == "stop" else value
     try:
         return Sampling(**values)
-    except ValueError as exc:
-        problems.add(f"[sampling]: {exc}")
+    except InvalidSetting as exc:
+        problems.add(f"[sampling] {exc.field} = {exc.value!r}: must be {exc.rule}")
         return Sampling()
 
 

@@ -70,7 +70,9 @@ def _card(index: int, row: Mapping[str, Any], preview: Callable[[Mapping[str, An
             f'<p class="error"><span class="stage">{escape(stage)}</span> {escape(message)}</p>'
         )
     else:
-        outcome = f'<p class="text">{escape(str(row.get("text") or ""))}</p>'
+        text = row.get("text")
+        texts = text if isinstance(text, list) else [text]  # n answers: one paragraph each
+        outcome = "".join(f'<p class="text">{escape(str(t or ""))}</p>' for t in texts)
     if isinstance(row.get("outputs"), Mapping):  # a recipe's row: every answer by name
         outcome += "".join(_answer(name, answer) for name, answer in row["outputs"].items())
     tokens = (

@@ -45,10 +45,13 @@ def caption_requests(
     take: Collection[Modality] = ("image", "audio"),
     as_clip: bool = False,
     audio: AudioOptions | None = None,
+    taker: str = "the model",
     log: ListingLog | None = None,
 ) -> list[Request]:
-    """The requests of ``files`` (from ``list_media``) for a model that takes ``take``;
-    walked files it does not take are counted in ``log``."""
+    """The requests of ``files`` (from ``list_media``) for a job that takes ``take``;
+    ``taker`` names what decided that in the error row of a file it cannot take ("the
+    model", or a recipe reading one kind of media); walked files it does not take are
+    counted in ``log``."""
     audio = audio or AudioOptions()
     log = log if log is not None else ListingLog()
     wanted = set(take) - ({"video"} if not as_clip else set())
@@ -69,15 +72,19 @@ def caption_requests(
                     "a video: caption it whole with --as-clip, or its frames with `mmbatch frames`"
                 )
             else:
-                why = f"the model takes no {kind} input"
+                takes = " or ".join(sorted(set(take)))
+                article = "a" if kind == "video" else "an"
+                why = f"{article} {kind} file, but {taker} takes {takes} only"
             error = ItemError("validate", why, "unsupported")
+            ref = MediaRef(kind, file.path)
             requests.append(
-                Request(file.id, text, (MediaRef(kind, file.path),), system, error=error)
+                Request(file.id, text, (ref,), system, columns=file.columns, error=error)
             )
         elif kind == "audio":
             requests.extend(audio_windows(file, text, system, audio))
         else:
-            requests.append(Request(file.id, text, (MediaRef(kind, file.path),), system))
+            ref = MediaRef(kind, file.path)
+            requests.append(Request(file.id, text, (ref,), system, columns=file.columns))
     if not requests:
         kinds = " or ".join(sorted(wanted)) or "media"
         names = ", ".join(sorted({f.path for f in files})[:3])

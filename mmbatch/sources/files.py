@@ -25,10 +25,10 @@ import csv
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 from mmbatch.errors import SourceError
 from mmbatch.jsonl import JsonlError, printable, read_objects
@@ -44,14 +44,30 @@ VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v", ".m
 AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aac", ".wma"})
 
 
+KeepColumns: TypeAlias = "tuple[str, ...] | Literal['all']"
+"""The input columns carried into each output row: named ones, or ``"all"``."""
+
+OUTPUT_FIELDS = frozenset(
+    {
+        "id", "source", "media_hash", "prompt", "text", "parsed", "finish_reason",
+        "prompt_tokens", "output_tokens", "cached_tokens", "error", "outputs",
+        "video", "frame_index", "pts", "frame_path", "start", "end",
+    }
+)  # fmt: skip
+"""Fields of mmbatch's own rows; an input column of one of these names is kept as
+``input_NAME`` instead."""
+
+
 @dataclass(frozen=True)
 class SourcePolicy:
-    """What the inputs may point at."""
+    """What the inputs may point at, and what of them is carried into the rows."""
 
     root: str | None = None
     """Manifest paths must resolve inside this folder; None means each manifest's folder."""
     allow_outside_root: bool = False
     allow_urls: bool = False
+    keep_columns: KeepColumns = ()
+    """A manifest's columns (besides path, id and prompt) copied into each item's row."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,8 @@ class InputFile:
     prompt: str | None = None
     walked: bool = False
     """Found in a folder or by a glob, rather than named (directly or in a manifest)."""
+    columns: tuple[tuple[str, Any], ...] = ()
+    """The manifest row's columns kept for the item's row (``SourcePolicy.keep_columns``)."""
 
 
 def list_inputs(
@@ -79,7 +97,7 @@ def list_inputs(
     seen: dict[str, str] = {}  # id -> the path it was first given to
     for raw in inputs:
         walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
-        for raw_id, path, prompt in expand_inputs([raw], suffixes, policy, log):
+        for raw_id, path, prompt, *kept in _expand([raw], suffixes, policy, log):
             # An id is text in every output, so a file name that is not UTF-8 becomes an id
             # with its odd bytes escaped (the path itself stays the one that opens the file).
             item_id = printable(raw_id)
@@ -88,7 +106,7 @@ def list_inputs(
                     continue  # one file reached twice
                 raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
             seen[item_id] = path
-            files.append(InputFile(item_id, path, prompt, walked))
+            files.append(InputFile(item_id, path, prompt, walked, kept[0] if kept else ()))
     if not files:
         raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
     return files
@@ -104,7 +122,7 @@ def image_requests(
     """One request per image found in ``inputs``, each asking ``prompt`` (unless its
     manifest row brings its own)."""
     return [
-        Request(f.id, f.prompt or prompt, (MediaRef("image", f.path),), system)
+        Request(f.id, f.prompt or prompt, (MediaRef("image", f.path),), system, columns=f.columns)
         for f in list_inputs(inputs, IMAGE_SUFFIXES, policy, "images", log)
     ]
 
@@ -121,6 +139,17 @@ def expand_inputs(
     picture format the decoder opens, when ``suffixes`` takes pictures), counting the others
     in ``log``; a file named explicitly is taken whatever its suffix, so that a bad file gets
     an error row."""
+    for item_id, path, prompt, *_ in _expand(inputs, suffixes, policy, log):
+        yield item_id, path, prompt
+
+
+def _expand(
+    inputs: Sequence[str],
+    suffixes: frozenset[str] = IMAGE_SUFFIXES,
+    policy: SourcePolicy | None = None,
+    log: ListingLog | None = None,
+) -> Iterator[tuple[Any, ...]]:
+    """``expand_inputs``, with a manifest row's kept columns as a fourth value."""
     policy = policy or SourcePolicy()
     log = log if log is not None else ListingLog()
     kinds = "image" if suffixes == IMAGE_SUFFIXES else "media file"
@@ -207,7 +236,7 @@ def _walk(root: Path, suffixes: frozenset[str], log: ListingLog) -> list[Path]:
     return found
 
 
-def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[str, str, str | None]]:
+def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[Any, ...]]:
     base = manifest.parent
     root = os.path.realpath(policy.root if policy.root is not None else base)
     for line_no, row in _manifest_rows(manifest):
@@ -223,11 +252,12 @@ def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[str, 
                 f"{where}: 'id' must be a non-empty string or an integer, got {json.dumps(item_id)}"
             )
         prompt = row.get("prompt")
+        kept = input_columns(row, policy.keep_columns, _MANIFEST_FIELDS)
         if prompt is not None and not isinstance(prompt, str):
             raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
         if is_url(raw_path):
             _check_url(raw_path, where, policy)
-            yield str(item_id), raw_path, prompt or None
+            yield str(item_id), raw_path, prompt or None, kept
             continue
         path = base / raw_path
         if not policy.allow_outside_root and not _inside(os.path.realpath(path), root):
@@ -236,7 +266,35 @@ def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[str, 
                 "paths must stay inside it (pass --input-root DIR to declare a wider root, "
                 "or --allow-outside-root)"
             )
-        yield str(item_id), str(path), prompt or None
+        yield str(item_id), str(path), prompt or None, kept
+
+
+_MANIFEST_FIELDS = frozenset({"path", "id", "prompt"})
+
+
+def input_columns(
+    row: Mapping[str, Any], keep: KeepColumns, own: frozenset[str] = frozenset()
+) -> tuple[tuple[str, Any], ...]:
+    """The columns of an input ``row`` that ``keep`` names (``"all"``: every one but the
+    ``own`` ones the input is read by), as JSON values, each under its name, or
+    ``input_NAME`` where mmbatch's rows have a field of that name. A named column the row
+    lacks is null."""
+    names = [n for n in row if n not in own] if keep == "all" else list(keep)
+    return tuple(
+        (f"input_{name}" if name in OUTPUT_FIELDS else name, json_value(row.get(name)))
+        for name in names
+    )
+
+
+def json_value(value: Any) -> Any:
+    """``value`` as JSON can hold it: containers walked, anything else as its text."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_value(v) for v in value]
+    return str(value)
 
 
 def _inside(path: str, root: str) -> bool:

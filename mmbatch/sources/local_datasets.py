@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mmbatch.errors import ItemFailure, SourceError
 from mmbatch.sources.cells import media_ref
-from mmbatch.sources.files import IMAGE_SUFFIXES
+from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.types import ItemError, MediaRef, Request
 
 if TYPE_CHECKING:
@@ -85,25 +85,71 @@ def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
     return loaded, column
 
 
-def dataset_requests(spec: DatasetInput, prompt: str, system: str | None = None) -> list[Request]:
+def dataset_requests(
+    spec: DatasetInput, prompt: str, system: str | None = None, keep: KeepColumns = "all"
+) -> list[Request]:
     """One request per row; a row without usable media (an empty cell, a cell of the wrong
-    type) carries its error, so that every row still ends as one output row."""
+    type) carries its error, so that every row still ends as one output row. The row's
+    other columns that ``keep`` names (``"all"``: every one that is not media or bytes, as
+    ``Dataset.map`` keeps them) go into its output row."""
     dataset, column = open_dataset(spec)
+    kept = _kept_columns(spec, dataset, column, keep)
     requests: list[Request] = []
     seen: set[str] = set()
-    for index, (row_id, ref) in enumerate(_rows(spec, dataset, column)):
+    rows = zip(_rows(spec, dataset, column), _column_values(dataset, kept), strict=True)
+    for index, ((row_id, ref), values) in enumerate(rows):
         if row_id in seen:
             raise SourceError(f"{spec.path}: duplicate id {row_id!r} in {spec.id_column!r}")
         seen.add(row_id)
+        columns = input_columns(values, kept)
         if isinstance(ref, MediaRef):
-            requests.append(Request(row_id, prompt, (ref,), system))
+            requests.append(Request(row_id, prompt, (ref,), system, columns=columns))
         else:
             named = (MediaRef("image", f"{spec.path}#{index}"),)
             error = ItemError(ref.stage, str(ref), ref.kind)
-            requests.append(Request(row_id, prompt, named, system, error=error))
+            requests.append(Request(row_id, prompt, named, system, columns=columns, error=error))
     if not requests:
         raise SourceError(f"{spec.path}: the dataset has no rows")
     return requests
+
+
+def _kept_columns(
+    spec: DatasetInput, dataset: datasets.Dataset, column: str, keep: KeepColumns
+) -> tuple[str, ...]:
+    import datasets
+
+    def binary(feature: Any) -> bool:
+        media = (datasets.Image, datasets.Audio, datasets.Video)
+        return isinstance(feature, media) or getattr(feature, "dtype", None) in (
+            "binary",
+            "large_binary",
+        )
+
+    features = dataset.features
+    if keep == "all":
+        skip = {column, spec.id_column}
+        return tuple(n for n, f in features.items() if n not in skip and not binary(f))
+    for name in keep:
+        if name not in features:
+            raise SourceError(
+                f"{spec.path}: no column {name!r} to keep; columns: {', '.join(features)}"
+            )
+        if binary(features[name]):
+            raise SourceError(
+                f"{spec.path}: the column {name!r} holds media or bytes, "
+                "which an output row cannot carry"
+            )
+    return tuple(keep)
+
+
+def _column_values(dataset: datasets.Dataset, names: tuple[str, ...]) -> Iterator[dict[str, Any]]:
+    """Each row's values of ``names`` (empty dicts when none are kept)."""
+    if not names:
+        for _ in range(dataset.num_rows):
+            yield {}
+        return
+    for table in dataset.select_columns(list(names)).with_format("arrow").iter(ROWS_PER_READ):
+        yield from table.to_pylist()
 
 
 def media_by_id(spec: DatasetInput) -> dict[str, MediaRef]:

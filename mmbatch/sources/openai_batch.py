@@ -3,10 +3,14 @@ here unchanged (the output lines are ``mmbatch.out.openai_batch``'s).
 
 Input: one JSON object per line, ``{"custom_id", "method": "POST", "url":
 "/v1/chat/completions", "body": {"messages": [...], "max_tokens" | "max_completion_tokens",
-"temperature", "top_p", "seed", "response_format"}}``. Messages are an optional system (or
-developer) message and one user message whose content is a string or a list of ``text`` and
-``image_url`` parts; image URLs are ``data:`` URIs (decoded in memory) or local paths
-(``file://`` or plain, relative to the requests file).
+"temperature", "top_p", "seed", "n", "stop", "presence_penalty", "frequency_penalty",
+"response_format"}}``, plus vLLM's own sampling extras ``top_k``, ``min_p`` and
+``repetition_penalty``, as vLLM's ``run-batch`` takes them. Messages are optional system (or
+developer) messages, then user and assistant turns ending with a user message, whose content
+is a string or a list of ``text`` and ``image_url`` parts; image URLs are ``data:`` URIs
+(decoded in memory) or local paths (``file://`` or plain, relative to the requests file).
+What a line leaves out takes the model's ``generation_config``, else vLLM's default
+(temperature 1.0, as the hosted API).
 
 Output: one line per request, ``{"id", "custom_id", "response": {"status_code",
 "request_id", "body"}, "error": null}``, the body a ``chat.completion`` (choices, usage with
@@ -17,11 +21,11 @@ The requests go through the same loader, planner and engine windows as every oth
 lines sharing an image share its decode, its encoder output and their common prefix.
 
 What is refused, per line (a 400 row, the other lines go on): other URLs or methods,
-several choices (``n`` > 1), streaming, tools, conversations with assistant turns, remote
-image URLs, and any body parameter not listed above; they would change the answer, and
-silently dropping them would return a different answer than the hosted API would.
-A file that cannot be read as a batch (a line that is not JSON, no ``custom_id``, a
-``custom_id`` used twice) is refused whole, before any work, as the hosted API refuses it.
+streaming, tools, tool or function messages, remote image URLs, and any body parameter not
+listed above; they would change the answer, and silently dropping them would return a
+different answer than the hosted API would. A file that cannot be read as a batch (a line
+that is not JSON, no ``custom_id``, a ``custom_id`` used twice) is refused whole, before any
+work, as the hosted API refuses it.
 """
 
 from __future__ import annotations
@@ -35,14 +39,12 @@ from typing import Any
 
 from mmbatch.errors import ConfigError, SourceError
 from mmbatch.jsonl import JsonlError, read_objects
-from mmbatch.types import ItemError, MediaRef, Request, Sampling
+from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 DEFAULT_MAX_TOKENS = 1024
 """For lines that set neither ``max_tokens`` nor ``max_completion_tokens``: the hosted API
 then stops only at the context length, which a batch job should not run into by default."""
-DEFAULT_TEMPERATURE = 1.0
-"""The hosted API's default, kept so that a line means what it meant there."""
 
 _BODY_KEYS = frozenset(
     {
@@ -55,6 +57,12 @@ _BODY_KEYS = frozenset(
         "seed",
         "response_format",
         "n",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
         "stream",
         "user",
         "metadata",
@@ -124,52 +132,63 @@ def _request(custom_id: str, entry: Mapping[str, Any], base: Path, max_tokens: i
     unknown = sorted(set(body) - _BODY_KEYS)
     if unknown:
         raise InvalidLine(f"unsupported parameter(s): {', '.join(map(repr, unknown))}")
-    if body.get("n", 1) != 1:
-        raise InvalidLine("only n = 1 is supported")
     if body.get("stream", False):
         raise InvalidLine("streaming is not supported in a batch")
-    system, prompt, media = _messages(body.get("messages"), custom_id, base)
+    system, history, prompt, media = _messages(body.get("messages"), custom_id, base)
     return Request(
         id=custom_id,
         prompt=prompt,
         media=media,
         system=system,
         sampling=_sampling(body, max_tokens),
+        history=history,
     )
 
 
 def _messages(
     messages: Any, custom_id: str, base: Path
-) -> tuple[str | None, str, tuple[MediaRef, ...]]:
+) -> tuple[str | None, tuple[Turn, ...], str, tuple[MediaRef, ...]]:
+    """The system prompt, the earlier turns, the last user message and every image (the
+    turns' in order, then the last message's)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidLine("'messages' must be a non-empty list")
     system_parts: list[str] = []
-    user: list[Any] | None = None
+    turns: list[Turn] = []
+    media: list[MediaRef] = []
     for message in messages:
         role = message.get("role") if isinstance(message, dict) else None
         if role in ("system", "developer"):
-            texts, images = _parts(message.get("content"), custom_id, base)
+            if turns:
+                raise InvalidLine(f"a {role} message must come before the conversation")
+            texts, images = _parts(message.get("content"), custom_id, base, len(media))
             if images:
                 raise InvalidLine(f"a {role} message cannot hold images")
             system_parts.extend(texts)
-        elif role == "user":
-            if user is not None:
-                raise InvalidLine("only one user message is supported (no multi-turn)")
-            user = [message.get("content")]
+        elif role in ("user", "assistant"):
+            texts, images = _parts(message.get("content"), custom_id, base, len(media))
+            if role == "assistant" and images:
+                raise InvalidLine("an assistant message cannot hold images")
+            if not texts and not images:
+                raise InvalidLine(f"the {role} message is empty")
+            turns.append(Turn(role, "\n".join(texts), len(images)))
+            media.extend(images)
         else:
             raise InvalidLine(
-                f"message role {role!r} is not supported (system, developer, and one user)"
+                f"message role {role!r} is not supported (system, developer, user, assistant)"
             )
-    if user is None:
+    if not turns:
         raise InvalidLine("no user message")
-    texts, images = _parts(user[0], custom_id, base)
-    if not texts and not images:
-        raise InvalidLine("the user message is empty")
+    last = turns.pop()
+    if last.role != "user":
+        raise InvalidLine("the last message must be the user's (the one to answer)")
     system = "\n".join(system_parts) if system_parts else None
-    return system, "\n".join(texts), tuple(images)
+    return system, tuple(turns), last.text, tuple(media)
 
 
-def _parts(content: Any, custom_id: str, base: Path) -> tuple[list[str], list[MediaRef]]:
+def _parts(
+    content: Any, custom_id: str, base: Path, before: int = 0
+) -> tuple[list[str], list[MediaRef]]:
+    """A message's texts and images; ``before`` images came in earlier messages."""
     if isinstance(content, str):
         return [content], []
     if not isinstance(content, list):
@@ -185,7 +204,7 @@ def _parts(content: Any, custom_id: str, base: Path) -> tuple[list[str], list[Me
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str) or not url:
                 raise InvalidLine("an image_url part has no url")
-            images.append(_image_ref(url, f"{custom_id}#image{len(images)}", base))
+            images.append(_image_ref(url, f"{custom_id}#image{before + len(images)}", base))
         else:
             raise InvalidLine(f"content part {part!r} is not supported (text, image_url)")
     return texts, images
@@ -211,18 +230,35 @@ def _image_ref(url: str, label: str, base: Path) -> MediaRef:
 
 
 def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:
+    """The line's sampling; what it leaves out is the model's (``None``), as in vLLM's
+    ``run-batch``, except the token limit (``default_max_tokens``)."""
     max_tokens = _number(body, "max_completion_tokens", _number(body, "max_tokens", None, int), int)
-    seed = _number(body, "seed", None, int)
+    floats = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty")
+    values: dict[str, Any] = {k: _number(body, k, None, float) for k in floats}
+    values["repetition_penalty"] = _number(body, "repetition_penalty", None, float)
+    values["top_k"] = _number(body, "top_k", None, int)
     try:
         return Sampling(
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-            temperature=_number(body, "temperature", DEFAULT_TEMPERATURE, float),
-            top_p=_number(body, "top_p", 1.0, float),
-            seed=seed,
+            seed=_number(body, "seed", None, int),
+            n=_number(body, "n", 1, int),
+            stop=_stop(body.get("stop")),
             json_schema=_json_schema(body.get("response_format")),
+            **values,
         )
-    except ValueError as exc:
-        raise InvalidLine(str(exc)) from None
+    except InvalidSetting as exc:
+        raise InvalidLine(f"{exc.field} must be {exc.rule}, got {exc.value!r}") from None
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    """``stop``: absent, one string, or a list of strings (the API allows up to 4)."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise InvalidLine(f"stop must be a string or a list of strings, got {stop!r}")
 
 
 def _number(body: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:

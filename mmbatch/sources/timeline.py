@@ -8,14 +8,15 @@ A file that cannot be expanded (no video stream, a timestamp past its end) still
 exactly one request, carrying its error (``Request.error``): that is the file's row, and the
 job goes on.
 
-Ids: ``clip.mp4@12.500`` for a frame (the file, then the frame's time in seconds),
-``talk.wav@30.000`` for an audio window after the first (the first keeps the file's name, so
-a short file's id is its path).
+Ids: ``clip.mp4@12.500`` for a frame (the file, then the frame's time in seconds), and
+``talk.wav@30.000`` for an audio window, every window of a file cut in several, the first
+(``@0.000``) included; a file short enough for one window keeps its own id (its path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from mmbatch.errors import MediaError
@@ -23,6 +24,7 @@ from mmbatch.jsonl import printable
 from mmbatch.media.options import AudioOptions, VideoOptions
 from mmbatch.sources.files import (
     AUDIO_SUFFIXES,
+    IMAGE_SUFFIXES,
     VIDEO_SUFFIXES,
     InputFile,
     SourcePolicy,
@@ -41,14 +43,18 @@ def frame_requests(
     system: str | None = None,
     policy: SourcePolicy | None = None,
     log: ListingLog | None = None,
+    save_dir: str | None = None,
 ) -> list[Request]:
     """One image request per frame that ``options`` samples from each video in ``inputs``:
     every frame asked for, unless ``options.max_frames`` is set (a cut it makes is noted in
     ``log``, as is a truncated video).
 
-    Rows carry ``video``, ``frame_index`` (in presentation order) and ``pts`` (seconds), and
-    ``warning`` when the file holds less than its header declares (``VideoIndex.truncation``).
+    Rows carry ``video``, ``frame_index`` (in presentation order), ``pts`` (seconds),
+    ``warning`` when the file holds less than its header declares (``VideoIndex.truncation``)
+    and, when the frames are saved to ``save_dir`` (``MediaOptions.frame_dir``),
+    ``frame_path``: the file the frame is written to.
     """
+    from mmbatch.media.decode import frame_file_name
     from mmbatch.media.video import index_video, sampled_frames, spread
 
     log = log if log is not None else ListingLog()
@@ -56,10 +62,19 @@ def frame_requests(
     for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video", log):
         path, text = file.path, file.prompt or prompt
         try:
+            if Path(path).suffix.lower() in IMAGE_SUFFIXES:
+                # PyAV opens a still image as a one-frame "video", whose frame then fails to
+                # decode by seeking: say what the file is instead.
+                raise MediaError(
+                    "a still image, not a video: caption pictures with `mmbatch caption`",
+                    stage="source",
+                    kind="unsupported",
+                )
             index = index_video(path, options.max_source_pixels)
             asked = sampled_frames(index, options)
         except MediaError as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
+            failed += (("frame_path", None),) * (save_dir is not None) + file.columns
             ref = MediaRef("image", path)
             error = _error(exc)
             requests.append(
@@ -80,7 +95,10 @@ def frame_requests(
         for i in frames:
             pts = index.seconds(i)
             ref = MediaRef("image", path, part=FrameAt(i, pts))
-            columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)), *flag)
+            columns: Columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)), *flag)
+            if save_dir is not None:
+                columns += (("frame_path", str(Path(save_dir) / frame_file_name(path, pts))),)
+            columns += file.columns
             requests.append(Request(frame_id(path, pts), text, (ref,), system, columns=columns))
     return _unique_frame_ids(requests)
 
@@ -164,11 +182,13 @@ def audio_windows(
     except MediaError as exc:
         columns: Columns = (("start", None), ("end", None))
         ref = MediaRef("audio", path)
+        columns += file.columns
         yield Request(file.id, prompt, (ref,), system, columns=columns, error=_error(exc))
         return
-    for n, span in enumerate(windows(duration, options)):
-        item_id = file.id if n == 0 else f"{file.id}@{span.start:.3f}"
-        columns = (("start", span.start), ("end", span.end))
+    spans = windows(duration, options)
+    for span in spans:
+        item_id = file.id if len(spans) == 1 else f"{file.id}@{span.start:.3f}"
+        columns = (("start", span.start), ("end", span.end), *file.columns)
         yield Request(
             item_id, prompt, (MediaRef("audio", path, part=span),), system, columns=columns
         )

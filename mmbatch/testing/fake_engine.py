@@ -1,7 +1,8 @@
 """A deterministic stand-in for the engine, for fast tests of the pipeline's bookkeeping.
 
 Its text is a function of the request's media keys and prompt only, so a test can tell
-whether a row got the right caption. It finishes requests out of order on purpose (newest
+whether a row got the right caption (with ``Sampling.n`` > 1, the i-th completion ends in
+``#i``). It finishes requests out of order on purpose (newest
 first, a few per step) to catch any code that matches results by position.
 """
 
@@ -12,7 +13,7 @@ import time
 from collections.abc import Sequence
 
 from mmbatch.errors import FatalEngineError, RequestRejected
-from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling, Usage
+from mmbatch.types import CacheStats, Choice, LoadedRequest, MediaItem, Result, Sampling, Usage
 
 
 def expected_text(media_keys: Sequence[str], prompt: str) -> str:
@@ -43,6 +44,8 @@ class FakeEngine:
         """A prompt that kills the whole process on arrival, as a segfault in a kernel would."""
         self.steps = 0
         self.added: list[str] = []
+        self.sampling: dict[str, Sampling] = {}
+        """The sampling each added request came with, by request id."""
         self._queue: list[Result] = []
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
@@ -57,9 +60,12 @@ class FakeEngine:
             return
         self.added.append(request.id)
         text = expected_text(request.media_keys, request.request.prompt)
-        self._queue.append(
-            Result(request.id, text, "stop", Usage(prompt_tokens=10, output_tokens=len(text)))
-        )
+        texts = [f"{text}#{i}" for i in range(sampling.n)] if sampling.n > 1 else [text]
+        choices = tuple(Choice(t, "stop", len(t)) for t in texts) if sampling.n > 1 else ()
+        usage = Usage(prompt_tokens=10, output_tokens=sum(map(len, texts)))
+        text = texts[0]
+        self.sampling[request.id] = sampling
+        self._queue.append(Result(request.id, text, "stop", usage, choices=choices))
 
     def step(self) -> list[Result]:
         self.steps += 1

@@ -1,0 +1,133 @@
+"""One call per task, for a notebook or a script: inputs in, rows out.
+
+    import mmbatch
+    rows = mmbatch.caption(["photos/", pil_image], model="Qwen/Qwen2.5-VL-3B-Instruct")
+
+``caption`` takes what a notebook holds: paths (files, folders, globs, manifests), PIL
+images and image bytes, in one list; it returns one row per item, in input order, the same
+rows ``mmbatch caption`` writes. Given a ``model``, it starts the engine, runs, and closes
+it again (the GPU is free when it returns); to run several calls on one engine, open it
+with ``load_engine`` in a ``with`` block, which closes it on the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from mmbatch.engine.base import Engine
+from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.vllm import VLLMEngine
+from mmbatch.errors import ConfigError
+from mmbatch.jobs import Job, media_per_prompt, run_in_memory
+from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.pipeline import RunConfig, close_pipeline
+from mmbatch.sources.caption import caption_requests, list_media, modality_of
+from mmbatch.types import MediaRef, Modality, Request, Sampling
+
+DEFAULT_PROMPT = "Describe this image in one sentence."
+
+
+def load_engine(
+    model: str, *, media: Mapping[Modality, int] | None = None, **engine_kwargs: Any
+) -> VLLMEngine:
+    """The vLLM engine for ``model`` (``engine_kwargs`` go to ``vllm.LLM``), sized for
+    ``media`` per prompt (one image by default; ``{"video": 1}`` for clips). Use it in a
+    ``with`` block, or ``close()`` it, to free the GPU."""
+    from mmbatch.engine.shared import start_engine
+
+    return start_engine(EngineConfig(model, engine_kwargs), dict(media or {"image": 1}))
+
+
+def caption(
+    inputs: Any,
+    *,
+    model: str | None = None,
+    engine: Engine | None = None,
+    prompt: str = DEFAULT_PROMPT,
+    system: str | None = None,
+    sampling: Sampling | None = None,
+    max_pixels: int | None = None,
+    engine_kwargs: Mapping[str, Any] | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """One row per item of ``inputs``, in input order: ``text`` and ``error`` (None, or
+    what went wrong with that item), and the fields of ``mmbatch caption``'s rows.
+
+    ``inputs`` is one input or a list of them: a path (a file, a folder, a glob or a
+    manifest; videos are captioned whole, audio in windows), a PIL image, or an image
+    file's bytes. Run on ``engine``, or on a new engine for ``model`` (``engine_kwargs``
+    for ``vllm.LLM``), closed again before this returns."""
+    if (engine is None) == (model is None):
+        raise ConfigError("caption() takes a model or an engine (load_engine(model))")
+    if engine is not None:
+        config: EngineConfig | None = getattr(engine, "config", None)
+    else:
+        config = EngineConfig(str(model), engine_kwargs or {})
+    requests = _requests(_as_list(inputs), prompt, system, config)
+    job = Job(requests, sampling or Sampling(), MediaOptions(image=ImageOptions(max_pixels)))
+    run = RunConfig(progress=progress)
+    if engine is not None:
+        on_close = getattr(engine, "on_close", None)  # the pipeline kept for it goes with it
+        if on_close is not None:
+            on_close(lambda: close_pipeline(engine))
+        rows, _ = run_in_memory(job, engine, run)
+        return rows
+    assert model is not None
+    media = media_per_prompt(requests)
+    with load_engine(model, media=media, **dict(engine_kwargs or {})) as own:
+        return run_in_memory(job, own, run)[0]
+
+
+def _as_list(inputs: Any) -> list[Any]:
+    if isinstance(inputs, (str, Path, bytes, bytearray, memoryview)) or _is_image(inputs):
+        return [inputs]
+    if isinstance(inputs, Sequence):
+        return list(inputs)
+    raise ConfigError(f"inputs: expected paths, PIL images or bytes, got {type(inputs).__name__}")
+
+
+def _requests(
+    inputs: list[Any],
+    prompt: str,
+    system: str | None,
+    config: EngineConfig | None,
+) -> list[Request]:
+    """The requests of ``inputs``, in order: paths listed as ``mmbatch caption`` lists them
+    (ids are paths), pictures in memory named by their place (``#3``). Files that are not
+    pictures are taken if the model's processor takes them (``config``; every kind for an
+    engine that names no model)."""
+    requests: list[Request] = []
+    for index, item in enumerate(inputs):
+        if isinstance(item, (str, Path)):
+            files = list_media([str(item)])
+            kinds = {modality_of(f.path) for f in files}
+            take: set[Modality] = {"image"}
+            if kinds - take:  # more than pictures: the model's processor says what it takes
+                from mmbatch.engine.processor import model_modalities
+
+                take = set(model_modalities(config)) if config else {"image", "video", "audio"}
+            requests += caption_requests(files, prompt, system, take=take, as_clip=True)
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            requests.append(Request(f"#{index}", prompt, (_in_memory(index, data=item),), system))
+        elif _is_image(item):
+            requests.append(Request(f"#{index}", prompt, (_in_memory(index, image=item),), system))
+        else:
+            raise ConfigError(
+                f"inputs[{index}]: expected a path, a PIL image or bytes, got {type(item).__name__}"
+            )
+    return requests
+
+
+def _in_memory(index: int, **payload: Any) -> MediaRef:
+    data = payload.get("data")
+    if data is not None:
+        payload["data"] = bytes(data)
+    return MediaRef("image", f"#{index}", **payload)
+
+
+def _is_image(value: Any) -> bool:
+    return any(
+        cls.__module__.startswith("PIL.") and cls.__name__ == "Image" for cls in type(value).__mro__
+    )
