@@ -32,6 +32,7 @@ import contextlib
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import time
 from collections import deque
@@ -54,6 +55,8 @@ STEP_WAIT = 0.05
 """Seconds ``step`` waits for some replica's results before it returns empty-handed."""
 AFFINITY_KEYS = 4096
 """Media keys remembered with the replica that last took them."""
+STOP_WAIT = 10.0
+"""Seconds a replica has to close its engine and exit, before it is ended by signal."""
 
 
 @dataclass
@@ -174,8 +177,11 @@ class ReplicaEngine:
         return self._make_limits(*self._context_limits)
 
     def close(self) -> None:
-        for replica in self._replicas:
-            self._stop(replica)
+        # Every replica is told first, then each awaited: a second Ctrl-C during the waits
+        # leaves replicas that stop by themselves, not ones the interpreter's exit waits on.
+        processes = [self._tell_to_stop(replica) for replica in self._replicas]
+        for process in processes:
+            _reap(process)
 
     @property
     def replicas(self) -> int:
@@ -322,16 +328,40 @@ class ReplicaEngine:
             self._receive(replica, message)
 
     def _stop(self, replica: _Replica) -> None:
+        _reap(self._tell_to_stop(replica))
+
+    def _tell_to_stop(self, replica: _Replica) -> Any:
+        """Ask the replica to stop (it closes its engine) and let go of it; its process."""
         if replica.conn is not None:
             with contextlib.suppress(OSError):
                 replica.conn.send(("stop",))
             replica.conn.close()
-        if replica.process is not None:
-            replica.process.join(timeout=5)
-            if replica.process.is_alive():
-                replica.process.kill()
-                replica.process.join(timeout=5)
+        process = replica.process
         replica.conn, replica.process, replica.ready = None, None, False
+        return process
+
+
+def _reap(process: Any) -> None:
+    """Wait for a replica told to stop; one that has not within ``STOP_WAIT`` (still loading
+    its model, or stuck) is ended with its whole process group, so that no vLLM process it
+    started outlives it."""
+    if process is None:
+        return
+    process.join(timeout=STOP_WAIT)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not process.is_alive():
+            break
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+        process.join(timeout=STOP_WAIT)
+    _end_group(process.pid)
+
+
+def _end_group(pgid: int) -> None:
+    """SIGKILL what is left of a stopped replica's process group (a vLLM worker that its
+    engine core left behind)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def _portable(request: LoadedRequest) -> LoadedRequest:
@@ -351,6 +381,10 @@ def _load(replica: _Replica) -> float:
 def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> None:
     """A replica process: build the engine on ``devices``, then add, step and report until
     told to stop (or until the parent is gone)."""
+    # A process group of its own (vLLM's engine-core and worker processes join it): Ctrl-C in
+    # a terminal reaches the job's group only, so the parent alone decides when an engine
+    # stops, and stops it cleanly, instead of every engine dying under it at once.
+    os.setpgid(0, 0)
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
     try:
@@ -400,14 +434,26 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
         try:
             results = rejected + (engine.step() if engine.num_unfinished() else [])
         except FatalEngineError as exc:
-            conn.send(("fatal", str(exc)))
+            _reply(conn, ("fatal", str(exc)))
             return
         rejected = []
         now = time.monotonic()
         if results or now - last_report > 1.0:
             last_report = now
             depths = engine.queue_depths() or (0, 0)
-            conn.send(("results", results, engine.capacity(), engine.cache_stats(), depths))
+            message = ("results", results, engine.capacity(), engine.cache_stats(), depths)
+            if not _reply(conn, message):
+                return
+
+
+def _reply(conn: Connection, message: tuple[Any, ...]) -> bool:
+    """Send ``message`` to the parent; False when it is gone (it closed the pipe while
+    stopping this replica, or ended): the replica then stops, quietly."""
+    try:
+        conn.send(message)
+    except OSError:
+        return False
+    return True
 
 
 def _receive_into(conn: Connection, inbox: queue.SimpleQueue[tuple[Any, ...]]) -> None:
