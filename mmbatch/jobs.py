@@ -203,6 +203,15 @@ def run_job(
                 f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
                 f"({left} items left); run the same command again to resume."
             ) from exc
+        except KeyboardInterrupt:
+            sink.close()  # every row written is made durable; the record says whose they are
+            tally = _count(out, job)
+            print(
+                f"mmbatch: interrupted: {tally.done} rows are saved in {out.path} "
+                f"({len(job.item_ids) - tally.done} items left)",
+                file=sys.stderr,
+            )
+            raise
         except OutputError as exc:
             with suppress(OutputError):
                 sink.close()  # the disk may still be full: what is written stays written

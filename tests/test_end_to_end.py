@@ -146,18 +146,26 @@ TINY_ENGINE_ARGS = [
 ]
 
 
+@pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C"])
 def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
     vl_engine,  # type: ignore[no-untyped-def]
     tiny_vl_model: Path,
     samples: Path,
     tmp_path: Path,
+    how: str,
 ) -> None:
-    """The real command on vLLM, SIGKILLed while the engine is generating (a random moment
-    after its first row), then resumed by the same command in this process on the session's
-    engine. An engine start costs ~20-40 s here, so the 20 random kills are in
-    test_kill_resume.py with the fake engine; this one proves the same on the real engine."""
+    """The real command on vLLM, SIGKILLed or interrupted by Ctrl-C (SIGINT to its process
+    group, as a terminal sends it) while the engine is generating (a random moment after its
+    first row), then resumed by the same command in this process on the session's engine.
+    Ctrl-C ends it with exit 130, every written row whole, and no vLLM process left. An
+    engine start costs ~20-40 s here, so the random kills and interrupts are in
+    test_kill_resume.py and test_interrupt.py with fake engines; this proves the same on
+    the real engine."""
     import random
     import signal
+    import uuid
+
+    from test_interrupt import assert_none_left
 
     from mmbatch.cli import build_parser, caption
     from mmbatch.out.sinks import MemorySink
@@ -190,14 +198,30 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
         data = out.read_bytes() if out.exists() else b""
         return [json.loads(line) for line in data[: data.rfind(b"\n") + 1].splitlines()]
 
-    job = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mark = uuid.uuid4().hex
+    job = subprocess.Popen(
+        argv,
+        env=os.environ | {"MMBATCH_TEST_MARK": mark},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # a group of its own, as a terminal's foreground job
+    )
     deadline = time.monotonic() + 300
     while job.poll() is None and not whole_rows():
         assert time.monotonic() < deadline, "no row within 300 s"
         time.sleep(0.01)
     time.sleep(random.uniform(0, 0.3))
-    job.send_signal(signal.SIGKILL)
-    assert job.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill"
+    if how == "SIGKILL":
+        job.send_signal(signal.SIGKILL)
+        assert job.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill"
+    else:
+        os.killpg(job.pid, signal.SIGINT)
+        assert job.wait(timeout=90) == 130, job.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+        stderr = job.stderr.read().decode()  # type: ignore[union-attr]
+        assert "run the same command again to resume" in stderr.splitlines()[-1]
+        assert out.read_bytes().endswith(b"\n")  # closed, not torn
+    job.stderr.close()  # type: ignore[union-attr]
+    assert_none_left(mark)  # the replica and vLLM's engine core went with the job
     rows = whole_rows()
     assert 0 < len(rows) < len(requests)
     assert len({r["id"] for r in rows}) == len(rows)

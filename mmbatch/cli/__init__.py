@@ -24,7 +24,7 @@ from mmbatch.cli import (
     run,
     tiny_model,
 )
-from mmbatch.cli.options import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.cli.options import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.errors import MmbatchError
 
 if TYPE_CHECKING:
@@ -32,7 +32,14 @@ if TYPE_CHECKING:
 
 COMMANDS = (caption, frames, run, check, openai_batch, report, tiny_model, bench)
 
-__all__ = ["EXIT_ITEMS_FAILED", "EXIT_JOB_FAILED", "EXIT_OK", "build_parser", "main"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "EXIT_ITEMS_FAILED",
+    "EXIT_JOB_FAILED",
+    "EXIT_OK",
+    "build_parser",
+    "main",
+]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,4 +75,9 @@ def main(argv: Sequence[str] | None = None, engine: Engine | None = None) -> int
     except MmbatchError as exc:
         print(f"mmbatch: error: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED
+    except KeyboardInterrupt:
+        # The job saved what it finished (``run_job`` says where): no traceback, and the
+        # code a shell gives a process Ctrl-C ended, not 1 ("some items failed").
+        print("mmbatch: interrupted; run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return code

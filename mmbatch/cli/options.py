@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from mmbatch.types import Sampling
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, as a shell reports a process that SIGINT ended: the job resumes where it stopped."""
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """What each command module's ``register`` adds its parser to."""
