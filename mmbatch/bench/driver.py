@@ -49,6 +49,7 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
             **spec,
             "mode": mode if mode in ("naive", "prebuilt") else "mmbatch",
             "render_threads": variant.get("render_threads", DEFAULT_RENDER_THREADS),
+            "in_process": bool(variant.get("in_process", False)),
             "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **variant.get("engine", {})},
         }
         spec_path.write_text(json.dumps(side_spec))

@@ -8,7 +8,9 @@ and sampling:
   rows' order, one ``LLM.chat`` call, default engine arguments but the shared ones.
 * ``prebuilt``: the ceiling of vLLM's own loop: every input decoded and every prompt built
   before the clock starts (W2's rows image-major), then one ``LLM.generate``.
-* ``mmbatch``: the rows as a user's job through the runner (``run_job``), written to JSONL.
+* ``mmbatch``: the rows as a user's job through the runner (``run_job``), written to JSONL,
+  on the engine the command builds (``shared_engine``: on one GPU, one engine process fed
+  by this one); a variant with ``"in_process": true`` runs vLLM in this process instead.
 """
 
 from __future__ import annotations
@@ -207,9 +209,15 @@ class _Mmbatch:
 
         start = time.perf_counter()
         kwargs = {**spec["common_engine_args"], **spec["mmbatch_engine_args"]}
-        self.engine = VLLMEngine(
-            EngineConfig(spec["model"], kwargs), {"image": 1}, render_threads=spec["render_threads"]
-        )
+        config = EngineConfig(spec["model"], kwargs)
+        self.engine: Any
+        if spec.get("in_process"):
+            self.engine = VLLMEngine(config, {"image": 1}, render_threads=spec["render_threads"])
+        else:
+            from mmbatch.engine.shared import shared_engine_and_layout
+
+            self.engine, layout = shared_engine_and_layout(config, {"image": 1})
+            print(f"bench[mmbatch]: {layout.describe()}", flush=True)
         self.start_s = time.perf_counter() - start
         self.spec = spec
         self.vllm_version = vllm.__version__
@@ -251,7 +259,15 @@ class _Mmbatch:
         }
 
     def metrics(self) -> dict[str, float]:
-        return _metrics(self.engine.llm)
+        if hasattr(self.engine, "llm"):
+            return _metrics(self.engine.llm)
+        cache = self.engine.cache_stats()  # the engine processes' counters, as last reported
+        return {
+            "prefix_cache_queries": cache.prefix_queries,
+            "prefix_cache_hits": cache.prefix_hits,
+            "mm_cache_queries": cache.mm_queries,
+            "mm_cache_hits": cache.mm_hits,
+        }
 
 
 SIDES: dict[str, Any] = {"naive": _Naive, "prebuilt": _Prebuilt, "mmbatch": _Mmbatch}
