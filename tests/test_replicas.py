@@ -19,7 +19,7 @@ from PIL import Image
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import GIB, Gpu, choose_layout, model_bytes, parameters
 from mmbatch.engine.replicas import ReplicaEngine
-from mmbatch.errors import ConfigError
+from mmbatch.errors import ConfigError, FatalEngineError
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
@@ -194,6 +194,37 @@ def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Pa
     assert by_id["poison"]["error"]["kind"] == "engine"
     assert "died each time this request was in it" in by_id["poison"]["error"]["message"]
     assert all(by_id[r.id]["error"] is None for r in requests)
+
+
+def test_a_request_that_makes_the_engine_step_raise_costs_one_row(tmp_path: Path) -> None:
+    """An exception out of the engine's ``step`` (a vLLM bug one request sets off) ends that
+    replica as a crash would: restarted, the request found by halving, one error row."""
+    requests = caption(pictures(tmp_path / "p", 12), ["fine"])
+    poison = Request("poison", "bad", (MediaRef("image", requests[5].media[0].source),))
+    engine = fakes(1, raise_on_prompt="bad")
+    try:
+        rows = run([requests[0], poison, *requests[1:]], engine)
+    finally:
+        engine.close()
+    by_id = {row["id"]: row for row in rows}
+    assert len(by_id) == len(rows) == 13
+    assert by_id["poison"]["error"]["kind"] == "engine"
+    assert "RuntimeError" in by_id["poison"]["error"]["message"]
+    assert all(by_id[r.id]["error"] is None for r in requests)
+    for r in requests:
+        assert by_id[r.id]["text"] == expected_text([by_id[r.id]["media_hash"]], "fine")
+
+
+def test_an_engine_that_dies_whatever_it_is_given_stops_the_job(tmp_path: Path) -> None:
+    """Bisection narrows down a killer; it does not retry a broken engine for every request:
+    deaths without a result between them stop the job after a few restarts."""
+    requests = caption(pictures(tmp_path / "p", 16), ["fine"])
+    engine = fakes(1, die_after_steps=0)
+    try:
+        with pytest.raises(FatalEngineError, match="died 4 times without finishing"):
+            run(requests, engine)
+    finally:
+        engine.close()
 
 
 @pytest.mark.slow

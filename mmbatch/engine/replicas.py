@@ -50,7 +50,8 @@ EngineFactory = Callable[[], Engine]
 """Builds a replica's engine inside its process (picklable: a class or a ``partial``)."""
 
 MAX_RESTARTS = 3
-"""Deaths in a row, without a result between them, after which the job stops."""
+"""Deaths in a row per replica, without a result between them, after which the job stops
+(the deaths that halve a group of suspects do not count: they narrow down a killer)."""
 STEP_WAIT = 0.05
 """Seconds ``step`` waits for some replica's results before it returns empty-handed."""
 AFFINITY_KEYS = 4096
@@ -131,10 +132,12 @@ class ReplicaEngine:
             if conn is None or conn not in readable:
                 continue
             try:
-                while conn.poll():
+                # A "fatal" message restarts the replica: its old pipe is closed then.
+                while replica.conn is conn and conn.poll():
                     results += self._receive(replica, conn.recv())
             except (EOFError, OSError):
-                results += self._died(replica, "its process ended")
+                if replica.conn is conn:
+                    results += self._died(replica, "its process ended")
         for replica in self._replicas:
             if replica.process is not None and not replica.process.is_alive() and replica.conn:
                 results += self._died(replica, f"its process exited ({replica.process.exitcode})")
@@ -258,16 +261,19 @@ class ReplicaEngine:
         trial, replica.trial = replica.trial, set()
         replica.backlog = []  # what it was still to be sent is in ``held``: tried again
         self._stop(replica)
-        self._deaths_in_a_row += 1
+        live = {r for r in held | trial if r in self._in_flight}
+        suspects = sorted(live & trial) if trial else sorted(live)
+        bystanders = sorted(live - set(suspects))
+        # Halving a group known to hold a killer is progress, not a sign of a broken engine:
+        # only the other deaths count against the job.
+        if not (trial and len(suspects) > 1):
+            self._deaths_in_a_row += 1
         if self._deaths_in_a_row > MAX_RESTARTS * len(self._replicas):
             raise FatalEngineError(
                 f"engine replicas died {self._deaths_in_a_row} times without finishing a "
                 f"request; the last: replica {replica.index} ({why})"
             )
         self._start(replica)
-        live = {r for r in held | trial if r in self._in_flight}
-        suspects = sorted(live & trial) if trial else sorted(live)
-        bystanders = sorted(live - set(suspects))
         failed = []
         if trial and len(suspects) == 1:
             (poison,) = suspects
@@ -435,6 +441,9 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
             results = rejected + (engine.step() if engine.num_unfinished() else [])
         except FatalEngineError as exc:
             _reply(conn, ("fatal", str(exc)))
+            return
+        except Exception as exc:  # a bug in the engine, set off by some request in it
+            _reply(conn, ("fatal", f"its step raised {type(exc).__name__}: {exc}"))
             return
         rejected = []
         now = time.monotonic()

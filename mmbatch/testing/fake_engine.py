@@ -33,6 +33,7 @@ class FakeEngine:
         die_after_steps: int | None = None,
         capacity: int = 64,
         crash_on_prompt: str | None = None,
+        raise_on_prompt: str | None = None,
     ) -> None:
         self.per_step = per_step
         self.reject_prompts = reject_prompts
@@ -42,6 +43,9 @@ class FakeEngine:
         self.max_in_flight = capacity
         self.crash_on_prompt = crash_on_prompt
         """A prompt that kills the whole process on arrival, as a segfault in a kernel would."""
+        self.raise_on_prompt = raise_on_prompt
+        """A prompt that makes every ``step`` raise while it is queued, as a vLLM bug would."""
+        self._poisoned: set[str] = set()
         self.steps = 0
         self.added: list[str] = []
         self.sampling: dict[str, Sampling] = {}
@@ -59,6 +63,8 @@ class FakeEngine:
             self._queue.append(Result.failure(request.id, "validate", message))
             return
         self.added.append(request.id)
+        if request.request.prompt == self.raise_on_prompt:
+            self._poisoned.add(request.id)
         text = expected_text(request.media_keys, request.request.prompt)
         texts = [f"{text}#{i}" for i in range(sampling.n)] if sampling.n > 1 else [text]
         choices = tuple(Choice(t, "stop", len(t)) for t in texts) if sampling.n > 1 else ()
@@ -71,6 +77,8 @@ class FakeEngine:
         self.steps += 1
         if self.die_after_steps is not None and self.steps > self.die_after_steps:
             raise FatalEngineError("the fake engine died")
+        if self._poisoned & {r.request_id for r in self._queue}:
+            raise RuntimeError("the fake engine's step failed on a poisoned request")
         if self.step_seconds:
             time.sleep(self.step_seconds)
         done, self._queue = self._queue[-self.per_step :], self._queue[: -self.per_step]
