@@ -5,12 +5,16 @@ one output, a replica killed mid-job, a request that kills every replica it reac
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TINY_ENGINE_KWARGS
@@ -18,14 +22,14 @@ from PIL import Image
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import GIB, Gpu, choose_layout, model_bytes, parameters
-from mmbatch.engine.replicas import ReplicaEngine
+from mmbatch.engine.replicas import ReplicaEngine, _serve_engine
 from mmbatch.errors import ConfigError, FatalEngineError
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.testing.tiny_models import write_real_shape
-from mmbatch.types import MediaRef, Request, Sampling
+from mmbatch.types import LoadedRequest, MediaRef, Request, Sampling
 
 H200 = 141 * GIB
 
@@ -256,3 +260,80 @@ def test_two_vllm_engines_give_each_id_the_text_one_engine_gives(
         engine.close()
     expected = {row["id"]: (row["text"], row["error"]) for row in one.rows}
     assert {row["id"]: (row["text"], row["error"]) for row in two.rows} == expected
+
+
+# -- the replica's side of the pipe, run here in a thread (a replica process runs the same
+# loop, where coverage does not follow it) -----------------------------------------------
+
+
+def serving(engine: FakeEngine) -> tuple[Connection, threading.Thread]:
+    """The parent's end of a pipe whose other end ``_serve_engine`` serves ``engine`` on."""
+    parent, child = multiprocessing.Pipe()
+    loop = threading.Thread(target=_serve_engine, args=(engine, child), daemon=True)
+    loop.start()
+    return parent, loop
+
+
+def text_request(request_id: str, prompt: str) -> LoadedRequest:
+    return LoadedRequest(Request(request_id, prompt), ())
+
+
+def replies(parent: Connection, until: Callable[[list[Any]], bool]) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + 10
+    while not until(got):
+        assert time.monotonic() < deadline, f"no such reply within 10 s: {got}"
+        if parent.poll(0.1):
+            got.append(parent.recv())
+    return got
+
+
+def results_in(messages: list[Any]) -> dict[str, Any]:
+    return {r.request_id: r for m in messages if m[0] == "results" for r in m[1]}
+
+
+def test_a_replica_adds_steps_reports_and_stops_when_told() -> None:
+    engine = FakeEngine(per_step=1, reject_prompts=frozenset({"no"}))
+    parent, loop = serving(engine)
+    for request_id, prompt in [("a", "hi"), ("b", "no"), ("c", "there")]:
+        parent.send(("add", text_request(request_id, prompt), [], Sampling()))
+    got = replies(parent, lambda got: len(results_in(got)) == 3)
+    done = results_in(got)
+    assert done["a"].text == expected_text([], "hi")
+    assert done["c"].text == expected_text([], "there")
+    error = done["b"].error  # refused on add
+    assert error is not None
+    assert error.stage == "validate"
+    _, _, capacity, _, depths = got[-1]
+    assert capacity == engine.capacity()
+    assert depths == (0, 0)
+    parent.send(("stop",))
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+def test_a_replica_stops_by_itself_when_the_parent_is_gone() -> None:
+    parent, loop = serving(FakeEngine(per_step=1))
+    parent.send(("add", text_request("a", "hi"), [], Sampling()))
+    replies(parent, lambda got: "a" in results_in(got))
+    parent.close()
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+def test_a_replica_whose_step_raises_says_why_and_stops() -> None:
+    parent, loop = serving(FakeEngine(raise_on_prompt="bad"))
+    parent.send(("add", text_request("x", "bad"), [], Sampling()))
+    [fatal] = replies(parent, lambda got: bool(got) and got[-1][0] == "fatal")[-1:]
+    assert "its step raised RuntimeError" in fatal[1]
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+def test_a_replica_whose_engine_dies_says_so_and_stops() -> None:
+    parent, loop = serving(FakeEngine(die_after_steps=0))
+    parent.send(("add", text_request("x", "hi"), [], Sampling()))
+    [fatal] = replies(parent, lambda got: bool(got) and got[-1][0] == "fatal")[-1:]
+    assert fatal[1] == "the fake engine died"
+    loop.join(timeout=10)
+    assert not loop.is_alive()
