@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import tarfile
 import time
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mmbatch.errors import SourceError
 from mmbatch.jsonl import encode_line, read_objects
 from mmbatch.out.order import RowOrder
-from mmbatch.out.sinks import JsonlSink
+from mmbatch.out.tables import SpooledSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -42,7 +41,7 @@ PARQUET_SHARD = "part-{:05d}.parquet"
 TAR_SHARD = "{:05d}.tar"
 
 
-class ShardSink:
+class ShardSink(SpooledSink):
     """Rows to a folder of shards of ``shard_rows`` rows, through the JSONL spool."""
 
     def __init__(
@@ -53,39 +52,19 @@ class ShardSink:
         append: bool = False,
         order: RowOrder | None = None,
     ) -> None:
-        from mmbatch.out.tables import SPOOL_SUFFIX
-
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
-        self.path = Path(path)
         self.format: ShardFormat = format
         self.shard_rows = shard_rows
-        self.spool_path = self.path.with_name(self.path.name + SPOOL_SUFFIX)
-        self._spool = JsonlSink(self.spool_path, append=append, order=order)
-        self._closed = False
+        super().__init__(path, append, order)
 
-    def write(self, row: dict[str, Any]) -> None:
-        self._spool.write(row)
-
-    def flush(self) -> None:
-        self._spool.flush()
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._spool.close()
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        shutil.rmtree(temporary, ignore_errors=True)
-        temporary.mkdir(parents=True)
+    def _write(self, target: Path) -> None:
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
         if self.format == "parquet":
-            _write_parquet_shards(self.spool_path, temporary, self.shard_rows)
+            _write_parquet_shards(self.spool_path, target, self.shard_rows)
         else:
-            _write_tar_shards(self.spool_path, temporary, self.shard_rows)
-        if self.path.is_dir() and not self.path.is_symlink():
-            shutil.rmtree(self.path)
-        os.replace(temporary, self.path)
-        self.spool_path.unlink()
+            _write_tar_shards(self.spool_path, target, self.shard_rows)
 
 
 def _chunks(spool: Path, size: int) -> Iterator[list[dict[str, Any]]]:

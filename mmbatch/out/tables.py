@@ -32,21 +32,16 @@ ROWS_PER_CHUNK = 50_000
 TableFormat = Literal["parquet", "datasets"]
 
 
-class TableSink:
-    """Rows to a Parquet file (``"parquet"``) or a datasets folder (``"datasets"``, opened by
-    ``datasets.load_from_disk``), through a JSONL spool converted on ``close``."""
+class SpooledSink:
+    """Rows to the JSONL spool beside ``path`` as they finish (what resume reads), made into
+    the output when the sink closes (``_write``, into a temporary name then moved into place:
+    a reader never sees half an output). A write that fails leaves the spool, with every row,
+    for the next run."""
 
     def __init__(
-        self,
-        path: str | Path,
-        format: TableFormat,
-        append: bool = False,
-        order: RowOrder | None = None,
+        self, path: str | Path, append: bool = False, order: RowOrder | None = None
     ) -> None:
-        if format not in _WRITERS:
-            raise ValueError(f"unknown table format {format!r}; expected one of {list(_WRITERS)}")
         self.path = Path(path)
-        self.format: TableFormat = format
         self.spool_path = self.path.with_name(self.path.name + SPOOL_SUFFIX)
         # append=True continues the spool of a stopped job (``mmbatch.out.resume`` reads it).
         # The spool's rows are put in the job's order when it closes, before conversion.
@@ -64,16 +59,40 @@ class TableSink:
             return
         self._closed = True
         self._spool.close()
-        tables = list(_tables(self.spool_path))
-        schema = _unified_schema(tables)
         temporary = self.path.with_name(f".{self.path.name}.tmp")
         try:
-            _WRITERS[self.format]([t.cast(schema) for t in tables], schema, temporary)
+            self._write(temporary)
             _replace(temporary, self.path)
-        except OSError as exc:  # the spool keeps every row: the next run writes the table
+        except OSError as exc:
             _remove(temporary)
             raise OutputError(cannot_write(self.path, exc)) from None
         self.spool_path.unlink()
+
+    def _write(self, target: Path) -> None:
+        """Write the output, from the spool's rows, at ``target``."""
+        raise NotImplementedError
+
+
+class TableSink(SpooledSink):
+    """Rows to a Parquet file (``"parquet"``) or a datasets folder (``"datasets"``, opened by
+    ``datasets.load_from_disk``), through a JSONL spool converted on ``close``."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        format: TableFormat,
+        append: bool = False,
+        order: RowOrder | None = None,
+    ) -> None:
+        if format not in _WRITERS:
+            raise ValueError(f"unknown table format {format!r}; expected one of {list(_WRITERS)}")
+        self.format: TableFormat = format
+        super().__init__(path, append, order)
+
+    def _write(self, target: Path) -> None:
+        tables = list(_tables(self.spool_path))
+        schema = _unified_schema(tables)
+        _WRITERS[self.format]([t.cast(schema) for t in tables], schema, target)
 
 
 def _write_parquet(tables: list[pa.Table], schema: pa.Schema, target: Path) -> None:
