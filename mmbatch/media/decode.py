@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from mmbatch.errors import MediaError
 from mmbatch.media.options import AudioOptions, ImageOptions, VideoOptions
@@ -33,17 +33,38 @@ Decoded: TypeAlias = "dict[str, MediaItem | ItemError]"
 """What a job made: an item, or the reason it could not be made, by media key."""
 
 
+class _OneItem:
+    """A job that makes one media item, under its ``key``."""
+
+    key: str
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,)
+
+
+_Job = TypeVar("_Job", bound="_ReadsItsFile")
+
+
+class _ReadsItsFile:
+    """A job that reads its source file itself: it holds no media bytes, and a pipe to a
+    worker process carries it as it is."""
+
+    @property
+    def held_bytes(self) -> int:
+        return 0
+
+    def portable(self: _Job) -> _Job:
+        return self
+
+
 @dataclass(frozen=True)
-class ImageJob:
+class ImageJob(_OneItem):
     """An image's bytes (a file's, or a dataset cell's), to decode with Pillow."""
 
     key: str
     data: bytes | memoryview
     options: ImageOptions
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
 
     @property
     def held_bytes(self) -> int:
@@ -55,17 +76,13 @@ class ImageJob:
 
 
 @dataclass(frozen=True)
-class DecodedImageJob:
+class DecodedImageJob(_OneItem):
     """A picture some library already decoded (a datasets ``Image()`` cell), made what an
     ``ImageJob`` would give: capped, RGB, resized."""
 
     key: str
     image: Any
     options: ImageOptions
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
 
     @property
     def held_bytes(self) -> int:
@@ -77,7 +94,7 @@ class DecodedImageJob:
 
 
 @dataclass(frozen=True)
-class FramesJob:
+class FramesJob(_ReadsItsFile):
     """Frames of one video, decoded together in one pass (seeking between them)."""
 
     source: str
@@ -92,16 +109,9 @@ class FramesJob:
     def keys(self) -> tuple[str, ...]:
         return tuple(key for key, _ in self.frames)
 
-    @property
-    def held_bytes(self) -> int:
-        return 0
-
-    def portable(self) -> FramesJob:
-        return self
-
 
 @dataclass(frozen=True)
-class ClipJob:
+class ClipJob(_OneItem, _ReadsItsFile):
     """The frames ``options`` samples from a video, as one clip."""
 
     key: str
@@ -109,37 +119,15 @@ class ClipJob:
     index: VideoIndex
     options: VideoOptions
 
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
-
-    @property
-    def held_bytes(self) -> int:
-        return 0
-
-    def portable(self) -> ClipJob:
-        return self
-
 
 @dataclass(frozen=True)
-class AudioJob:
+class AudioJob(_OneItem, _ReadsItsFile):
     """An audio file (or one window of it), mono, at the options' rate."""
 
     key: str
     source: str
     span: TimeSpan | None
     options: AudioOptions
-
-    @property
-    def keys(self) -> tuple[str, ...]:
-        return (self.key,)
-
-    @property
-    def held_bytes(self) -> int:
-        return 0
-
-    def portable(self) -> AudioJob:
-        return self
 
 
 DecodeJob: TypeAlias = "ImageJob | DecodedImageJob | FramesJob | ClipJob | AudioJob"
