@@ -90,3 +90,39 @@ def test_shards_of_a_format_without_them_are_refused(
         capsys.readouterr().err
     )
     assert not out.exists()
+
+
+def test_shards_that_cannot_be_written_are_one_line_and_the_spool_waits(
+    folder: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A full disk while the shards are written: one line, exit 2, no half folder; the spool
+    keeps every row, and the next run writes the shards without asking the engine again."""
+    import errno
+    import os
+
+    from mmbatch.out import shards
+
+    def full(spool: Path, folder: Path, size: int) -> None:
+        (folder / "part-00000.parquet").write_bytes(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    out = tmp_path / "captions"
+    fmt = ["--out-format", "parquet", "--shard-rows", "2"]
+    with monkeypatch.context() as patched:
+        patched.setattr(shards, "_write_parquet_shards", full)
+        assert caption(folder, out, *fmt) == EXIT_JOB_FAILED
+    err = capsys.readouterr().err
+    assert f"mmbatch: error: cannot write {str(out)!r}: No space left on device" in err
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "captions.job.json",
+        "captions.rows.jsonl",
+        "pictures",
+    ]
+    again = FakeEngine()
+    assert caption(folder, out, *fmt, engine=again) == EXIT_OK
+    assert again.added == []
+    assert [Path(r["id"]).name for r in read_output(out)] == NAMES
