@@ -128,3 +128,35 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     assert w3["mmbatch"]["decodes"] == 6
     assert "mmbatch / naive" in proc.stdout
     assert "mmbatch / prebuilt" in proc.stdout
+
+
+def test_a_variant_is_of_mmbatch_unless_it_names_a_baseline() -> None:
+    from mmbatch.bench.driver import side_spec_for
+
+    spec = {"common_engine_args": {"max_model_len": 2048}, "mmbatch_engine_args": {"seed": 1}}
+    tp2 = {"tensor_parallel_size": 2}
+    naive_tp2 = side_spec_for(spec, "naive_tp2", {"side": "naive", "engine": tp2})
+    assert naive_tp2["mode"] == "naive"
+    assert naive_tp2["common_engine_args"] == {"max_model_len": 2048, "tensor_parallel_size": 2}
+    tp_data = side_spec_for(spec, "tp_data", {"engine": {**tp2, "mm_encoder_tp_mode": "data"}})
+    assert tp_data["mode"] == "mmbatch"
+    assert tp_data["common_engine_args"] == {"max_model_len": 2048}
+    assert tp_data["mmbatch_engine_args"] == {"seed": 1, **tp2, "mm_encoder_tp_mode": "data"}
+    one_gpu = side_spec_for(spec, "one", {"gpus": 1, "in_process": True})
+    assert (one_gpu["mode"], one_gpu["gpus"], one_gpu["in_process"]) == ("mmbatch", 1, True)
+    assert side_spec_for(spec, "naive", {})["mode"] == "naive"
+
+
+def test_ratios_are_over_every_baseline_and_each_side_over_naive() -> None:
+    from mmbatch.bench.driver import ratios
+
+    speeds = {"naive": 10.0, "naive_tp2": 20.0, "prebuilt": 25.0, "mmbatch": 40.0}
+    entry = {mode: {"requests_per_s": speed} for mode, speed in speeds.items()}
+    sides = {"naive": "naive", "naive_tp2": "naive", "prebuilt": "prebuilt", "mmbatch": "mmbatch"}
+    assert ratios(entry, sides) == {
+        "ratio_naive_tp2_over_naive": 2.0,
+        "ratio_prebuilt_over_naive": 2.5,
+        "ratio_mmbatch_over_naive": 4.0,
+        "ratio_mmbatch_over_naive_tp2": 2.0,
+        "ratio_mmbatch_over_prebuilt": 1.6,
+    }

@@ -16,6 +16,10 @@ from mmbatch.bench.flops import minimal_flops
 from mmbatch.bench.workloads import FRAME_FPS, make_images, make_videos
 from mmbatch.engine.vllm import DEFAULT_RENDER_THREADS
 
+BASE_SIDES = ("naive", "prebuilt")
+"""The sides the others are measured against; a variant may be one of them (``"side"``),
+with engine arguments of its own (naive with ``tensor_parallel_size=2``)."""
+
 PEAK_BF16_FLOPS = 790e12
 """bf16 matrix-product rate measured on the H200 of this workplace (8192^3, random data)."""
 
@@ -45,13 +49,7 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
             print(f"bench: the {mode} side from {result_path}", file=sys.stderr, flush=True)
             sides[mode] = json.loads(result_path.read_text())
             continue
-        side_spec = {
-            **spec,
-            "mode": mode if mode in ("naive", "prebuilt") else "mmbatch",
-            "render_threads": variant.get("render_threads", DEFAULT_RENDER_THREADS),
-            "in_process": bool(variant.get("in_process", False)),
-            "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **variant.get("engine", {})},
-        }
+        side_spec = side_spec_for(spec, mode, variant)
         spec_path.write_text(json.dumps(side_spec))
         print(f"bench: running the {mode} side", file=sys.stderr, flush=True)
         subprocess.run(
@@ -60,6 +58,38 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         )
         sides[mode] = json.loads(result_path.read_text())
     return _report(options, argv, spec, sides)
+
+
+def side_spec_for(spec: dict[str, Any], mode: str, variant: dict[str, Any]) -> dict[str, Any]:
+    """The worker's spec for the side ``mode`` names: a base side, mmbatch, or a variant of
+    either (``--variant``). A variant's engine arguments are its side's own: a baseline
+    variant's replace the common ones (a user's ``tensor_parallel_size=2``), an mmbatch
+    one's add to mmbatch's."""
+    side = mode if mode in BASE_SIDES else variant.get("side", "mmbatch")
+    engine = variant.get("engine", {})
+    on_base = side in BASE_SIDES
+    return {
+        **spec,
+        "mode": side,
+        "render_threads": variant.get("render_threads", DEFAULT_RENDER_THREADS),
+        "in_process": bool(variant.get("in_process", False)),
+        "gpus": variant.get("gpus"),
+        "common_engine_args": {**spec["common_engine_args"], **(engine if on_base else {})},
+        "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **({} if on_base else engine)},
+    }
+
+
+def ratios(entry: dict[str, Any], sides: dict[str, str]) -> dict[str, float]:
+    """Each side's requests/s over each baseline's (``sides``: each mode's side), as
+    ``ratio_MODE_over_BASE``: over plain naive, every other side; over another baseline
+    (prebuilt, a naive variant), the sides that are not baselines."""
+    bases = [m for m in entry if sides[m] in BASE_SIDES]
+    return {
+        f"ratio_{mode}_over_{base}": entry[mode]["requests_per_s"] / entry[base]["requests_per_s"]
+        for base in bases
+        for mode in entry
+        if mode != base and (base == "naive" or mode not in bases)
+    }
 
 
 def _media(work: Path, options: dict[str, Any]) -> dict[str, list[str]]:
@@ -104,14 +134,7 @@ def _report(
             r["compute_bound_images_per_s"] = r["images"] / (flops / PEAK_BF16_FLOPS)
             r["share_of_compute_bound"] = r["images_per_s"] / r["compute_bound_images_per_s"]
             entry[mode] = r
-        for base in ("naive", "prebuilt"):
-            if base not in entry:
-                continue
-            for mode in [m for m in entry.copy() if not m.startswith("ratio_")]:
-                if mode not in ("naive", base):
-                    entry[f"ratio_{mode}_over_{base}"] = (
-                        entry[mode]["requests_per_s"] / entry[base]["requests_per_s"]
-                    )
+        entry |= ratios(entry, {mode: side["mode"] for mode, side in sides.items()})
         workloads[workload] = entry
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

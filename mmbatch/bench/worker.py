@@ -209,7 +209,7 @@ class _Mmbatch:
 
         start = time.perf_counter()
         kwargs = {**spec["common_engine_args"], **spec["mmbatch_engine_args"]}
-        config = EngineConfig(spec["model"], kwargs)
+        config = EngineConfig(spec["model"], kwargs, gpus=spec.get("gpus"))
         self.engine: Any
         if spec.get("in_process"):
             self.engine = VLLMEngine(config, {"image": 1}, render_threads=spec["render_threads"])

@@ -15,7 +15,7 @@ def register(commands: Commands) -> None:
         "bench",
         help="throughput benchmark: naive vLLM vs mmbatch, each side in its own process",
         description="Runs workloads W1 (distinct images), W2 (4 prompts per image, prompt-"
-        "major), W3 (video frames at 1 fps) and W4 (30%% repeated images) through a naive "
+        "major), W3 (video frames at 1 fps) and W4 (30% repeated images) through a naive "
         "LLM.chat baseline, a prebuilt-input LLM.generate ceiling and mmbatch, and writes a "
         "JSON report with the ratios.",
     )
@@ -62,8 +62,10 @@ def register(commands: Commands) -> None:
         action="append",
         default=[],
         metavar="NAME=JSON",
-        help='an extra mmbatch side, e.g. r8=\'{"render_threads": 8, "engine": '
-        '{"max_num_batched_tokens": 32768}}\'; name it in --modes',
+        help="an extra side, named in --modes: mmbatch's by default, e.g. r8='{\"render_threads\": "
+        '8, "engine": {"max_num_batched_tokens": 32768}}\', one1=\'{"gpus": 1}\', '
+        "inproc='{\"in_process\": true}'; or a baseline's, e.g. "
+        'tp2=\'{"side": "naive", "engine": {"tensor_parallel_size": 2}}\'',
     )
     parser.set_defaults(handler=run)
 
