@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -32,7 +33,7 @@ ROWS_PER_CHUNK = 50_000
 TableFormat = Literal["parquet", "datasets"]
 
 
-class SpooledSink:
+class SpooledSink(ABC):
     """Rows to the JSONL spool beside ``path`` as they finish (what resume reads), made into
     the output when the sink closes (``_write``, into a temporary name then moved into place:
     a reader never sees half an output). A write that fails leaves the spool, with every row,
@@ -68,9 +69,9 @@ class SpooledSink:
             raise OutputError(cannot_write(self.path, exc)) from None
         self.spool_path.unlink()
 
+    @abstractmethod
     def _write(self, target: Path) -> None:
         """Write the output, from the spool's rows, at ``target``."""
-        raise NotImplementedError
 
 
 class TableSink(SpooledSink):
