@@ -189,42 +189,51 @@ def run_job(
     write_record(record, job.fingerprint)
     stats = JobStats()
     if plan.pending or progress != out.path:
-        order = RowOrder([r.row_id for r in job.requests], job.shape.row_id)
-        sink = open_sink(out.path, out.format, True, order, out.shard_rows)
-        try:
-            if live is not None:
-                stats = _run(job, plan.pending, live, sink, run)
-            sink.close()
-        except FatalEngineError as exc:
-            sink.close()
-            tally = _count(out, job)
-            left = len(job.item_ids) - tally.done
-            raise FatalEngineError(
-                f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
-                f"({left} items left); run the same command again to resume."
-            ) from exc
-        except KeyboardInterrupt:
-            sink.close()  # every row written is made durable; the record says whose they are
-            tally = _count(out, job)
-            print(
-                f"mmbatch: interrupted: {tally.done} rows are saved in {out.path} "
-                f"({len(job.item_ids) - tally.done} items left)",
-                file=sys.stderr,
-            )
-            raise
-        except OutputError as exc:
-            with suppress(OutputError):
-                sink.close()  # the disk may still be full: what is written stays written
-            raise OutputError(
-                f"{exc}; the rows finished so far are kept: free space (or make the folder "
-                "writable) and run the same command again to resume"
-            ) from exc
+        stats = _write_rows(job, out, plan.pending, live, run)
     try:
         return _report(job, out, plan, stats, info)
     except OutputError as exc:
         raise OutputError(
             f"{exc}; every row is in {out.path}: free space and run the same command again "
             "to write the summary"
+        ) from exc
+
+
+def _write_rows(
+    job: Job, out: FileOutput, pending: Sequence[Request], engine: Engine | None, run: RunConfig
+) -> JobStats:
+    """Run ``pending`` on ``engine`` (None: nothing to run, the output is only rewritten)
+    into ``out``, whose sink is closed however the run ends: the rows finished are kept, and
+    what stopped the job says how to go on."""
+    order = RowOrder([r.row_id for r in job.requests], job.shape.row_id)
+    sink = open_sink(out.path, out.format, True, order, out.shard_rows)
+    try:
+        stats = _run(job, pending, engine, sink, run) if engine is not None else JobStats()
+        sink.close()
+        return stats
+    except FatalEngineError as exc:
+        sink.close()
+        tally = _count(out, job)
+        left = len(job.item_ids) - tally.done
+        raise FatalEngineError(
+            f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
+            f"({left} items left); run the same command again to resume."
+        ) from exc
+    except KeyboardInterrupt:
+        sink.close()  # every row written is made durable; the record says whose they are
+        tally = _count(out, job)
+        print(
+            f"mmbatch: interrupted: {tally.done} rows are saved in {out.path} "
+            f"({len(job.item_ids) - tally.done} items left)",
+            file=sys.stderr,
+        )
+        raise
+    except OutputError as exc:
+        with suppress(OutputError):
+            sink.close()  # the disk may still be full: what is written stays written
+        raise OutputError(
+            f"{exc}; the rows finished so far are kept: free space (or make the folder "
+            "writable) and run the same command again to resume"
         ) from exc
 
 
