@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.errors import MediaError
 from mmbatch.jsonl import printable
@@ -32,6 +32,9 @@ from mmbatch.sources.files import (
 )
 from mmbatch.sources.log import ListingLog
 from mmbatch.types import FrameAt, ItemError, MediaRef, Request
+
+if TYPE_CHECKING:
+    from mmbatch.media.video import VideoIndex
 
 Columns = tuple[tuple[str, Any], ...]
 
@@ -55,23 +58,13 @@ def frame_requests(
     ``frame_path``: the file the frame is written to.
     """
     from mmbatch.media.decode import frame_file_name
-    from mmbatch.media.video import index_video, sampled_frames, spread
 
     log = log if log is not None else ListingLog()
     requests: list[Request] = []
     for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video", log):
         path, text = file.path, file.prompt or prompt
         try:
-            if Path(path).suffix.lower() in IMAGE_SUFFIXES:
-                # PyAV opens a still image as a one-frame "video", whose frame then fails to
-                # decode by seeking: say what the file is instead.
-                raise MediaError(
-                    "a still image, not a video: caption pictures with `mmbatch caption`",
-                    stage="source",
-                    kind="unsupported",
-                )
-            index = index_video(path, options.max_source_pixels)
-            asked = sampled_frames(index, options)
+            index, frames = _frames_taken(path, options, log)
         except MediaError as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
             failed += (("frame_path", None),) * (save_dir is not None) + file.columns
@@ -81,17 +74,9 @@ def frame_requests(
                 Request(printable(path), text, (ref,), system, columns=failed, error=error)
             )
             continue
-        frames = asked if options.max_frames is None else spread(asked, options.max_frames)
-        if len(frames) < len(asked):
-            log.note(
-                f"{printable(path)}: {len(asked)} frames sampled, {len(frames)} taken "
-                f"(spread evenly) by max_frames {options.max_frames}"
-            )
         # A truncated file's frames are the right frames, but not all the video had: say so
         # on each of its rows.
         flag: Columns = (("warning", index.truncation),) if index.truncation else ()
-        if index.truncation:
-            log.note(f"{printable(path)}: {index.truncation} (its rows carry this warning)")
         for i in frames:
             pts = index.seconds(i)
             ref = MediaRef("image", path, part=FrameAt(i, pts))
@@ -101,6 +86,34 @@ def frame_requests(
             columns += file.columns
             requests.append(Request(frame_id(path, pts), text, (ref,), system, columns=columns))
     return _unique_frame_ids(requests)
+
+
+def _frames_taken(
+    path: str, options: VideoOptions, log: ListingLog
+) -> tuple[VideoIndex, list[int]]:
+    """The video's index and the frames taken from it: every one ``options`` samples, unless
+    ``options.max_frames`` cuts them (noted in ``log``, as a truncated file is)."""
+    from mmbatch.media.video import index_video, sampled_frames, spread
+
+    if Path(path).suffix.lower() in IMAGE_SUFFIXES:
+        # PyAV opens a still image as a one-frame "video", whose frame then fails to decode
+        # by seeking: say what the file is instead.
+        raise MediaError(
+            "a still image, not a video: caption pictures with `mmbatch caption`",
+            stage="source",
+            kind="unsupported",
+        )
+    index = index_video(path, options.max_source_pixels)
+    asked = sampled_frames(index, options)
+    frames = asked if options.max_frames is None else spread(asked, options.max_frames)
+    if len(frames) < len(asked):
+        log.note(
+            f"{printable(path)}: {len(asked)} frames sampled, {len(frames)} taken "
+            f"(spread evenly) by max_frames {options.max_frames}"
+        )
+    if index.truncation:
+        log.note(f"{printable(path)}: {index.truncation} (its rows carry this warning)")
+    return index, frames
 
 
 def clip_cap_note(options: VideoOptions) -> str | None:
