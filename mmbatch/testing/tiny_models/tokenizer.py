@@ -174,6 +174,15 @@ def build_tokenizer(
         )
 
     trained_vocab, merges = train_bpe(trained_size)
+    vocab = _place_ids(trained_vocab, special_tokens, vocab_size)
+    return Tokenizer.from_str(json.dumps(_tokenizer_spec(vocab, merges, special_tokens)))
+
+
+def _place_ids(
+    trained_vocab: Mapping[str, int], special_tokens: Mapping[str, int], vocab_size: int
+) -> dict[str, int]:
+    """Every id below ``vocab_size``: the special tokens at theirs, the trained tokens in
+    their order on the free ids, reserved fillers on the rest."""
     by_id = {i: tok for tok, i in trained_vocab.items()}
     trained_tokens = [by_id[i] for i in sorted(by_id)]
 
@@ -188,8 +197,14 @@ def build_tokenizer(
         vocab[tok] = i
     if len(vocab) != vocab_size:  # pragma: no cover (a trained token named like a special one)
         raise ConfigError(f"tokenizer layout produced {len(vocab)} ids, expected {vocab_size}")
+    return vocab
 
-    spec = {
+
+def _tokenizer_spec(
+    vocab: Mapping[str, int], merges: list[str], special_tokens: Mapping[str, int]
+) -> dict[str, Any]:
+    """The ``tokenizer.json`` of a byte-level BPE over ``vocab``, pre-tokenised as Qwen's."""
+    return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
@@ -232,7 +247,6 @@ def build_tokenizer(
             "merges": merges,
         },
     }
-    return Tokenizer.from_str(json.dumps(spec))
 
 
 def wrap_tokenizer(
