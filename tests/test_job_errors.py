@@ -205,17 +205,26 @@ def test_a_utf8_csv_with_a_byte_order_mark_is_read(pictures: Path, tmp_path: Pat
     ]
 
 
+def tar_shard(path: Path, members: dict[str, bytes]) -> Path:
+    """A WebDataset shard at ``path`` holding ``members`` (name: bytes), in that order."""
+    with tarfile.open(path, "w") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
 def test_a_webdataset_shard_that_would_be_unpickled_is_refused(
     tmp_path: Path, samples: Path
 ) -> None:
-    shard = tmp_path / "shard.tar"
     picture = (samples / "sunset.jpg").read_bytes()
-    with tarfile.open(shard, "w") as archive:
-        for key in ("0001", "0002"):
-            for member, data in (("jpg", picture), ("pth", pickle.dumps({"key": key}))):
-                info = tarfile.TarInfo(f"{key}.{member}")
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
+    members = {
+        f"{key}.{suffix}": data
+        for key in ("0001", "0002")
+        for suffix, data in (("jpg", picture), ("pth", pickle.dumps({"key": key})))
+    }
+    shard = tar_shard(tmp_path / "shard.tar", members)
     line = one_error_line(fake_cli("caption", str(shard), "--out", str(tmp_path / "o.jsonl")))
     assert "holds '0001.pth'" in line
     assert "unpickle" in line
@@ -224,12 +233,8 @@ def test_a_webdataset_shard_that_would_be_unpickled_is_refused(
 def test_a_webdataset_member_datasets_cannot_decode_is_one_line(
     tmp_path: Path, samples: Path
 ) -> None:
-    shard = tmp_path / "shard.tar"
-    with tarfile.open(shard, "w") as archive:
-        for member, data in (("jpg", (samples / "sunset.jpg").read_bytes()), ("cls", b"cat")):
-            info = tarfile.TarInfo(f"0001.{member}")
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
+    members = {"0001.jpg": (samples / "sunset.jpg").read_bytes(), "0001.cls": b"cat"}
+    shard = tar_shard(tmp_path / "shard.tar", members)
     line = one_error_line(fake_cli("caption", str(shard), "--out", str(tmp_path / "o.jsonl")))
     assert "cannot read" in line
     assert "ValueError" in line
