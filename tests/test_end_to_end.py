@@ -216,7 +216,12 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
         assert job.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill"
     else:
         os.killpg(job.pid, signal.SIGINT)
-        assert job.wait(timeout=90) == 130, job.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+        try:
+            code = job.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(job.pid, signal.SIGKILL)  # a hung job is not left behind
+            raise AssertionError("the job hung after Ctrl-C") from None
+        assert code == 130, job.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
         stderr = job.stderr.read().decode()  # type: ignore[union-attr]
         assert "run the same command again to resume" in stderr.splitlines()[-1]
         assert out.read_bytes().endswith(b"\n")  # closed, not torn
