@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from mmbatch.bench.driver import table
 from mmbatch.bench.flops import lm_flops_per_token, minimal_flops, vision_flops_per_image
 from mmbatch.bench.workloads import W2_PROMPTS, make_images, rows_for
 from mmbatch.testing.tiny_models.real_shapes import real_shape_config
@@ -160,3 +161,26 @@ def test_ratios_are_over_every_baseline_and_each_side_over_naive() -> None:
         "ratio_mmbatch_over_naive_tp2": 2.0,
         "ratio_mmbatch_over_prebuilt": 1.6,
     }
+
+
+def test_the_table_says_when_a_side_failed_its_requests() -> None:
+    side = {
+        "requests_per_s": 10.0,
+        "images_per_s": 10.0,
+        "output_tok_per_s": 0.0,
+        "gpu_busy": 0.0,
+        "prefix_hit_rate": None,
+        "mm_hit_rate": None,
+        "share_of_compute_bound": 0.1,
+        "requests": 20,
+    }
+    report = {
+        "workloads": {
+            "W1": {"naive": {**side, "failed": 0}, "mmbatch": {**side, "failed": 20}},
+        }
+    }
+    lines = table(report).splitlines()
+    assert [line for line in lines if "FAILED" in line] == [
+        "W1       mmbatch: 20 of 20 requests FAILED (see the log): these numbers are not a "
+        "measurement"
+    ]

@@ -4,6 +4,9 @@ and decoding in worker processes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,6 +21,8 @@ from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import Pipeline, RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Sampling
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def pictures(folder: Path, count: int, size: int = 32) -> list[Path]:
@@ -195,3 +200,27 @@ def test_decoding_in_worker_processes_gives_the_same_rows(samples: Path, tmp_pat
     workers, stats = run(requests, FakeEngine(), decode_workers=2)
     assert sorted(map(str, here)) == sorted(map(str, workers))
     assert stats.failed == 2  # truncated.jpg, under both prompts
+
+
+def test_a_host_without_pyav_still_decodes_pictures_in_worker_processes(
+    samples: Path, tmp_path: Path
+) -> None:
+    """The pool's initializer warms PyAV; where PyAV cannot be imported that warm-up must not
+    break the pool (it did on the GPU host: every picture of a job became an error row)."""
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "av.py").write_text("raise ImportError('PyAV is not installed here')\n")
+    script = (
+        "from mmbatch.media.decode import ImageJob, decode\n"
+        "from mmbatch.media.feeder import decode_pool\n"
+        "from mmbatch.media.options import ImageOptions\n"
+        f"data = open({str(samples / 'sunset.jpg')!r}, 'rb').read()\n"
+        "job = ImageJob('k', data, ImageOptions())\n"
+        "print(type(decode_pool(2).submit(decode, job).result(timeout=120)['k']).__name__)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO)])}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() != "ItemError"

@@ -210,6 +210,11 @@ def table(report: dict[str, Any]) -> str:
                 f"{_pct(r['prefix_hit_rate']):>10} {_pct(r['mm_hit_rate']):>7} "
                 f"{_pct(r['share_of_compute_bound']):>8}"
             )
+            if r.get("failed"):
+                lines.append(
+                    f"{workload:8} {mode}: {r['failed']} of {r['requests']} requests FAILED "
+                    "(see the log): these numbers are not a measurement"
+                )
         for key, ratio in entry.items():
             if key.startswith("ratio_"):
                 mode, base = key.removeprefix("ratio_").split("_over_")

@@ -24,6 +24,7 @@ callbacks and the pipeline only post events, so no state is shared but the ready
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import threading
@@ -370,6 +371,10 @@ def _new_pool(workers: int) -> Executor:
 
 
 def _warm() -> None:
-    """Import the decoders once per worker, before its first job needs them."""
-    import av  # noqa: F401
+    """Import the decoders once per worker, before its first job needs them. Only a warm-up:
+    it is the pool's initializer, and one that raises breaks the pool for every item, so a
+    host without PyAV still decodes pictures (a video there fails as its own error row)."""
     import PIL.Image  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import av  # noqa: F401
