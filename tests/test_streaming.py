@@ -18,6 +18,7 @@ from mmbatch.media import decode as decode_module
 from mmbatch.media.decode import ImageJob
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.sinks import MemorySink
+from mmbatch.out.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Sampling
@@ -224,3 +225,15 @@ def test_a_host_without_pyav_still_decodes_pictures_in_worker_processes(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() != "ItemError"
+
+
+def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waiting() -> None:
+    stats = JobStats()
+    # The ramp: a full batch with nothing waiting is busy, not starved; then a sample below
+    # the full batch with nothing waiting while requests were still to be handed over.
+    for running, waiting, backlog in [(1024, 0, 900), (1024, 0, 400), (700, 0, 50), (700, 0, 0)]:
+        stats.sample_queue(running, waiting, backlog)
+    queue = stats.queue_summary()
+    assert queue is not None
+    assert queue["feeding_samples"] == 3
+    assert queue["starved_share"] == round(1 / 3, 3)

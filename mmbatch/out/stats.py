@@ -90,14 +90,17 @@ class JobStats(Tally):
         self.queue.append((running, waiting, backlog))
 
     def queue_summary(self) -> dict[str, float] | None:
-        """Medians of the sampled queue, and the share of samples in which the engine's
-        waiting queue was empty while this run still had requests to give it (starved)."""
+        """Medians of the sampled queue, and the share of samples, of those taken while this
+        run still had requests to give the engine, in which the engine was starved: nothing
+        waiting and fewer running than the most it ran (a full batch with nothing waiting
+        is busy, not starved; measured on an H200, the ramp of W1 counted as 100% starved
+        with 1,024 of 1,024 running)."""
         if not self.queue:
             return None
         running = sorted(r for r, _, _ in self.queue)
         waiting = sorted(w for _, w, _ in self.queue)
-        feeding = [w for _, w, b in self.queue if b > 0]
-        starved = sum(1 for w in feeding if w == 0)
+        feeding = [(r, w) for r, w, b in self.queue if b > 0]
+        starved = sum(1 for r, w in feeding if w == 0 and r < running[-1])
         return {
             "samples": len(self.queue),
             "running_median": running[len(running) // 2],
