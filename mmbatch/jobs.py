@@ -34,7 +34,7 @@ from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Layout
 from mmbatch.errors import ConfigError, FatalEngineError, OutputError, SourceError
 from mmbatch.jsonl import remove_orphans, write_atomic
-from mmbatch.media.feeder import start_decoders
+from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.formats import FileFormat, check_shards, open_sink, output_format, read_output
 from mmbatch.out.order import RowOrder

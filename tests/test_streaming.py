@@ -12,16 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
+from crashing_decoder import CrashingJob
 from PIL import Image
 
 from mmbatch.media import decode as decode_module
-from mmbatch.media.decode import ImageJob
-from mmbatch.media.options import MediaOptions
+from mmbatch.media.decode import Decoded, DecodeJob, ImageJob
+from mmbatch.media.decoders import Decoders
+from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.out.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.types import MediaRef, Request, Sampling
+from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Sampling
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -213,7 +215,7 @@ def test_a_host_without_pyav_still_decodes_pictures_in_worker_processes(
     (shadow / "av.py").write_text("raise ImportError('PyAV is not installed here')\n")
     script = (
         "from mmbatch.media.decode import ImageJob, decode\n"
-        "from mmbatch.media.feeder import decode_pool\n"
+        "from mmbatch.media.decoders import decode_pool\n"
         "from mmbatch.media.options import ImageOptions\n"
         f"data = open({str(samples / 'sunset.jpg')!r}, 'rb').read()\n"
         "job = ImageJob('k', data, ImageOptions())\n"
@@ -237,3 +239,34 @@ def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waitin
     assert queue is not None
     assert queue["feeding_samples"] == 3
     assert queue["starved_share"] == round(1 / 3, 3)
+
+
+def test_a_decoder_that_kills_its_worker_fails_its_own_item_alone() -> None:
+    """A worker's death breaks the whole pool: the decodes then in flight are tried again
+    alone, and only the item that kills its worker there too becomes an error."""
+    jobs = [CrashingJob(f"k{n}", f"picture {n}".encode(), ImageOptions()) for n in range(8)]
+    jobs.insert(3, CrashingJob("culprit", b"crash", ImageOptions()))
+    outcomes: dict[str, object] = {}
+    finished = threading.Event()
+
+    def done(job: DecodeJob, made: Decoded) -> None:
+        outcomes.update(made)
+        if len(outcomes) == len(jobs):
+            finished.set()
+
+    decoders = Decoders(3)
+    try:
+        for job in jobs:
+            decoders.submit(job, done)
+        assert finished.wait(120), f"only {sorted(outcomes)} came back"
+    finally:
+        decoders.close()
+    failed = {key for key, item in outcomes.items() if isinstance(item, ItemError)}
+    assert failed == {"culprit"}
+    culprit = outcomes["culprit"]
+    assert isinstance(culprit, ItemError)
+    assert "died on this item" in culprit.message
+    for n in range(8):
+        item = outcomes[f"k{n}"]
+        assert isinstance(item, MediaItem)
+        assert item.payload == f"picture {n}".encode()

@@ -24,19 +24,17 @@ callbacks and the pipeline only post events, so no state is shared but the ready
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import queue
 import threading
 from collections import deque
 from collections.abc import Hashable, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from mmbatch.media.decode import Decoded, DecodeJob, decode
+from mmbatch.media.decode import Decoded, DecodeJob
+from mmbatch.media.decoders import Decoders
 from mmbatch.media.keys import KeyedUnit, Keyer
 from mmbatch.media.limits import PromptLimits, settle
 from mmbatch.media.loader import check
@@ -114,7 +112,7 @@ class Feeder:
         self._crash: BaseException | None = None
         self._closed = False
         self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="mmbatch-read")
-        self._decoders = decode_pool(workers)
+        self._decoders = Decoders(workers)
         self._thread = threading.Thread(target=self._coordinate, name="mmbatch-feeder", daemon=True)
         self._thread.start()
 
@@ -157,6 +155,7 @@ class Feeder:
         self._events.put(("close", None))
         self._thread.join(timeout=10)
         self._readers.shutdown(wait=False, cancel_futures=True)
+        self._decoders.close()
 
     def counts(self, tag: Hashable) -> tuple[int, int]:
         """Items decoded and bytes read for the work queued under ``tag`` so far."""
@@ -262,24 +261,14 @@ class Feeder:
 
     def _decode(self, job: DecodeJob, tag: Hashable) -> None:
         self._raw += job.held_bytes
-        portable = job.portable() if self.workers else job
-        try:
-            future = self._decoders.submit(decode, portable)
-        except BrokenProcessPool:
-            self._decoders = decode_pool(self.workers, broken=self._decoders)
-            future = self._decoders.submit(decode, portable)
-        future.add_done_callback(partial(self._post, "decoded", (job, tag)))
+        self._decoders.submit(job, partial(self._post_decoded, tag))
 
-    def _decoded(self, subject: tuple[DecodeJob, Hashable], future: Future[Decoded]) -> None:
-        job, tag = subject
+    def _post_decoded(self, tag: Hashable, job: DecodeJob, made: Decoded) -> None:
+        """The decoders' callback: hand the outcome to the coordinator."""
+        self._events.put(("decoded", (job, tag, made)))
+
+    def _decoded(self, job: DecodeJob, tag: Hashable, made: Decoded) -> None:
         self._raw -= job.held_bytes
-        try:
-            made = future.result()
-        except Exception as exc:  # the worker process died (a crash in a decoder, OOM)
-            message = f"the decoder process failed: {type(exc).__name__}: {exc}"
-            made = dict.fromkeys(job.keys, ItemError("decode", message, "corrupt"))
-            if isinstance(exc, BrokenProcessPool):
-                self._decoders = decode_pool(self.workers, broken=self._decoders)
         for key, item in made.items():
             if isinstance(item, ItemError):
                 self._errors[key] = item
@@ -332,49 +321,3 @@ class Feeder:
 
 def _media_of(ready: Ready) -> frozenset[str]:
     return frozenset(key for loaded in ready.loaded for key in loaded.media_keys)
-
-
-_POOLS: dict[int, Executor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def decode_pool(workers: int, broken: Executor | None = None) -> Executor:
-    """This process's decode pool of ``workers`` processes (0: one thread), started on first
-    use and shared by every feeder: its workers' start (a second or two of imports each) is
-    paid once per process, not per job. ``broken``: a pool whose worker died, replaced."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
-        if pool is None or pool is broken:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=False)
-            pool = _POOLS[workers] = _new_pool(workers)
-        return pool
-
-
-def start_decoders(workers: int) -> None:
-    """Start the decode pool's workers now (they import in the background), so that they
-    are ready when the engine is: call before building the engine."""
-    pool = decode_pool(workers)
-    if workers > 0:
-        for _ in range(workers):
-            pool.submit(_warm)
-
-
-def _new_pool(workers: int) -> Executor:
-    if workers <= 0:
-        return ThreadPoolExecutor(1, thread_name_prefix="mmbatch-decode")
-    # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
-    # would copy in whatever state they are in.
-    return ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
-    )
-
-
-def _warm() -> None:
-    """Import the decoders once per worker, before its first job needs them. Only a warm-up:
-    it is the pool's initializer, and one that raises breaks the pool for every item, so a
-    host without PyAV still decodes pictures (a video there fails as its own error row)."""
-    import PIL.Image  # noqa: F401
-
-    with contextlib.suppress(ImportError):
-        import av  # noqa: F401

@@ -1,0 +1,156 @@
+"""The decode pool: worker processes shared by every feeder of a process, and the one item
+whose decoder kills its worker found and failed alone.
+
+A worker that dies (a decoder crashing on hostile bytes, the kernel's OOM killer) breaks the
+whole process pool, and every decode then in flight fails with it, the culprit's and its
+innocent neighbours' alike. So a decode in flight at such a death is not failed: it is tried
+again alone, one at a time in a pool of one worker, and only an item whose worker dies
+there too (its second death, as a request in flight at two engine deaths) becomes an error
+row. The others get their pictures, as they would have without the crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from functools import partial
+
+from mmbatch.media.decode import Decoded, DecodeJob, decode
+from mmbatch.types import ItemError
+
+Done = Callable[[DecodeJob, Decoded], None]
+"""Told each job's outcome once: its items, or an ``ItemError`` per key."""
+
+_POOLS: dict[int, Executor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+class Decoders:
+    """Decodes jobs on this process's shared pool of ``workers`` processes (0: one thread),
+    and finds the item that kills a worker by trying the bystanders of a death alone."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._pool = decode_pool(workers)
+        self._lock = threading.Lock()
+        self._suspects: deque[tuple[DecodeJob, Done]] = deque()
+        self._alone: Executor | None = None
+        self._alone_busy = False
+
+    def submit(self, job: DecodeJob, done: Done) -> None:
+        """Decode ``job``; ``done`` is called once with its outcome, on a pool's thread."""
+        self._run(job, done, alone=False)
+
+    def close(self) -> None:
+        with self._lock:
+            alone, self._alone = self._alone, None
+        if alone is not None:
+            alone.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, job: DecodeJob, done: Done, *, alone: bool) -> None:
+        portable = job.portable() if self.workers else job
+        pool = self._alone_pool() if alone else self._pool
+        try:
+            future = pool.submit(decode, portable)
+        except BrokenProcessPool:  # broken since another job's death; its swap is under way
+            pool = self._replace(pool)
+            future = pool.submit(decode, portable)
+        future.add_done_callback(partial(self._finished, job, done, pool, alone))
+
+    def _finished(
+        self, job: DecodeJob, done: Done, pool: Executor, alone: bool, future: Future[Decoded]
+    ) -> None:
+        try:
+            made = future.result()
+        except BrokenProcessPool:
+            self._replace(pool)
+            if not alone:
+                with self._lock:
+                    self._suspects.append((job, done))
+                self._next_suspect(finished=False)
+                return
+            made = _failed(job, "the decoder process died on this item, tried alone")
+        except Exception as exc:
+            made = _failed(job, f"the decoder process failed: {type(exc).__name__}: {exc}")
+        if alone:
+            self._next_suspect(finished=True)
+        done(job, made)
+
+    def _next_suspect(self, *, finished: bool) -> None:
+        """Start the next suspect once none is running (``finished``: one just ended)."""
+        with self._lock:
+            if finished:
+                self._alone_busy = False
+            if self._alone_busy or not self._suspects:
+                return
+            self._alone_busy = True
+            job, done = self._suspects.popleft()
+        self._run(job, done, alone=True)
+
+    def _alone_pool(self) -> Executor:
+        with self._lock:
+            if self._alone is None:
+                self._alone = _new_pool(1)
+            return self._alone
+
+    def _replace(self, broken: Executor) -> Executor:
+        """A pool in place of ``broken`` (replaced once, however many jobs saw it break)."""
+        with self._lock:
+            if broken is self._alone:
+                self._alone = _new_pool(1)
+                broken.shutdown(wait=False, cancel_futures=False)
+                return self._alone
+            if broken is self._pool:
+                self._pool = decode_pool(self.workers, broken=broken)
+            return self._pool
+
+
+def _failed(job: DecodeJob, message: str) -> Decoded:
+    return dict.fromkeys(job.keys, ItemError("decode", message, "corrupt"))
+
+
+def decode_pool(workers: int, broken: Executor | None = None) -> Executor:
+    """This process's decode pool of ``workers`` processes (0: one thread), started on first
+    use and shared by every feeder: its workers' start (a second or two of imports each) is
+    paid once per process, not per job. ``broken``: a pool whose worker died, replaced."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(workers)
+        if pool is None or pool is broken:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=False)
+            pool = _POOLS[workers] = _new_pool(workers)
+        return pool
+
+
+def start_decoders(workers: int) -> None:
+    """Start the decode pool's workers now (they import in the background), so that they
+    are ready when the engine is: call before building the engine."""
+    pool = decode_pool(workers)
+    if workers > 0:
+        for _ in range(workers):
+            pool.submit(_warm)
+
+
+def _new_pool(workers: int) -> Executor:
+    if workers <= 0:
+        return ThreadPoolExecutor(1, thread_name_prefix="mmbatch-decode")
+    # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
+    # would copy in whatever state they are in.
+    return ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
+    )
+
+
+def _warm() -> None:
+    """Import the decoders once per worker, before its first job needs them. Only a warm-up:
+    it is the pool's initializer, and one that raises breaks the pool for every item, so a
+    host without PyAV still decodes pictures (a video there fails as its own error row)."""
+    import PIL.Image  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import av  # noqa: F401
