@@ -66,4 +66,5 @@ class RequestRejected(ItemFailure):
 
 
 class FatalEngineError(MmbatchError):
-    """The engine cannot go on; the job stops and says how to resume."""
+    """The engine, or the decode workers that feed it, cannot go on; the job stops and says
+    how to resume."""

@@ -17,7 +17,7 @@ from PIL import Image
 
 from mmbatch.media import decode as decode_module
 from mmbatch.media.decode import Decoded, DecodeJob, ImageJob
-from mmbatch.media.decoders import Decoders
+from mmbatch.media.decoders import UNUSABLE_AFTER, Decoders
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.out.stats import JobStats
@@ -261,6 +261,7 @@ def test_a_decoder_that_kills_its_worker_fails_its_own_item_alone() -> None:
         assert finished.wait(120), f"only {sorted(outcomes)} came back"
     finally:
         decoders.close()
+    assert decoders.fatal is None
     failed = {key for key, item in outcomes.items() if isinstance(item, ItemError)}
     assert failed == {"culprit"}
     culprit = outcomes["culprit"]
@@ -270,3 +271,26 @@ def test_a_decoder_that_kills_its_worker_fails_its_own_item_alone() -> None:
         item = outcomes[f"k{n}"]
         assert isinstance(item, MediaItem)
         assert item.payload == f"picture {n}".encode()
+
+
+def test_workers_that_die_on_every_item_stop_the_job() -> None:
+    """Told apart from hostile items by dying alone again and again with nothing decoded in
+    between (a pool that cannot start: every picture of a job became an error row)."""
+    jobs = [CrashingJob(f"k{n}", b"crash", ImageOptions()) for n in range(UNUSABLE_AFTER + 1)]
+    finished = threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def done(job: DecodeJob, made: Decoded) -> None:
+        outcomes.update(made)
+        if len(outcomes) == len(jobs):
+            finished.set()
+
+    decoders = Decoders(2)
+    try:
+        for job in jobs:
+            decoders.submit(job, done)
+        assert finished.wait(180), f"only {sorted(outcomes)} came back"
+    finally:
+        decoders.close()
+    assert decoders.fatal is not None
+    assert "cannot run here" in str(decoders.fatal)

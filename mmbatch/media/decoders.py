@@ -6,7 +6,9 @@ whole process pool, and every decode then in flight fails with it, the culprit's
 innocent neighbours' alike. So a decode in flight at such a death is not failed: it is tried
 again alone, one at a time in a pool of one worker, and only an item whose worker dies
 there too (its second death, as a request in flight at two engine deaths) becomes an error
-row. The others get their pictures, as they would have without the crash.
+row. The others get their pictures, as they would have without the crash. Workers that die
+whatever they are given (a pool that cannot start) are told apart by that: after
+``UNUSABLE_AFTER`` deaths alone with no decode finished in between, the job stops loudly.
 """
 
 from __future__ import annotations
@@ -20,8 +22,13 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 
+from mmbatch.errors import FatalEngineError
 from mmbatch.media.decode import Decoded, DecodeJob, decode
 from mmbatch.types import ItemError
+
+UNUSABLE_AFTER = 5
+"""Deaths alone in a row, with no decode finished in between, that say the workers, not the
+items, are what is wrong."""
 
 Done = Callable[[DecodeJob, Decoded], None]
 """Told each job's outcome once: its items, or an ``ItemError`` per key."""
@@ -41,6 +48,9 @@ class Decoders:
         self._suspects: deque[tuple[DecodeJob, Done]] = deque()
         self._alone: Executor | None = None
         self._alone_busy = False
+        self._deaths_in_a_row = 0
+        self.fatal: FatalEngineError | None = None
+        """Set once the workers die whatever they decode: the job cannot go on."""
 
     def submit(self, job: DecodeJob, done: Done) -> None:
         """Decode ``job``; ``done`` is called once with its outcome, on a pool's thread."""
@@ -75,8 +85,19 @@ class Decoders:
                 self._next_suspect(finished=False)
                 return
             made = _failed(job, "the decoder process died on this item, tried alone")
+            with self._lock:
+                self._deaths_in_a_row += 1
+                if self._deaths_in_a_row >= UNUSABLE_AFTER and self.fatal is None:
+                    self.fatal = FatalEngineError(
+                        f"the decode worker processes died {self._deaths_in_a_row} times in "
+                        "a row, each on one item alone, with none decoded in between: they "
+                        "cannot run here (see the errors above them)"
+                    )
         except Exception as exc:
             made = _failed(job, f"the decoder process failed: {type(exc).__name__}: {exc}")
+        else:
+            with self._lock:
+                self._deaths_in_a_row = 0
         if alone:
             self._next_suspect(finished=True)
         done(job, made)

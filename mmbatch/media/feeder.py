@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from mmbatch.errors import FatalEngineError
 from mmbatch.media.decode import Decoded, DecodeJob
 from mmbatch.media.decoders import Decoders
 from mmbatch.media.keys import KeyedUnit, Keyer
@@ -132,6 +133,8 @@ class Feeder:
         with self._cond:
             if not self._ready and self._crash is None:
                 self._cond.wait(timeout)
+            if isinstance(self._crash, FatalEngineError):
+                raise self._crash
             if self._crash is not None:
                 raise RuntimeError("the media feeder stopped") from self._crash
             taken: list[Ready] = []
@@ -194,7 +197,8 @@ class Feeder:
             with self._cond:
                 self._crash = exc
                 self._cond.notify_all()
-            raise
+            if not isinstance(exc, FatalEngineError):  # that one is the job's to say
+                raise
 
     def _start_units(self) -> None:
         while self._has_room():
@@ -268,6 +272,8 @@ class Feeder:
         self._events.put(("decoded", (job, tag, made)))
 
     def _decoded(self, job: DecodeJob, tag: Hashable, made: Decoded) -> None:
+        if self._decoders.fatal is not None:
+            raise self._decoders.fatal
         self._raw -= job.held_bytes
         for key, item in made.items():
             if isinstance(item, ItemError):
