@@ -245,3 +245,34 @@ def test_item_failures_still_exit_1(pictures: Path, tmp_path: Path) -> None:
     assert fake_cli("caption", str(pictures), "--out", str(tmp_path / "o.jsonl")).returncode == (
         EXIT_ITEMS_FAILED
     )
+
+
+def test_decode_workers_that_cannot_start_stop_the_job_in_one_line(tmp_path: Path) -> None:
+    """On the GPU host the workers' start failed (a missing import) and each of 4,500
+    pictures became an error row; workers that die on every item alone stop the job."""
+    from PIL import Image
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(12):
+        Image.new("RGB", (32, 32), (i * 20, 0, 0)).save(folder / f"p{i:02d}.png")
+    shadow = tmp_path / "shadow"  # the spawned decode workers cannot import Pillow
+    shadow.mkdir()
+    (shadow / "sitecustomize.py").write_text(
+        "import sys\n"
+        "if '--multiprocessing-fork' in sys.argv:\n"
+        "    sys.modules['PIL.Image'] = None\n"
+    )
+    out = tmp_path / "o.jsonl"
+    argv = ["caption", str(folder), "--out", str(out), "--decode-workers", "2"]
+    proc = subprocess.run(
+        [sys.executable, str(FAKE_CLI), *argv, "--model", "fake", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), *sys.path])},
+    )
+    assert proc.returncode == EXIT_JOB_FAILED, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mmbatch: error:")]
+    assert len(errors) == 1, proc.stderr
+    assert "decode worker processes died" in errors[0]
