@@ -241,11 +241,8 @@ def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waitin
     assert queue["starved_share"] == round(1 / 3, 3)
 
 
-def test_a_decoder_that_kills_its_worker_fails_its_own_item_alone() -> None:
-    """A worker's death breaks the whole pool: the decodes then in flight are tried again
-    alone, and only the item that kills its worker there too becomes an error."""
-    jobs = [CrashingJob(f"k{n}", f"picture {n}".encode(), ImageOptions()) for n in range(8)]
-    jobs.insert(3, CrashingJob("culprit", b"crash", ImageOptions()))
+def decode_all(decoders: Decoders, jobs: list[CrashingJob]) -> dict[str, object]:
+    """Each job's outcome by key, once all came back; the decoders closed after."""
     outcomes: dict[str, object] = {}
     finished = threading.Event()
 
@@ -254,13 +251,22 @@ def test_a_decoder_that_kills_its_worker_fails_its_own_item_alone() -> None:
         if len(outcomes) == len(jobs):
             finished.set()
 
-    decoders = Decoders(3)
     try:
         for job in jobs:
             decoders.submit(job, done)
-        assert finished.wait(120), f"only {sorted(outcomes)} came back"
+        assert finished.wait(180), f"only {sorted(outcomes)} came back"
     finally:
         decoders.close()
+    return outcomes
+
+
+def test_a_decoder_that_kills_its_worker_fails_its_own_item_alone() -> None:
+    """A worker's death breaks the whole pool: the decodes then in flight are tried again
+    alone, and only the item that kills its worker there too becomes an error."""
+    jobs = [CrashingJob(f"k{n}", f"picture {n}".encode(), ImageOptions()) for n in range(8)]
+    jobs.insert(3, CrashingJob("culprit", b"crash", ImageOptions()))
+    decoders = Decoders(3)
+    outcomes = decode_all(decoders, jobs)
     assert decoders.fatal is None
     failed = {key for key, item in outcomes.items() if isinstance(item, ItemError)}
     assert failed == {"culprit"}
@@ -277,20 +283,7 @@ def test_workers_that_die_on_every_item_stop_the_job() -> None:
     """Told apart from hostile items by dying alone again and again with nothing decoded in
     between (a pool that cannot start: every picture of a job became an error row)."""
     jobs = [CrashingJob(f"k{n}", b"crash", ImageOptions()) for n in range(UNUSABLE_AFTER + 1)]
-    finished = threading.Event()
-    outcomes: dict[str, object] = {}
-
-    def done(job: DecodeJob, made: Decoded) -> None:
-        outcomes.update(made)
-        if len(outcomes) == len(jobs):
-            finished.set()
-
     decoders = Decoders(2)
-    try:
-        for job in jobs:
-            decoders.submit(job, done)
-        assert finished.wait(180), f"only {sorted(outcomes)} came back"
-    finally:
-        decoders.close()
+    decode_all(decoders, jobs)
     assert decoders.fatal is not None
     assert "cannot run here" in str(decoders.fatal)
