@@ -352,7 +352,7 @@ class Pipeline:
                 if depths is not None:
                     backlog = len(submission.requests) - len(submission.emitted)
                     backlog -= submission.in_flight
-                    submission.stats.sample_queue(*depths, backlog)
+                    submission.stats.sample_queue(*depths, backlog, len(self._in_flight))
                 submission.show_progress()
         if now >= self._next_flush:
             self._next_flush = now + FLUSH_SECONDS

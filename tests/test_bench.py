@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,9 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
         ],
         capture_output=True,
         text=True,
-        env=dict(os.environ),
+        # vLLM's engine core in a process of its own, as on a GPU host (the tests' default
+        # keeps it in-process), so that its CPU time is told apart.
+        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -122,6 +125,17 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
         w2["mmbatch"]["requests_per_s"] / w2["prebuilt"]["requests_per_s"]
     )
     assert report["workloads"]["W4"]["mmbatch"]["distinct_images"] == 3
+    # Where the CPU went, by kind of process: vLLM's engine core and its scheduler loop on
+    # every side; mmbatch's engine in a process of its own, naive's in the driving one.
+    for side in ("naive", "prebuilt", "mmbatch"):
+        cpu = w2[side]["cpu_seconds"]
+        assert cpu["engine_core_main_thread"] > 0, (side, cpu)
+        assert cpu["engine_core"] + 0.02 >= cpu["engine_core_main_thread"]  # 10 ms ticks
+        assert cpu["driver"] > 0
+    assert w2["mmbatch"]["cpu_seconds"]["replicas"] > 0
+    assert "replicas" not in w2["naive"]["cpu_seconds"]
+    assert isinstance(w2["mmbatch"]["engine_timeline"], list)  # a sample a second: none here
+    assert "core loop" in proc.stdout
     w3 = report["workloads"]["W3"]
     for side in ("naive", "prebuilt", "mmbatch"):
         assert w3[side]["requests"] == 2 * 3  # two videos of 3 s at 1 frame per second
@@ -131,10 +145,30 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     assert "mmbatch / prebuilt" in proc.stdout
 
 
+def test_cpu_monitor_counts_this_process_and_its_children() -> None:
+    from mmbatch.bench.monitor import CpuMonitor
+
+    burn = "import time\nwhile time.process_time() < 0.6: pass"
+    with CpuMonitor(interval=0.05) as cpu:
+        child = subprocess.Popen([sys.executable, "-c", burn])
+        until = time.process_time() + 0.3
+        while time.process_time() < until:
+            pass
+        child.wait()
+    seconds = cpu.seconds()
+    assert seconds["driver"] >= 0.25
+    assert seconds["helpers"] >= 0.3  # its CPU up to the last sample before it ended
+    assert "engine_core" not in seconds
+
+
 def test_a_variant_is_of_mmbatch_unless_it_names_a_baseline() -> None:
     from mmbatch.bench.driver import side_spec_for
 
-    spec = {"common_engine_args": {"max_model_len": 2048}, "mmbatch_engine_args": {"seed": 1}}
+    spec = {
+        "common_engine_args": {"max_model_len": 2048},
+        "mmbatch_engine_args": {"seed": 1},
+        "decode_workers": None,
+    }
     tp2 = {"tensor_parallel_size": 2}
     naive_tp2 = side_spec_for(spec, "naive_tp2", {"side": "naive", "engine": tp2})
     assert naive_tp2["mode"] == "naive"
@@ -146,6 +180,17 @@ def test_a_variant_is_of_mmbatch_unless_it_names_a_baseline() -> None:
     one_gpu = side_spec_for(spec, "one", {"gpus": 1, "in_process": True})
     assert (one_gpu["mode"], one_gpu["gpus"], one_gpu["in_process"]) == ("mmbatch", 1, True)
     assert side_spec_for(spec, "naive", {})["mode"] == "naive"
+    assert side_spec_for(spec, "dw4", {"decode_workers": 4})["decode_workers"] == 4
+    assert side_spec_for(spec, "mmbatch", {})["decode_workers"] is None
+
+
+def test_a_variant_sets_its_sides_environment() -> None:
+    from mmbatch.bench.driver import side_environment
+
+    env = side_environment({"env": {"OMP_NUM_THREADS": 2}})
+    assert env["OMP_NUM_THREADS"] == "2"
+    assert env["PATH"] == os.environ["PATH"]  # the rest as it is here
+    assert side_environment({}) == dict(os.environ)
 
 
 def test_ratios_are_over_every_baseline_and_each_side_over_naive() -> None:

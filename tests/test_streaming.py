@@ -241,6 +241,17 @@ def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waitin
     assert queue["starved_share"] == round(1 / 3, 3)
 
 
+def test_the_queue_timeline_keeps_each_sample_with_its_time() -> None:
+    stats = JobStats()
+    stats.sample_queue(10, 5, 100, 15)
+    time.sleep(0.05)
+    stats.sample_queue(12, 0, 0, 30)  # 18 handed over but not yet in the engine's queues
+    first, second = stats.queue_timeline()
+    assert first[1:] == [10, 5, 100, 15]
+    assert second[1:] == [12, 0, 0, 30]
+    assert 0 <= first[0] < second[0]
+
+
 def decode_all(decoders: Decoders, jobs: list[CrashingJob]) -> dict[str, object]:
     """Each job's outcome by key, once all came back; the decoders closed after."""
     outcomes: dict[str, object] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
 import shlex
 import subprocess
@@ -55,6 +56,7 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         subprocess.run(
             [sys.executable, "-m", "mmbatch.bench.worker", str(spec_path), str(result_path)],
             check=True,
+            env=side_environment(variant),
         )
         sides[mode] = json.loads(result_path.read_text())
     return _report(options, argv, spec, sides)
@@ -74,9 +76,17 @@ def side_spec_for(spec: dict[str, Any], mode: str, variant: dict[str, Any]) -> d
         "render_threads": variant.get("render_threads", DEFAULT_RENDER_THREADS),
         "in_process": bool(variant.get("in_process", False)),
         "gpus": variant.get("gpus"),
+        "decode_workers": variant.get("decode_workers", spec["decode_workers"]),
         "common_engine_args": {**spec["common_engine_args"], **(engine if on_base else {})},
         "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **({} if on_base else engine)},
     }
+
+
+def side_environment(variant: dict[str, Any]) -> dict[str, str]:
+    """The environment of a side's process, and so of every process it starts: this one's,
+    with the variant's ``"env"`` over it (``{"OMP_NUM_THREADS": "2"}``: how many threads
+    torch's operators use in the engine processes, beside vLLM's engine core)."""
+    return {**os.environ, **{key: str(value) for key, value in variant.get("env", {}).items()}}
 
 
 def ratios(entry: dict[str, Any], sides: dict[str, str]) -> dict[str, float]:
@@ -198,7 +208,7 @@ def table(report: dict[str, Any]) -> str:
     """A short plain-text table of the report."""
     lines = [
         f"{'workload':8} {'side':8} {'req/s':>8} {'img/s':>8} {'out tok/s':>10} "
-        f"{'gpu busy':>8} {'prefix hit':>10} {'mm hit':>7} {'of bound':>8}"
+        f"{'gpu busy':>8} {'prefix hit':>10} {'mm hit':>7} {'of bound':>8} {'core loop':>9}"
     ]
     for workload, entry in report["workloads"].items():
         for mode, r in entry.items():
@@ -208,7 +218,7 @@ def table(report: dict[str, Any]) -> str:
                 f"{workload:8} {mode:12} {r['requests_per_s']:8.1f} {r['images_per_s']:8.1f} "
                 f"{r['output_tok_per_s']:10.0f} {_pct(r['gpu_busy']):>8} "
                 f"{_pct(r['prefix_hit_rate']):>10} {_pct(r['mm_hit_rate']):>7} "
-                f"{_pct(r['share_of_compute_bound']):>8}"
+                f"{_pct(r['share_of_compute_bound']):>8} {_pct(_core_loop(r)):>9}"
             )
             if r.get("failed"):
                 lines.append(
@@ -220,6 +230,13 @@ def table(report: dict[str, Any]) -> str:
                 mode, base = key.removeprefix("ratio_").split("_over_")
                 lines.append(f"{workload:8} {mode} / {base} = {ratio:.2f}x")
     return "\n".join(lines)
+
+
+def _core_loop(r: dict[str, Any]) -> float | None:
+    """How busy vLLM's scheduler loop (its engine core's main thread) kept its CPU over the
+    run: near 100%, the loop is the bound."""
+    seconds = r.get("cpu_seconds", {}).get("engine_core_main_thread")
+    return None if seconds is None else seconds / r["wall_s"]
 
 
 def _pct(value: float | None) -> str:

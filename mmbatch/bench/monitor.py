@@ -1,8 +1,18 @@
-"""GPU busy share, sampled through NVML while a workload runs (absent NVML: None)."""
+"""What the machine did while a workload ran: the GPU busy share, sampled through NVML
+(absent NVML: None), and the CPU time of each kind of process of the side, through psutil.
+
+A fed engine whose GPU still idles is held back by something on the host; the CPU seconds
+say by what. vLLM's engine core runs its scheduler loop on one thread: that thread near
+100% busy is the loop being the bound, the same thread slower beside busy decode workers is
+the side's helpers taking its cores.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -47,3 +57,111 @@ class GpuMonitor:
         if not self._samples:
             return None
         return sum(self._samples) / len(self._samples) / 100
+
+
+ENGINE_CORE = "EngineCor"
+"""What vLLM's engine-core process calls itself (``VLLM::EngineCore``; the kernel keeps
+15 characters of a process name)."""
+
+
+@dataclass(frozen=True)
+class _Usage:
+    role: str
+    cpu: float
+    main_thread: float
+
+
+class CpuMonitor:
+    """CPU seconds of this process and all its descendants between start and stop, summed by
+    role: ``driver`` (this process: naive's whole engine front end, or mmbatch's job),
+    ``engine_core`` (vLLM's engine-core processes) and ``engine_core_main_thread`` (their
+    scheduler loop), ``engine_workers`` (vLLM's GPU workers, under tensor parallelism),
+    ``replicas`` (mmbatch's engine processes: any other process that started an engine core)
+    and ``helpers`` (the rest: decode workers). Sampled every ``interval`` seconds, so that a
+    process that ends during the run still counts up to its last sample."""
+
+    def __init__(self, interval: float = 0.5, pid: int | None = None) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._root = psutil.Process(pid or os.getpid())
+        self.interval = interval
+        self._first: dict[int, _Usage] = {}
+        self._last: dict[int, _Usage] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._started = 0.0
+        self.wall = 0.0
+
+    def __enter__(self) -> CpuMonitor:
+        self._first = self._sample()
+        self._last = dict(self._first)
+        self._started = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._last.update(self._sample())
+        self.wall = time.perf_counter() - self._started
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._last.update(self._sample())
+
+    def seconds(self) -> dict[str, float]:
+        """CPU seconds per role over the run (a process started during it counts whole)."""
+        totals: dict[str, float] = {}
+        for pid, last in self._last.items():
+            first = self._first.get(pid, _Usage(last.role, 0.0, 0.0))
+            totals[last.role] = totals.get(last.role, 0.0) + last.cpu - first.cpu
+            if last.role == "engine_core":
+                main = last.main_thread - first.main_thread
+                totals["engine_core_main_thread"] = (
+                    totals.get("engine_core_main_thread", 0.0) + main
+                )
+        return {role: round(value, 2) for role, value in sorted(totals.items())}
+
+    def _sample(self) -> dict[int, _Usage]:
+        psutil = self._psutil
+        try:
+            processes = [self._root, *self._root.children(recursive=True)]
+        except psutil.Error:
+            return {}
+        names: dict[int, str] = {}
+        parents: dict[int, int | None] = {}
+        for process in processes:
+            try:
+                names[process.pid] = process.name()
+                parents[process.pid] = process.ppid()
+            except psutil.Error:
+                continue
+        engine_parents = {parents[pid] for pid, name in names.items() if ENGINE_CORE in name}
+        usage: dict[int, _Usage] = {}
+        for process in processes:
+            pid = process.pid
+            if pid not in names:
+                continue
+            role = _role(pid == self._root.pid, names[pid], pid in engine_parents)
+            try:
+                main = 0.0
+                if role == "engine_core":  # read before the process's total, never above it
+                    main = sum(
+                        t.user_time + t.system_time for t in process.threads() if t.id == pid
+                    )
+                times = process.cpu_times()
+            except psutil.Error:
+                continue
+            usage[pid] = _Usage(role, times.user + times.system, main)
+        return usage
+
+
+def _role(root: bool, name: str, started_an_engine: bool) -> str:
+    if root:
+        return "driver"
+    if ENGINE_CORE in name:
+        return "engine_core"
+    if name.startswith("VLLM") and "Worker" in name:
+        return "engine_workers"
+    return "replicas" if started_an_engine else "helpers"

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmbatch.bench.monitor import GpuMonitor
+from mmbatch.bench.monitor import CpuMonitor, GpuMonitor
 from mmbatch.bench.workloads import FRAME_FPS, Row, rows_for
 
 
@@ -36,7 +36,7 @@ def main(spec_path: str, result_path: str) -> None:
         rows = rows_for(workload, media, seed=spec["seed"], seconds=spec["video_seconds"])
         side.prepare(rows)
         before = side.metrics()
-        with GpuMonitor() as gpu:
+        with GpuMonitor() as gpu, CpuMonitor() as cpu:
             start = time.perf_counter()
             measured = side.run(rows)
             wall = time.perf_counter() - start
@@ -49,6 +49,7 @@ def main(spec_path: str, result_path: str) -> None:
             "gpu_busy": gpu.busy_share,
             "prefix_hit_rate": _rate(after, before, "prefix_cache_hits", "prefix_cache_queries"),
             "mm_hit_rate": _rate(after, before, "mm_cache_hits", "mm_cache_queries"),
+            "cpu_seconds": cpu.seconds(),
             **measured,
         }
         print(f"bench[{spec['mode']}] {workload}: {len(rows)} requests in {wall:.1f} s", flush=True)
@@ -256,6 +257,7 @@ class _Mmbatch:
             "failed": stats.failed,
             "decodes": stats.decodes,
             "engine_queue": stats.queue_summary(),
+            "engine_timeline": stats.queue_timeline(),
         }
 
     def metrics(self) -> dict[str, float]:

@@ -64,7 +64,9 @@ def register(commands: Commands) -> None:
         metavar="NAME=JSON",
         help="an extra side, named in --modes: mmbatch's by default, e.g. r8='{\"render_threads\": "
         '8, "engine": {"max_num_batched_tokens": 32768}}\', one1=\'{"gpus": 1}\', '
-        "inproc='{\"in_process\": true}'; or a baseline's, e.g. "
+        "inproc='{\"in_process\": true}', dw4='{\"decode_workers\": 4}', "
+        'omp2=\'{"env": {"OMP_NUM_THREADS": 2}}\' (the side\'s environment); or a '
+        "baseline's, e.g. "
         'tp2=\'{"side": "naive", "engine": {"tensor_parallel_size": 2}}\'',
     )
     parser.set_defaults(handler=run)

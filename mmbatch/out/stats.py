@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mmbatch.jsonl import write_atomic
 from mmbatch.out.rows import RowShape
@@ -61,6 +60,16 @@ class Tally:
         }
 
 
+class QueueSample(NamedTuple):
+    """The engine's queues at ``at`` seconds into a run (``JobStats.sample_queue``)."""
+
+    at: float
+    running: int
+    waiting: int
+    backlog: int
+    handed: int
+
+
 @dataclass
 class JobStats(Tally):
     """What one run did. ``record`` is called once per output row the run writes."""
@@ -69,25 +78,17 @@ class JobStats(Tally):
     decodes: int = 0
     bytes_read: int = 0
     cache: CacheStats = field(default_factory=CacheStats)
-    host_seconds: dict[str, float] = field(default_factory=dict)
-    """Where the driving thread spent its time: waiting for the loader, adding, stepping."""
-    queue: list[tuple[int, int, int]] = field(default_factory=list)
-    """The engine's (running, waiting) requests, and this run's requests not yet handed to
-    it, sampled once a second: whether the engine was kept fed."""
+    queue: list[QueueSample] = field(default_factory=list)
+    """The engine's queues sampled once a second: whether the engine was kept fed."""
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
 
-    @contextmanager
-    def timed(self, phase: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            elapsed = time.perf_counter() - started
-            self.host_seconds[phase] = self.host_seconds.get(phase, 0.0) + elapsed
-
-    def sample_queue(self, running: int, waiting: int, backlog: int) -> None:
-        self.queue.append((running, waiting, backlog))
+    def sample_queue(self, running: int, waiting: int, backlog: int, handed: int = 0) -> None:
+        """``running`` and ``waiting``: the engine's own queues; ``backlog``: this run's
+        requests not yet handed to the engine; ``handed``: requests handed to it and not yet
+        back (those beyond running and waiting are still being prepared or sent)."""
+        at = time.perf_counter() - self.started
+        self.queue.append(QueueSample(at, running, waiting, backlog, handed))
 
     def queue_summary(self) -> dict[str, float] | None:
         """Medians of the sampled queue, and the share of samples, of those taken while this
@@ -97,9 +98,9 @@ class JobStats(Tally):
         with 1,024 of 1,024 running)."""
         if not self.queue:
             return None
-        running = sorted(r for r, _, _ in self.queue)
-        waiting = sorted(w for _, w, _ in self.queue)
-        feeding = [(r, w) for r, w, b in self.queue if b > 0]
+        running = sorted(q.running for q in self.queue)
+        waiting = sorted(q.waiting for q in self.queue)
+        feeding = [(q.running, q.waiting) for q in self.queue if q.backlog > 0]
         starved = sum(1 for r, w in feeding if w == 0 and r < running[-1])
         return {
             "samples": len(self.queue),
@@ -109,6 +110,11 @@ class JobStats(Tally):
             "feeding_samples": len(feeding),
             "starved_share": round(starved / len(feeding), 3) if feeding else 0.0,
         }
+
+    def queue_timeline(self) -> list[list[float]]:
+        """Every sample as ``[seconds, running, waiting, backlog, handed]``: when the
+        engine filled, when the job had handed everything over, how long the tail ran."""
+        return [[round(q.at, 2), *q[1:]] for q in self.queue]
 
     @property
     def wall_seconds(self) -> float:
@@ -147,9 +153,6 @@ class JobStats(Tally):
                 f"{queue['running_median']:.0f} (max {queue['running_max']:.0f}), waiting "
                 f"median {queue['waiting_median']:.0f}{starved}"
             )
-        if self.host_seconds:
-            phases = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(self.host_seconds.items()))
-            lines.append(f"driver thread: {phases}")
         if self.failed:
             lines.insert(1, f"failures by kind: {format_counts(self.failed_by_kind)}")
         return "\n".join(lines)
@@ -159,7 +162,6 @@ class JobStats(Tally):
             "total": self.total,
             **self.counts(),
             "decodes": self.decodes,
-            "host_seconds": {k: round(v, 3) for k, v in self.host_seconds.items()},
             "wall_seconds": round(self.wall_seconds, 3),
             "items_per_second": _rate(self.done, self.wall_seconds),
             "output_tokens_per_second": _rate(self.output_tokens, self.wall_seconds),
