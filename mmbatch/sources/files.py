@@ -127,29 +127,17 @@ def image_requests(
     ]
 
 
-def expand_inputs(
-    inputs: Sequence[str],
-    suffixes: frozenset[str] = IMAGE_SUFFIXES,
-    policy: SourcePolicy | None = None,
-    log: ListingLog | None = None,
-) -> Iterator[tuple[str, str, str | None]]:
-    """Yield ``(id, path, prompt-or-None)`` for every input, in a deterministic order.
-
-    Folders and globs contribute the files whose suffix is in ``suffixes`` (with every
-    picture format the decoder opens, when ``suffixes`` takes pictures), counting the others
-    in ``log``; a file named explicitly is taken whatever its suffix, so that a bad file gets
-    an error row."""
-    for item_id, path, prompt, *_ in _expand(inputs, suffixes, policy, log):
-        yield item_id, path, prompt
-
-
 def _expand(
     inputs: Sequence[str],
     suffixes: frozenset[str] = IMAGE_SUFFIXES,
     policy: SourcePolicy | None = None,
     log: ListingLog | None = None,
 ) -> Iterator[tuple[Any, ...]]:
-    """``expand_inputs``, with a manifest row's kept columns as a fourth value."""
+    """``(id, path, prompt-or-None, kept columns)`` for every input, in a deterministic
+    order. Folders and globs contribute the files whose suffix is in ``suffixes`` (with
+    every picture format the decoder opens, when ``suffixes`` takes pictures), counting the
+    others in ``log``; a file named explicitly is taken whatever its suffix, so that a bad
+    file gets an error row."""
     policy = policy or SourcePolicy()
     log = log if log is not None else ListingLog()
     kinds = "image" if suffixes == IMAGE_SUFFIXES else "media file"

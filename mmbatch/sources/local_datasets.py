@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     import datasets
 
 DatasetFormat = Literal["disk", "parquet", "imagefolder", "webdataset"]
-DATASET_FORMATS: tuple[DatasetFormat, ...] = ("disk", "parquet", "imagefolder", "webdataset")
 IMAGE_FOLDER_METADATA = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
 ROWS_PER_READ = 1024
 """Rows taken from the Arrow data at a time while listing a dataset's media."""
