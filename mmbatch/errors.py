@@ -68,3 +68,9 @@ class RequestRejected(ItemFailure):
 class FatalEngineError(MmbatchError):
     """The engine, or the decode workers that feed it, cannot go on; the job stops and says
     how to resume."""
+
+
+class DecodersFailed(FatalEngineError):
+    """The decode worker processes cannot run here. The engine itself is well: what it holds
+    of the job is aborted rather than left to finish for nobody (a shared engine serves the
+    next caller)."""

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from mmbatch import planner
 from mmbatch.engine.base import Engine
-from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
+from mmbatch.errors import ConfigError, DecodersFailed, FatalEngineError, RequestRejected
 from mmbatch.media.feeder import Feeder, Ready
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.rows import FLAT, RowBuilder
@@ -362,7 +362,8 @@ class Pipeline:
     def _die(self, exc: BaseException) -> None:
         with self._lock:
             self._dead = exc
-        if self._in_flight and not isinstance(exc, FatalEngineError):
+        engine_dead = isinstance(exc, FatalEngineError) and not isinstance(exc, DecodersFailed)
+        if self._in_flight and not engine_dead:
             # The engine lives on (a shared one serves the next caller): what this pipeline
             # left in it would come back to nobody.
             self.engine.abort(list(self._in_flight))

@@ -15,6 +15,7 @@ import pytest
 from crashing_decoder import CrashingJob
 from PIL import Image
 
+from mmbatch.errors import DecodersFailed
 from mmbatch.media import decode as decode_module
 from mmbatch.media.decode import Decoded, DecodeJob, ImageJob
 from mmbatch.media.decoders import UNUSABLE_AFTER, Decoders
@@ -23,7 +24,7 @@ from mmbatch.out.sinks import MemorySink
 from mmbatch.out.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Sampling
+from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampling
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -298,3 +299,33 @@ def test_workers_that_die_on_every_item_stop_the_job() -> None:
     decode_all(decoders, jobs)
     assert decoders.fatal is not None
     assert "cannot run here" in str(decoders.fatal)
+
+
+class HoldingEngine(FakeEngine):
+    """The fake engine, finishing nothing: what it is given stays until aborted."""
+
+    def step(self) -> list[Result]:
+        time.sleep(0.01)
+        return []
+
+
+def test_a_job_stopped_by_its_decoders_leaves_nothing_in_the_engine(tmp_path: Path) -> None:
+    """The engine is well when the decoders fail: a shared one serves the next caller, so
+    what the job had in it is aborted, not left to come back to nobody."""
+    first, second = pictures(tmp_path / "p", 2)
+    engine = HoldingEngine()
+    pipeline = Pipeline(engine, RunConfig(progress=False, decode_workers=0))
+    try:
+        held = pipeline.submit(caption([first], ["p"]), Sampling(), MediaOptions())
+        deadline = time.monotonic() + 30
+        while not engine.added and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.num_unfinished() == 1
+        pipeline.feeder._decoders.fatal = DecodersFailed("the decode workers cannot run here")
+        stopped = pipeline.submit(caption([second], ["p"]), Sampling(), MediaOptions())
+        for submission in (held, stopped):
+            with pytest.raises(DecodersFailed):
+                submission.wait()
+    finally:
+        pipeline.close()
+    assert engine.num_unfinished() == 0

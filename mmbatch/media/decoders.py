@@ -22,7 +22,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 
-from mmbatch.errors import FatalEngineError
+from mmbatch.errors import DecodersFailed
 from mmbatch.media.decode import Decoded, DecodeJob, decode
 from mmbatch.types import ItemError
 
@@ -49,7 +49,7 @@ class Decoders:
         self._alone: Executor | None = None
         self._alone_busy = False
         self._deaths_in_a_row = 0
-        self.fatal: FatalEngineError | None = None
+        self.fatal: DecodersFailed | None = None
         """Set once the workers die whatever they decode: the job cannot go on."""
 
     def submit(self, job: DecodeJob, done: Done) -> None:
@@ -88,7 +88,7 @@ class Decoders:
             with self._lock:
                 self._deaths_in_a_row += 1
                 if self._deaths_in_a_row >= UNUSABLE_AFTER and self.fatal is None:
-                    self.fatal = FatalEngineError(
+                    self.fatal = DecodersFailed(
                         f"the decode worker processes died {self._deaths_in_a_row} times in "
                         "a row, each on one item alone, with none decoded in between: they "
                         "cannot run here (see the errors above them)"
