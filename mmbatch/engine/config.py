@@ -43,9 +43,6 @@ class EngineConfig:
             # The summary's cache hit rates come from llm.get_metrics(), which needs stats on.
             "disable_log_stats": False,
             "enable_prefix_caching": True,
-            # Bigger scheduler steps: more image prefills per step (measured on an H200,
-            # mmbatch/bench/results/); the user's value wins.
-            "max_num_batched_tokens": 32768,
             # A model repository's own Python runs only when the user asks for it
             # (--trust-remote-code): a hub name is not a reason to execute its code.
             "trust_remote_code": False,
