@@ -130,13 +130,13 @@ class CpuMonitor:
         except psutil.Error:
             return {}
         names: dict[int, str] = {}
-        parents: dict[int, int | None] = {}
+        parents: dict[int, int] = {}
         for process in processes:
             try:
-                names[process.pid] = process.name()
-                parents[process.pid] = process.ppid()
+                name, parent = process.name(), process.ppid()
             except psutil.Error:
                 continue
+            names[process.pid], parents[process.pid] = name, parent
         engine_parents = {parents[pid] for pid, name in names.items() if ENGINE_CORE in name}
         usage: dict[int, _Usage] = {}
         for process in processes:
