@@ -251,6 +251,16 @@ def test_the_queue_timeline_keeps_each_sample_with_its_time() -> None:
     assert first[1:] == [10, 5, 100, 15]
     assert second[1:] == [12, 0, 0, 30]
     assert 0 <= first[0] < second[0]
+    assert stats.to_dict()["engine_timeline"] == [first, second]  # the job's summary file
+
+
+def test_a_long_runs_timeline_keeps_every_kth_sample() -> None:
+    stats = JobStats()
+    for n in range(2000):
+        stats.sample_queue(n, 0, 2000 - n)
+    timeline = stats.queue_timeline(most=720)
+    assert 500 < len(timeline) <= 720
+    assert [s[1] for s in timeline[:3]] == [0, 3, 6]  # every third sample, from the first
 
 
 def decode_all(decoders: Decoders, jobs: list[CrashingJob]) -> dict[str, object]:

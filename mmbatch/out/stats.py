@@ -60,6 +60,10 @@ class Tally:
         }
 
 
+TIMELINE_SAMPLES = 720
+"""The most queue samples a summary keeps (a sample a second: every one for 12 minutes)."""
+
+
 class QueueSample(NamedTuple):
     """The engine's queues at ``at`` seconds into a run (``JobStats.sample_queue``)."""
 
@@ -111,10 +115,12 @@ class JobStats(Tally):
             "starved_share": round(starved / len(feeding), 3) if feeding else 0.0,
         }
 
-    def queue_timeline(self) -> list[list[float]]:
-        """Every sample as ``[seconds, running, waiting, backlog, handed]``: when the
-        engine filled, when the job had handed everything over, how long the tail ran."""
-        return [[round(q.at, 2), *q[1:]] for q in self.queue]
+    def queue_timeline(self, most: int = TIMELINE_SAMPLES) -> list[list[float]]:
+        """The samples as ``[seconds, running, waiting, backlog, handed]``: when the engine
+        filled, when the job had handed everything over, how long the tail ran. A long run
+        keeps every k-th sample, at most ``most``."""
+        every = max(1, -(-len(self.queue) // most))
+        return [[round(q.at, 2), *q[1:]] for q in self.queue[::every]]
 
     @property
     def wall_seconds(self) -> float:
@@ -168,6 +174,7 @@ class JobStats(Tally):
             "prefix_cache_hit_rate": self.cache.prefix_hit_rate,
             "mm_cache_hit_rate": self.cache.mm_hit_rate,
             "engine_queue": self.queue_summary(),
+            "engine_timeline": self.queue_timeline(),
         }
 
 
