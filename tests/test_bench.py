@@ -229,3 +229,34 @@ def test_the_table_says_when_a_side_failed_its_requests() -> None:
         "W1       mmbatch: 20 of 20 requests FAILED (see the log): these numbers are not a "
         "measurement"
     ]
+
+
+def test_every_side_samples_alike_whatever_the_models_defaults() -> None:
+    """mmbatch lays a model's generation_config under what a job leaves unset; the baselines'
+    explicit SamplingParams go to vLLM as they are. The bench sets everything the model
+    could fill, so that every side does the same work per engine step."""
+    from vllm import SamplingParams
+
+    from mmbatch.bench.worker import sampling_settings
+    from mmbatch.engine.vllm import _sampling_params
+    from mmbatch.types import Sampling
+
+    spec = {"max_tokens": 128, "temperature": 0.7, "top_p": 0.9, "seed": 0}
+    # Qwen2.5-VL's generation_config as vLLM reads it (get_diff_sampling_param).
+    qwen = {"repetition_penalty": 1.05, "temperature": 0.1, "top_p": 0.001, "top_k": 1}
+    ours = _sampling_params(Sampling(**sampling_settings(spec)), qwen)
+    baseline = SamplingParams(**sampling_settings(spec))
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "max_tokens",
+        "seed",
+        "ignore_eos",
+    ):
+        assert getattr(ours, name) == getattr(baseline, name), name
+    assert baseline.repetition_penalty == 1.0  # what a user's explicit SamplingParams gets

@@ -160,7 +160,8 @@ def _report(
             "frames_per_second": FRAME_FPS,
             "image_size": options["size"],
             "max_tokens": options["max_tokens"],
-            "sampling": "temperature 0.7, top_p 0.9, ignore_eos",
+            "sampling": "temperature 0.7, top_p 0.9, top_k 0, min_p 0, repetition_penalty 1.0, "
+            "ignore_eos (the model's generation_config overridden on every side)",
             "common_engine_args": options["common_engine_args"],
             "mmbatch_engine_args": options["mmbatch_engine_args"],
             "decode_workers": options["decode_workers"],

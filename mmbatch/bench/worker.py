@@ -73,11 +73,19 @@ def _metrics(llm: Any) -> dict[str, float]:
     return out
 
 
-def _sampling(spec: dict[str, Any]) -> dict[str, Any]:
+def sampling_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The same sampling on every side, every setting a model's ``generation_config`` could
+    fill given: mmbatch lays the model's defaults under what a job leaves unset (as vLLM's
+    servers do), while the baselines' explicit ``SamplingParams`` go to vLLM as they are.
+    Left unset, Qwen's defaults gave mmbatch's requests a repetition penalty and top_k=1,
+    more work per engine step than the baselines did (every run before 2026-12-01's last)."""
     return {
         "max_tokens": spec["max_tokens"],
         "temperature": spec["temperature"],
         "top_p": spec["top_p"],
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
         "seed": spec["seed"],
         "ignore_eos": True,
     }
@@ -123,7 +131,7 @@ class _Naive:
         start = time.perf_counter()
         self.llm = LLM(model=spec["model"], disable_log_stats=False, **spec["common_engine_args"])
         self.start_s = time.perf_counter() - start
-        self.params = SamplingParams(**_sampling(spec))
+        self.params = SamplingParams(**sampling_settings(spec))
         self.vllm_version = vllm.__version__
 
     def prepare(self, rows: list[Row]) -> None:
@@ -237,7 +245,7 @@ class _Mmbatch:
         from mmbatch.sources.timeline import frame_requests
         from mmbatch.types import MediaRef, Request, Sampling
 
-        sampling = Sampling(**_sampling(self.spec))
+        sampling = Sampling(**sampling_settings(self.spec))
         if rows and rows[0].at is not None:
             video = VideoOptions(sampling="fps", fps=FRAME_FPS, max_frames=10**6)
             videos = list(dict.fromkeys(r.image for r in rows))
