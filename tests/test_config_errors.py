@@ -189,3 +189,12 @@ def test_check_without_a_model_here_says_it_did_not_check_it(
     out = capsys.readouterr().out
     assert "short_caption.toml: ok" in out
     assert "model Qwen/Qwen2.5-VL-3B-Instruct: not checked (not on this machine" in out
+
+
+def test_an_engine_config_refuses_a_negative_number_of_render_threads() -> None:
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="render_threads must be >= 0, got -1"):
+        EngineConfig("m", render_threads=-1)
+    assert EngineConfig("m", render_threads=0).render_threads == 0  # render on the loop

@@ -79,6 +79,36 @@ def test_reordering_and_caching_never_change_a_caption(
     assert len(texts) >= 4
 
 
+def test_rendering_on_several_threads_never_changes_a_caption(
+    vl_engine, tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Three render threads finish requests' preprocessing out of order, with vLLM's
+    processor cache off; each id still gets the caption the one-thread engine gives it
+    (which the test above holds to the caption it gets alone)."""
+    from conftest import TINY_ENGINE_KWARGS
+
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.shared import shared_engine
+
+    names = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
+    requests = [
+        Request(f"{p}:{name}", prompt, (MediaRef("image", str(samples / name)),))
+        for p, prompt in enumerate(["Describe this image.", "List three tags."])
+        for name in names
+    ]
+    config = EngineConfig(str(tiny_vl_model), TINY_ENGINE_KWARGS, render_threads=3)
+    threaded = shared_engine(config, {"image": 1})
+    try:
+        parallel = run_rows(threaded, requests, tmp_path / "parallel.jsonl")
+    finally:
+        threaded.close()  # type: ignore[attr-defined]
+    serial = run_rows(vl_engine, requests, tmp_path / "serial.jsonl")
+    for request in requests:
+        assert parallel[request.id]["error"] is None
+        assert parallel[request.id]["text"] == serial[request.id]["text"], request.id
+    assert len({row["text"] for row in serial.values()}) >= 4
+
+
 def hub_cache(model_dir: Path, home: Path, repo_id: str) -> dict[str, str]:
     """Lay ``model_dir`` out as the Hugging Face cache holds a downloaded ``repo_id``, and
     return the environment that makes hub loading resolve there with no network."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from mmbatch.bench.flops import minimal_flops
 from mmbatch.bench.workloads import FRAME_FPS, make_images, make_videos
-from mmbatch.engine.vllm import DEFAULT_RENDER_THREADS
+from mmbatch.engine.config import DEFAULT_RENDER_THREADS
 
 BASE_SIDES = ("naive", "prebuilt")
 """The sides the others are measured against; a variant may be one of them (``"side"``),

@@ -218,10 +218,12 @@ class _Mmbatch:
 
         start = time.perf_counter()
         kwargs = {**spec["common_engine_args"], **spec["mmbatch_engine_args"]}
-        config = EngineConfig(spec["model"], kwargs, gpus=spec.get("gpus"))
+        config = EngineConfig(
+            spec["model"], kwargs, gpus=spec.get("gpus"), render_threads=spec["render_threads"]
+        )
         self.engine: Any
         if spec.get("in_process"):
-            self.engine = VLLMEngine(config, {"image": 1}, render_threads=spec["render_threads"])
+            self.engine = VLLMEngine(config, {"image": 1})
         else:
             from mmbatch.engine.shared import shared_engine_and_layout
 

@@ -15,6 +15,9 @@ from typing import Any
 
 from mmbatch.errors import ConfigError
 
+DEFAULT_RENDER_THREADS = 1
+"""One background renderer: overlaps preprocessing with the engine, keeps the processor cache."""
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -28,12 +31,18 @@ class EngineConfig:
     gpus: int | None = None
     """How many of the visible GPUs to use (None: all); how they run the model is chosen
     by ``mmbatch.engine.layout``."""
+    render_threads: int = DEFAULT_RENDER_THREADS
+    """Threads that run vLLM's host-side preprocessing (the chat template's tokens, the HF
+    image processor) beside each engine's loop (``VLLMEngine``): 0 renders on the loop's own
+    thread; more than one renders in parallel with vLLM's multimodal processor cache off."""
 
     def __post_init__(self) -> None:
         if not self.model:
             raise ConfigError("a model is required (a local directory or a hub name)")
         if self.gpus is not None and self.gpus < 1:
             raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
+        if self.render_threads < 0:
+            raise ConfigError(f"render_threads must be >= 0, got {self.render_threads}")
         if "model" in self.engine_kwargs:
             raise ConfigError("pass the model as EngineConfig.model, not as an engine argument")
 

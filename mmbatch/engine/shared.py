@@ -45,7 +45,7 @@ def shared_engine_and_layout(
     """``shared_engine``, and the layout it was built with (for the job's summary);
     ``layout``: the one already chosen for this host (``host_layout``)."""
     key = json.dumps(
-        [config.llm_kwargs(), config.gpus, sorted(media_per_prompt.items())],
+        [config.llm_kwargs(), config.gpus, config.render_threads, sorted(media_per_prompt.items())],
         sort_keys=True,
         default=repr,
     )

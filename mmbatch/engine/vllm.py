@@ -52,9 +52,6 @@ DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 PROMPT_TOKENS_GUESS = 256
 """The prompt length assumed until the first requests finish (an image and a question)."""
 
-DEFAULT_RENDER_THREADS = 1
-"""One background renderer: overlaps preprocessing with the engine, keeps the processor cache."""
-
 
 @dataclass
 class _Rendering:
@@ -75,7 +72,7 @@ _METRICS = {
 class VLLMEngine:
     """An ``Engine`` over ``vllm.LLM``, built once and fed request by request.
 
-    ``render_threads`` moves vLLM's host-side preprocessing (tokenising, the HF image
+    ``config.render_threads`` moves vLLM's host-side preprocessing (tokenising, the HF image
     processor) off the thread that drives the engine, so it overlaps the GPU instead of
     stalling it: 0 renders inside ``add``; 1 renders in one background thread, keeping
     vLLM's multimodal processor cache (which is not thread-safe); more threads render in
@@ -87,10 +84,10 @@ class VLLMEngine:
         self,
         config: EngineConfig,
         media_per_prompt: dict[Modality, int],
-        render_threads: int = DEFAULT_RENDER_THREADS,
     ) -> None:
         from vllm import LLM
 
+        render_threads = config.render_threads
         kwargs = config.llm_kwargs()
         # Profile memory only for the media a job sends: vLLM assumes 999 of any modality
         # left unspecified, which on video-capable models reserves room for videos never sent.
