@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,23 +79,20 @@ class CpuMonitor:
     and ``helpers`` (the rest: decode workers). Sampled every ``interval`` seconds, so that a
     process that ends during the run still counts up to its last sample."""
 
-    def __init__(self, interval: float = 0.5, pid: int | None = None) -> None:
+    def __init__(self, interval: float = 0.5) -> None:
         import psutil
 
         self._psutil = psutil
-        self._root = psutil.Process(pid or os.getpid())
+        self._root = psutil.Process(os.getpid())
         self.interval = interval
         self._first: dict[int, _Usage] = {}
         self._last: dict[int, _Usage] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._started = 0.0
-        self.wall = 0.0
 
     def __enter__(self) -> CpuMonitor:
         self._first = self._sample()
         self._last = dict(self._first)
-        self._started = time.perf_counter()
         self._thread.start()
         return self
 
@@ -104,7 +100,6 @@ class CpuMonitor:
         self._stop.set()
         self._thread.join()
         self._last.update(self._sample())
-        self.wall = time.perf_counter() - self._started
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
