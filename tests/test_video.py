@@ -9,6 +9,8 @@ import pytest
 from media_files import VFR_PTS_MS, cfr_video, frame_number, truncated, write_audio, write_video
 
 from mmbatch.errors import ConfigError, MediaError
+from mmbatch.media.container import decoder_threads, open_media, set_decoder_threads, threaded
+from mmbatch.media.decoders import decode_pool
 from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import decode_frames, index_video, sample_clip, select_frames
 
@@ -74,6 +76,25 @@ def test_sparse_frames_are_reached_by_seeking_not_by_decoding_everything(
     assert result.decoded <= 3 * 24 + 8
     everything = decode_frames(str(path), index, range(240))
     assert everything.decoded >= 240
+
+
+def test_a_decode_pools_workers_decode_on_one_ffmpeg_thread_each(cfr: Path) -> None:
+    """The pool's processes are the parallelism: FFmpeg's thread per core in each of them
+    would take the cores from vLLM's engine loop. A lone decoder keeps FFmpeg's count."""
+    assert decode_pool(2).submit(decoder_threads).result(timeout=120) == 1
+    assert decoder_threads() == 0
+    index = index_video(str(cfr))
+    wanted = [0, 13, 26, 49]
+    lone = decode_frames(str(cfr), index, wanted).frames
+    set_decoder_threads(1)
+    try:
+        with open_media(str(cfr)) as container:
+            assert threaded(container.streams.video[0]).thread_count == 1
+        one = decode_frames(str(cfr), index, wanted).frames
+    finally:
+        set_decoder_threads(0)
+    assert [frame_number(one[i]) for i in wanted] == [i % 48 for i in wanted]
+    assert all(np.array_equal(one[i], lone[i]) for i in wanted)
 
 
 def test_variable_frame_rate(tmp_path: Path) -> None:

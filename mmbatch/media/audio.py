@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.errors import MediaError
-from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
+from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds, threaded
 from mmbatch.media.options import AudioOptions
 from mmbatch.types import TimeSpan
 
@@ -88,8 +88,7 @@ def decode_audio(path: str, sample_rate: int, span: TimeSpan | None = None) -> n
     chunks: list[np.ndarray] = []
     first: float | None = None
     with open_media(path) as container:
-        stream = _audio_stream(container)
-        stream.thread_type = "AUTO"
+        stream = threaded(_audio_stream(container))
         # Planar float at the target rate, channels kept: the mono mix is their mean, not
         # FFmpeg's -3 dB downmix, so a stereo file with equal channels keeps its level.
         resampler = av.AudioResampler(format="fltp", rate=sample_rate)

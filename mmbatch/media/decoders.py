@@ -168,10 +168,15 @@ def _new_pool(workers: int) -> Executor:
 
 
 def _warm() -> None:
-    """Import the decoders once per worker, before its first job needs them. Only a warm-up:
-    it is the pool's initializer, and one that raises breaks the pool for every item, so a
-    host without PyAV still decodes pictures (a video there fails as its own error row)."""
+    """Import the decoders once per worker, before its first job needs them, and decode on
+    one FFmpeg thread (``set_decoder_threads``: the workers are the parallelism). It is the
+    pool's initializer, and one that raises breaks the pool for every item, so a host
+    without PyAV still decodes pictures (a video there fails as its own error row)."""
     import PIL.Image  # noqa: F401
+
+    from mmbatch.media.container import set_decoder_threads
+
+    set_decoder_threads(1)
 
     with contextlib.suppress(ImportError):
         import av  # noqa: F401

@@ -24,7 +24,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.errors import MediaError
-from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds
+from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds, threaded
 from mmbatch.media.options import DEFAULT_MAX_VIDEO_PIXELS, VideoOptions, scaled_size
 
 if TYPE_CHECKING:
@@ -262,8 +262,7 @@ def decode_frames(
     position = {p: i for i, p in enumerate(index.pts)}
     width, height = scaled_size(index.width, index.height, max_pixels)
     with open_media(path) as container:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
+        stream = threaded(container.streams.video[0])
         at = -1  # index of the last frame decoded
         sought = -1  # the key frame of the last seek: never seek to it (or before) again
         while todo:
