@@ -29,7 +29,7 @@ from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.testing.tiny_models import write_real_shape
-from mmbatch.types import LoadedRequest, MediaRef, Request, Sampling
+from mmbatch.types import CacheStats, LoadedRequest, MediaRef, Request, Sampling
 
 H200 = 141 * GIB
 
@@ -310,6 +310,32 @@ def test_a_replica_adds_steps_reports_and_stops_when_told() -> None:
     parent.send(("stop",))
     loop.join(timeout=10)
     assert not loop.is_alive()
+
+
+class CountedStats(FakeEngine):
+    """Counts its counter reads (vLLM's: milliseconds of Python each)."""
+
+    def __init__(self) -> None:
+        super().__init__(per_step=1)
+        self.reads = 0
+
+    def cache_stats(self) -> CacheStats:
+        self.reads += 1
+        return CacheStats(prefix_queries=self.reads)
+
+
+def test_a_replica_reads_its_engines_counters_now_and_then_and_when_it_runs_dry() -> None:
+    engine = CountedStats()
+    parent, loop = serving(engine)
+    for i in range(40):
+        parent.send(("add", text_request(f"r{i}", "hi"), [], Sampling()))
+    got = replies(parent, lambda got: len(results_in(got)) == 40)
+    reports = [m for m in got if m[0] == "results" and m[1]]
+    assert len(reports) >= 20  # a step per request, most of them a report of their own
+    assert engine.reads < len(reports) / 2
+    assert got[-1][3].prefix_queries == engine.reads  # read afresh once it had nothing left
+    parent.send(("stop",))
+    loop.join(timeout=10)
 
 
 def test_a_replica_stops_by_itself_when_the_parent_is_gone() -> None:

@@ -58,6 +58,11 @@ AFFINITY_KEYS = 4096
 """Media keys remembered with the replica that last took them."""
 STOP_WAIT = 10.0
 """Seconds a replica has to close its engine and exit, before it is ended by signal."""
+STATS_SECONDS = 0.5
+"""How often a replica reads its engine's counters (cache hits, queue depths) for the
+results it sends, and whenever it runs out of work, so that a job's final counts are
+exact. Each read walks vLLM's metrics: 3.9 ms of Python (on this project's 2-core CPU),
+taken from the render thread on every engine step that finished a request."""
 
 
 @dataclass
@@ -415,7 +420,8 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
     inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
     threading.Thread(target=_receive_into, args=(conn, inbox), daemon=True).start()
     rejected: list[Result] = []
-    last_report = 0.0
+    last_report = stats_read = 0.0
+    stats: tuple[int, CacheStats, tuple[int, int]] | None = None
     while True:
         idle = not engine.num_unfinished() and not rejected
         try:
@@ -449,9 +455,10 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
         now = time.monotonic()
         if results or now - last_report > 1.0:
             last_report = now
-            depths = engine.queue_depths() or (0, 0)
-            message = ("results", results, engine.capacity(), engine.cache_stats(), depths)
-            if not _reply(conn, message):
+            if stats is None or now - stats_read >= STATS_SECONDS or not engine.num_unfinished():
+                stats_read = now
+                stats = (engine.capacity(), engine.cache_stats(), engine.queue_depths() or (0, 0))
+            if not _reply(conn, ("results", results, *stats)):
                 return
 
 
