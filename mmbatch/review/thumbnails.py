@@ -72,7 +72,7 @@ def _video_strip(path: Path) -> Image.Image:
     """Up to ``VIDEO_FRAMES`` frames spread over the video, side by side."""
     from PIL import Image
 
-    from mmbatch.media.container import open_media
+    from mmbatch.media.container import open_media, threaded
     from mmbatch.media.options import DEFAULT_MAX_VIDEO_PIXELS
     from mmbatch.media.video import check_frame_size
 
@@ -81,7 +81,7 @@ def _video_strip(path: Path) -> Image.Image:
         stream = container.streams.video[0]
         context = stream.codec_context
         check_frame_size(context.width, context.height, DEFAULT_MAX_VIDEO_PIXELS)
-        stream.thread_type = "AUTO"
+        threaded(stream)
         duration = (
             float(stream.duration * stream.time_base)
             if stream.duration is not None and stream.time_base is not None
