@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.processor import ChatTemplate
+from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.types import (
     CacheStats,
@@ -102,7 +103,10 @@ class VLLMEngine:
         self.config = config
         self.render_threads = render_threads
         _cpu_kv_cache_default(kwargs)
-        self.llm: LLM = LLM(**kwargs)
+        from vllm.platforms import current_platform
+
+        with one_thread_for_engine_processes(on_gpu=not current_platform.is_cpu()):
+            self.llm: LLM = LLM(**kwargs)
         self._engine = self.llm.llm_engine
         self._template = ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
         self._tokenizer = self.llm.get_tokenizer()

@@ -1,0 +1,47 @@
+"""How many threads torch's CPU operators get in vLLM's engine-core process on a GPU.
+
+On one GPU, vLLM's engine core runs the scheduler and the model runner on one Python thread,
+and the model runner does some CPU work with torch between GPU steps: above all, before each
+vision-encoder batch it concatenates the batch's pixel values into pinned memory
+(``MultiModalFlatField._reduce_data``). torch runs such an operator on a thread per core.
+On a host whose cores are also busy decoding and preprocessing media (what a multimodal
+job's host does), every such operator waits for all of its threads to be scheduled, and the
+loop that keeps the GPU fed waits with it.
+
+vLLM gives its multi-GPU worker processes one torch thread for this reason
+(``set_multiprocessing_worker_envs``: "to avoid unnecessary CPU contention"); its one-GPU
+engine core, started from the process that builds the engine, keeps torch's default.
+``one_thread_for_engine_processes`` gives the processes started while it is open one
+thread (a forked process keeps torch's setting, a spawned one reads ``OMP_NUM_THREADS``)
+and gives this process its own setting back afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+ENGINE_TORCH_THREADS = 1
+
+
+@contextmanager
+def one_thread_for_engine_processes(on_gpu: bool) -> Iterator[None]:
+    """While open, processes started from this one run torch on ``ENGINE_TORCH_THREADS``.
+
+    Left alone: CPU builds (there torch's threads run the model itself) and a user's own
+    ``OMP_NUM_THREADS``, which wins everywhere.
+    """
+    if not on_gpu or "OMP_NUM_THREADS" in os.environ:
+        yield
+        return
+    import torch
+
+    threads = torch.get_num_threads()
+    os.environ["OMP_NUM_THREADS"] = str(ENGINE_TORCH_THREADS)
+    torch.set_num_threads(ENGINE_TORCH_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        del os.environ["OMP_NUM_THREADS"]
