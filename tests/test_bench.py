@@ -260,3 +260,55 @@ def test_every_side_samples_alike_whatever_the_models_defaults() -> None:
     ):
         assert getattr(ours, name) == getattr(baseline, name), name
     assert baseline.repetition_penalty == 1.0  # what a user's explicit SamplingParams gets
+
+
+STOPPING_WORKER = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the bench's worker does
+log = open(sys.argv[1], "a", buffering=1)
+log.write("started\\n")
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    time.sleep(0.5)  # closing its engine
+    log.write("closed\\n")
+"""
+
+
+def test_a_stopped_bench_waits_for_its_sides_process_to_close_its_engine(tmp_path: Path) -> None:
+    """SIGTERM to the bench (``timeout``), which the command takes as Ctrl-C: the side's
+    process is stopped too and has closed its engine by the time the bench goes on
+    unwinding."""
+    import signal
+    import threading
+
+    from mmbatch.bench.driver import run_side
+
+    log = tmp_path / "worker.log"
+    script = tmp_path / "worker.py"
+    script.write_text(STOPPING_WORKER)
+
+    def terminate_once_started() -> None:
+        while "started" not in (log.read_text() if log.exists() else ""):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the CLI does
+    try:
+        threading.Thread(target=terminate_once_started, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            run_side([sys.executable, str(script), str(log)], dict(os.environ))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert log.read_text().split() == ["started", "closed"]
+    assert time.monotonic() - started < 30  # stopped, not waited out
+
+
+def test_a_failed_side_fails_the_bench(tmp_path: Path) -> None:
+    import subprocess
+
+    from mmbatch.bench.driver import run_side
+
+    with pytest.raises(subprocess.CalledProcessError):
+        run_side([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ))

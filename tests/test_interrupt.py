@@ -23,7 +23,7 @@ from pathlib import Path
 
 from test_kill_resume import FAKE_CLI, STEP_SECONDS, comparable, make_inputs, whole_rows
 
-from mmbatch.cli import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED
+from mmbatch.cli import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED, EXIT_TERMINATED
 
 
 def start(inputs: Path, out: Path, mark: str) -> subprocess.Popen[bytes]:
@@ -131,3 +131,37 @@ def test_ctrl_c_at_ten_random_moments_exits_130_and_resumes_exactly(tmp_path: Pa
     assert_none_left(mark)
     assert interrupted >= 5, f"seed {seed}: only {interrupted} signals landed before the end"
     assert mid_job >= 2, f"seed {seed}: only {mid_job} signals landed mid-job"
+
+
+def test_sigterm_to_the_job_alone_stops_it_as_ctrl_c_does(tmp_path: Path) -> None:
+    """``timeout``, a batch scheduler or ``kill`` sends SIGTERM to the job's process alone:
+    it exits 143 with the rows it finished kept, its engine processes already stopped (a
+    resumed job must find the GPU free), and the same command resumes it exactly."""
+    inputs = tmp_path / "in"
+    total = make_inputs(inputs)
+    mark = uuid.uuid4().hex
+    reference = start(inputs, tmp_path / "reference.jsonl", mark)
+    assert reference.wait(timeout=120) == EXIT_ITEMS_FAILED
+    reference.stderr.close()  # type: ignore[union-attr]
+    expected = comparable(whole_rows(tmp_path / "reference.jsonl"))
+
+    out = tmp_path / "out.jsonl"
+    job = start(inputs, out, mark)
+    first_row_after(job, out)
+    os.kill(job.pid, signal.SIGTERM)
+    code = job.wait(timeout=60)
+    left = processes_marked(mark)  # at the moment the job is gone
+    stderr = job.stderr.read().decode()  # type: ignore[union-attr]
+    job.stderr.close()  # type: ignore[union-attr]
+    assert code == EXIT_TERMINATED, f"exit {code}\n{stderr[-2000:]}"
+    assert "Traceback" not in stderr, stderr[-2000:]
+    assert "run the same command again to resume" in stderr.splitlines()[-1]
+    assert not left, f"engine processes outlived the job: {left}"
+    rows = whole_rows(out)
+    assert 0 < len(rows) < total
+    assert out.read_bytes().endswith(b"\n")
+
+    resumed = start(inputs, out, mark)
+    assert resumed.wait(timeout=120) == EXIT_ITEMS_FAILED
+    resumed.stderr.close()  # type: ignore[union-attr]
+    assert comparable(whole_rows(out)) == expected

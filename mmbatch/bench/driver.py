@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,13 +54,36 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         side_spec = side_spec_for(spec, mode, variant)
         spec_path.write_text(json.dumps(side_spec))
         print(f"bench: running the {mode} side", file=sys.stderr, flush=True)
-        subprocess.run(
+        run_side(
             [sys.executable, "-m", "mmbatch.bench.worker", str(spec_path), str(result_path)],
-            check=True,
-            env=side_environment(variant),
+            side_environment(variant),
         )
         sides[mode] = json.loads(result_path.read_text())
     return _report(options, argv, spec, sides)
+
+
+WORKER_STOP_SECONDS = 60.0
+"""How long a side's process has to close its engine when the bench is stopped."""
+
+
+def run_side(argv: list[str], env: dict[str, str]) -> None:
+    """Run one side's process to its end. Stopped (Ctrl-C, or SIGTERM from ``timeout``), the
+    bench sends that process SIGTERM, which it takes as Ctrl-C (SIGINT itself may be ignored
+    in a background job), and waits for it, so that its engine has let go of the GPU before
+    the bench exits: left behind, it held 128 GiB for the next command to fail on."""
+    worker = subprocess.Popen(argv, env=env)
+    try:
+        code = worker.wait()
+    except BaseException:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=WORKER_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        raise
+    if code:
+        raise subprocess.CalledProcessError(code, argv)
 
 
 def side_spec_for(spec: dict[str, Any], mode: str, variant: dict[str, Any]) -> dict[str, Any]:

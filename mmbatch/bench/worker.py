@@ -16,6 +16,7 @@ and sampling:
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -286,4 +287,7 @@ SIDES: dict[str, Any] = {"naive": _Naive, "prebuilt": _Prebuilt, "mmbatch": _Mmb
 
 
 if __name__ == "__main__":
+    # SIGTERM (``timeout`` signals the bench's whole process group) unwinds as Ctrl-C does,
+    # so that this side's engine is shut down rather than left holding the GPU.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     main(sys.argv[1], sys.argv[2])

@@ -4,14 +4,18 @@ Imports of vllm, torch and transformers happen inside the handler that needs the
 ``mmbatch --help`` answers at once.
 
 Exit codes: 0 every item succeeded; 1 the job finished but some items failed (their rows say
-why); 2 the job itself failed (bad arguments, unreadable inputs, a fatal engine error).
+why); 2 the job itself failed (bad arguments, unreadable inputs, a fatal engine error); 130
+Ctrl-C and 143 SIGTERM, both resumable.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, NoReturn
 
 from mmbatch.cli import (
@@ -24,7 +28,13 @@ from mmbatch.cli import (
     run,
     tiny_model,
 )
-from mmbatch.cli.options import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.cli.options import (
+    EXIT_INTERRUPTED,
+    EXIT_ITEMS_FAILED,
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+)
 from mmbatch.errors import MmbatchError
 
 if TYPE_CHECKING:
@@ -37,6 +47,7 @@ __all__ = [
     "EXIT_ITEMS_FAILED",
     "EXIT_JOB_FAILED",
     "EXIT_OK",
+    "EXIT_TERMINATED",
     "build_parser",
     "main",
 ]
@@ -71,13 +82,41 @@ def main(argv: Sequence[str] | None = None, engine: Engine | None = None) -> int
     (the tests' fake engine goes through the real commands this way)."""
     args = build_parser().parse_args(argv)
     try:
-        code: int = args.handler(args) if engine is None else args.handler(args, engine)
+        with _sigterm_as_ctrl_c():
+            code: int = args.handler(args) if engine is None else args.handler(args, engine)
     except MmbatchError as exc:
         print(f"mmbatch: error: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED
+    except Terminated:
+        print("mmbatch: terminated; run the same command again to resume", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         # The job saved what it finished (``run_job`` says where): no traceback, and the
         # code a shell gives a process Ctrl-C ended, not 1 ("some items failed").
         print("mmbatch: interrupted; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
     return code
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be, so that it takes the same way out."""
+
+
+@contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (``timeout``, Slurm, Kubernetes, ``kill``) stops a command as Ctrl-C does:
+    the rows finished are closed whole and the engine processes are stopped before the
+    command exits, so that a GPU is free when the job is started again. Python's default
+    ends the process where it stands, leaving engines to notice on their own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may take signals
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
 EXIT_INTERRUPTED = 130
 """Ctrl-C, as a shell reports a process that SIGINT ended: the job resumes where it stopped."""
+EXIT_TERMINATED = 143
+"""SIGTERM (``timeout``, a batch scheduler, ``kill``), stopped as Ctrl-C stops a job."""
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """What each command module's ``register`` adds its parser to."""
