@@ -263,10 +263,12 @@ def test_every_side_samples_alike_whatever_the_models_defaults() -> None:
 
 
 STOPPING_WORKER = """
-import signal, sys, time
-signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the bench's worker does
+import os, signal, sys, time
+from mmbatch.bench.worker import _stop_once
+signal.signal(signal.SIGINT, _stop_once)  # as the bench's worker is started
+signal.signal(signal.SIGTERM, _stop_once)
 log = open(sys.argv[1], "a", buffering=1)
-log.write("started\\n")
+log.write(f"started {os.getpid()}\\n")
 try:
     time.sleep(60)
 except KeyboardInterrupt:
@@ -276,8 +278,9 @@ except KeyboardInterrupt:
 
 
 def test_a_stopped_bench_waits_for_its_sides_process_to_close_its_engine(tmp_path: Path) -> None:
-    """SIGTERM to the bench (``timeout``), which the command takes as Ctrl-C: the side's
-    process is stopped too and has closed its engine by the time the bench goes on
+    """``timeout`` sends SIGTERM to the bench's whole group: the side's process and the
+    bench, which takes it as Ctrl-C and signals its side again. The side stops once, is not
+    cut short by the second signal, and has closed its engine by the time the bench goes on
     unwinding."""
     import signal
     import threading
@@ -288,20 +291,21 @@ def test_a_stopped_bench_waits_for_its_sides_process_to_close_its_engine(tmp_pat
     script = tmp_path / "worker.py"
     script.write_text(STOPPING_WORKER)
 
-    def terminate_once_started() -> None:
+    def signal_the_group_once_started() -> None:
         while "started" not in (log.read_text() if log.exists() else ""):
             time.sleep(0.01)
+        os.kill(int(log.read_text().split()[1]), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the CLI does
     try:
-        threading.Thread(target=terminate_once_started, daemon=True).start()
+        threading.Thread(target=signal_the_group_once_started, daemon=True).start()
         started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             run_side([sys.executable, str(script), str(log)], dict(os.environ))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert log.read_text().split() == ["started", "closed"]
+    assert log.read_text().split()[::2] == ["started", "closed"]
     assert time.monotonic() - started < 30  # stopped, not waited out
 
 

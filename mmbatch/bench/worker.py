@@ -286,8 +286,17 @@ class _Mmbatch:
 SIDES: dict[str, Any] = {"naive": _Naive, "prebuilt": _Prebuilt, "mmbatch": _Mmbatch}
 
 
+def _stop_once(signum: int, frame: object) -> None:
+    """The first Ctrl-C or SIGTERM unwinds this side as Ctrl-C does, shutting its engine
+    down on the way out rather than leaving it on the GPU; the signals after it (``timeout``
+    signals the bench's whole group, and then the bench signals its side) are let pass, so
+    that they do not cut that shut-down short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    # SIGTERM (``timeout`` signals the bench's whole process group) unwinds as Ctrl-C does,
-    # so that this side's engine is shut down rather than left holding the GPU.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _stop_once)
+    signal.signal(signal.SIGTERM, _stop_once)
     main(sys.argv[1], sys.argv[2])

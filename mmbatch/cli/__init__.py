@@ -113,6 +113,8 @@ def _sigterm_as_ctrl_c() -> Iterator[None]:
         return
 
     def terminate(signum: int, frame: object) -> None:
+        # Once: a second SIGTERM (a group signalled twice) must not cut the stop short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated
 
     previous = signal.signal(signal.SIGTERM, terminate)
