@@ -363,3 +363,43 @@ def test_a_replica_whose_engine_dies_says_so_and_stops() -> None:
     assert fatal[1] == "the fake engine died"
     loop.join(timeout=10)
     assert not loop.is_alive()
+
+
+def slow_to_start_fake() -> FakeEngine:
+    time.sleep(30)  # loading a model
+    return FakeEngine(per_step=2, step_seconds=0.01, capacity=8)
+
+
+def test_the_settings_are_checked_while_the_replicas_start(tmp_path: Path) -> None:
+    """Both the check and each replica import vLLM (15 s on a GPU host): the check runs while
+    the replica processes start, and the engine works once it passes."""
+    before = set(multiprocessing.active_children())
+    starting: list[int] = []
+
+    def check() -> None:
+        starting.extend(p.pid for p in set(multiprocessing.active_children()) - before)
+
+    requests = caption(pictures(tmp_path / "p", 4), ["a"])
+    engine = ReplicaEngine(partial(FakeEngine, per_step=2, capacity=8), [None, None], None, check)
+    try:
+        rows = run(requests, engine)
+    finally:
+        engine.close()
+    assert len(starting) >= 2  # the two replicas were up and starting during the check
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
+
+
+def test_a_mistake_found_while_the_replicas_start_ends_them_at_once() -> None:
+    before = set(multiprocessing.active_children())
+    starting: list[multiprocessing.Process] = []
+
+    def check() -> None:
+        starting.extend(set(multiprocessing.active_children()) - before)
+        raise ConfigError("max_model_len 99999 is longer than the model's 2048")
+
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match="max_model_len"):
+        ReplicaEngine(slow_to_start_fake, [None, None], None, check)
+    assert time.monotonic() - began < 10  # ended, not waited for
+    assert len(starting) >= 2
+    assert not any(p.is_alive() for p in starting)

@@ -97,10 +97,15 @@ class ReplicaEngine:
         make_engine: EngineFactory,
         devices: Sequence[str | None],
         limits: Callable[[int, int | None], PromptLimits | None] | None = None,
+        while_starting: Callable[[], None] | None = None,
     ) -> None:
         """Start one replica per entry of ``devices`` (each a ``CUDA_VISIBLE_DEVICES``
         value, or None to leave it alone) and wait until all are up. ``limits`` makes the
-        pre-flight budget from a replica's ``(max_model_len, encoder cache tokens)``."""
+        pre-flight budget from a replica's ``(max_model_len, encoder cache tokens)``.
+        ``while_starting`` runs here meanwhile (the check of the settings, which imports
+        vLLM as each replica does: 15 s on a GPU host, no longer one after the other); if
+        it raises, the replicas are ended at once, having nothing to keep, and the error
+        goes on."""
         self._make_engine = make_engine
         self._make_limits = limits
         self._context = multiprocessing.get_context("spawn")
@@ -117,6 +122,12 @@ class ReplicaEngine:
         atexit.register(self.close)
         for replica in self._replicas:
             self._start(replica)
+        if while_starting is not None:
+            try:
+                while_starting()
+            except BaseException:
+                self._abandon()
+                raise
         for replica in self._replicas:
             self._await_ready(replica)
 
@@ -340,6 +351,15 @@ class ReplicaEngine:
 
     def _stop(self, replica: _Replica) -> None:
         _reap(self._tell_to_stop(replica))
+
+    def _abandon(self) -> None:
+        """End every replica now, with whatever it started (none is ready to save anything)."""
+        for replica in self._replicas:
+            process = self._tell_to_stop(replica)
+            if process is not None:
+                process.kill()
+                process.join()
+                _end_group(process.pid)
 
     def _tell_to_stop(self, replica: _Replica) -> Any:
         """Ask the replica to stop (it closes its engine) and let go of it; its process."""

@@ -9,8 +9,10 @@ What is built follows the host's GPUs (``mmbatch.engine.layout``): a ``ReplicaEn
 one engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that
 an engine that dies is restarted and the request that killed it isolated; in a process that
 may not start others (a ``Dataset.map`` worker), one ``VLLMEngine`` in-process. Either way
-the settings are checked first (``preflight``): a mistake is a one-line ``ConfigError``
-before any model is loaded or any output written.
+the settings are checked (``preflight``) before the engine is used: a mistake is a one-line
+``ConfigError`` before any output is written. Replica processes start while this process
+checks (each has vLLM to import: no longer one import after the other), and a mistake ends
+them at once.
 """
 
 from __future__ import annotations
@@ -18,14 +20,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import suppress
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Layout, choose_layout, visible_gpus
-from mmbatch.errors import FatalEngineError, MmbatchError
+from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.types import Modality
 
 if TYPE_CHECKING:
@@ -73,15 +77,46 @@ def build_engine(
         # A daemonic process (a Dataset.map worker) may not start processes: the engine
         # runs here, one GPU per worker, without the restart a replica process gives.
         return start_engine(config, media_per_prompt)
-    check_engine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
 
     trust = bool(config.engine_kwargs.get("trust_remote_code", False))
-    template = ChatTemplate(config.model, trust)
-    return ReplicaEngine(
-        partial(open_engine, config, media_per_prompt), layout.devices(), template.budget
-    )
+    template: list[ChatTemplate] = []
+
+    def check_then_read_template() -> None:
+        check_engine(config, media_per_prompt)  # first: it names a missing model best
+        template.append(ChatTemplate(config.model, trust))
+
+    log = config.log_file
+    fresh_log = log is not None and not os.path.exists(log)
+    new_folders = _missing_folders(log) if log is not None else []
+    try:
+        # The settings are checked while the replicas start, not before: both import vLLM.
+        return ReplicaEngine(
+            partial(open_engine, config, media_per_prompt),
+            layout.devices(),
+            lambda *limits: template[0].budget(*limits),
+            while_starting=check_then_read_template,
+        )
+    except ConfigError:
+        # A mistake leaves no log file (nor the folders made for it), though a replica,
+        # starting meanwhile, began one.
+        if fresh_log:
+            Path(str(log)).unlink(missing_ok=True)
+        for folder in new_folders:
+            with suppress(OSError):  # not empty: something else is there now
+                folder.rmdir()
+        raise
+
+
+def _missing_folders(path: str) -> list[Path]:
+    """The folders above ``path`` that do not exist yet, deepest first."""
+    missing = []
+    folder = Path(path).absolute().parent
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def may_start_processes() -> bool:
