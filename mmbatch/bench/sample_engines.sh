@@ -2,7 +2,8 @@
 # Where vLLM's engine cores spend their time during `mmbatch bench` on the GPU host:
 # every ~12 s, 5 s of py-spy (200 Hz, every thread, without pausing them) on each
 # VLLM::EngineCore process and on its parent (the side's front end: the bench worker, or
-# mmbatch's engine process), named after the side then running (its spec-MODE.json).
+# mmbatch's engine process), named after the side then running (its spec-MODE.json);
+# index.txt also logs each core's thread count and OMP_NUM_THREADS (torch's thread pool).
 #   bash mmbatch/bench/sample_engines.sh PY_SPY_WHEEL OUTDIR &   # then: kill $!
 # Summarise a file by thread and function: results/NOTES.md, seventh session.
 wheel=$1 out=$2
@@ -15,7 +16,10 @@ while true; do
   side=$(tr '\0' ' ' < "/proc/$worker/cmdline" 2>/dev/null | grep -o 'spec-[A-Za-z0-9_]*' | head -1)
   for core in $(pgrep -f 'VLLM::EngineCore'); do
     front=$(ps -o ppid= -p "$core" | tr -d ' ')
-    echo "$i $(date +%s.%N) $side core=$core front=$front" >> "$out/index.txt"
+    threads=$(ls "/proc/$core/task" 2>/dev/null | wc -l)
+    omp=$(tr '\0' '\n' < "/proc/$core/environ" 2>/dev/null | grep '^OMP_NUM_THREADS=')
+    echo "$i $(date +%s.%N) $side core=$core front=$front threads=$threads ${omp:-OMP_NUM_THREADS=unset}" \
+      >> "$out/index.txt"
     for pid in "$core" "$front"; do
       name=$([ "$pid" = "$core" ] && echo core || echo front)
       timeout 9 "$spy" record --pid "$pid" --duration 5 --rate 200 --format raw --threads \
