@@ -3,10 +3,11 @@
 On one GPU, vLLM's engine core runs the scheduler and the model runner on one Python thread,
 and the model runner does some CPU work with torch between GPU steps: above all, before each
 vision-encoder batch it concatenates the batch's pixel values into pinned memory
-(``MultiModalFlatField._reduce_data``). torch runs such an operator on a thread per core.
-On a host whose cores are also busy decoding and preprocessing media (what a multimodal
-job's host does), every such operator waits for all of its threads to be scheduled, and the
-loop that keeps the GPU fed waits with it.
+(``MultiModalFlatField._reduce_data``). torch runs such an operator on a thread per core,
+and on an H200 host (16 cores) that pool stalled the copy for up to 2.9 s of a 5 s window,
+with or without media work beside it, while the GPU waited for the loop. On one thread it
+took under 0.2 s, and mmbatch's W1 went from 0.91x to 1.05-1.08x of vLLM's prebuilt-input
+ceiling (``mmbatch/bench/results/NOTES.md``, eighth session).
 
 vLLM gives its multi-GPU worker processes one torch thread for this reason
 (``set_multiprocessing_worker_envs``: "to avoid unnecessary CPU contention"); its one-GPU
