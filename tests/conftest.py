@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,11 @@ def samples() -> Path:
 # and keep its KV cache small. Set before anything imports vllm.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# A test run started in the background of a script (`bash .ci/run &`, nohup) inherits
+# Ctrl-C ignored, and so would every job the tests start: the tests that press Ctrl-C on a
+# job would see it run to its end. Take it back, as an interactive shell's foreground has it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # The model-content digests the tests compute are cached in a folder of their own, not in
 # the user's ~/.cache/mmbatch.
 os.environ.setdefault("MMBATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mmbatch-test-cache-"))

@@ -236,26 +236,26 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
         stderr=subprocess.PIPE,
         start_new_session=True,  # a group of its own, as a terminal's foreground job
     )
-    deadline = time.monotonic() + 300
-    while job.poll() is None and not whole_rows():
-        assert time.monotonic() < deadline, "no row within 300 s"
-        time.sleep(0.01)
-    time.sleep(random.uniform(0, 0.3))
-    if how == "SIGKILL":
-        job.send_signal(signal.SIGKILL)
-        assert job.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill"
-    else:
-        os.killpg(job.pid, signal.SIGINT)
-        try:
-            code = job.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(job.pid, signal.SIGKILL)  # a hung job is not left behind
-            raise AssertionError("the job hung after Ctrl-C") from None
-        assert code == 130, job.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
-        stderr = job.stderr.read().decode()  # type: ignore[union-attr]
-        assert "run the same command again to resume" in stderr.splitlines()[-1]
-        assert out.read_bytes().endswith(b"\n")  # closed, not torn
-    job.stderr.close()  # type: ignore[union-attr]
+    with job:  # its pipe closed, whatever fails below
+        deadline = time.monotonic() + 300
+        while job.poll() is None and not whole_rows():
+            assert time.monotonic() < deadline, "no row within 300 s"
+            time.sleep(0.01)
+        time.sleep(random.uniform(0, 0.3))
+        if how == "SIGKILL":
+            job.send_signal(signal.SIGKILL)
+            assert job.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill"
+        else:
+            os.killpg(job.pid, signal.SIGINT)
+            try:
+                code = job.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)  # a hung job is not left behind
+                raise AssertionError("the job hung after Ctrl-C") from None
+            assert code == 130, job.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            stderr = job.stderr.read().decode()  # type: ignore[union-attr]
+            assert "run the same command again to resume" in stderr.splitlines()[-1]
+            assert out.read_bytes().endswith(b"\n")  # closed, not torn
     assert_none_left(mark)  # the replica and vLLM's engine core went with the job
     rows = whole_rows()
     assert 0 < len(rows) < len(requests)
