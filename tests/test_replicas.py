@@ -84,6 +84,58 @@ def test_without_gpus_one_engine_runs_here(seven_b: Path) -> None:
     assert "no GPU" in layout.describe()
 
 
+def test_several_engines_share_a_gpu_each_with_its_share_of_memory(seven_b: Path) -> None:
+    layout = choose_layout(EngineConfig(str(seven_b), engines_per_gpu=3), gpus(1))
+    assert layout.devices() == ["0", "0", "0"]
+    assert layout.per_gpu == 3
+    assert "3 on each of 1 GPU" in layout.describe()
+    kwargs = layout.engine_kwargs({"max_model_len": 2048})
+    assert kwargs["gpu_memory_utilization"] == pytest.approx(0.3)
+    # A KV cache of a set size: profiling the device's free memory would count the other
+    # engines starting beside it. What the share leaves beside the weights and a reserve.
+    weights = model_bytes(EngineConfig(str(seven_b)))
+    assert weights is not None
+    share = 0.3 * H200
+    assert kwargs["kv_cache_memory_bytes"] == layout.kv_cache_bytes
+    assert 0 < kwargs["kv_cache_memory_bytes"] <= share - weights - 6 * GIB
+    # Two GPUs, two engines each: every GPU gets one before any gets a second.
+    two = choose_layout(EngineConfig(str(seven_b), engines_per_gpu=2), gpus(2))
+    assert two.devices() == ["0", "1", "0", "1"]
+
+
+def test_a_users_memory_share_is_the_gpus_and_their_kv_cache_is_kept(seven_b: Path) -> None:
+    config = EngineConfig(
+        str(seven_b),
+        {"gpu_memory_utilization": 0.8, "kv_cache_memory_bytes": GIB},
+        engines_per_gpu=2,
+    )
+    kwargs = choose_layout(config, gpus(1)).engine_kwargs(config.engine_kwargs)
+    assert kwargs["gpu_memory_utilization"] == pytest.approx(0.4)
+    assert kwargs["kv_cache_memory_bytes"] == GIB
+    # One engine per GPU: the user's settings go to vLLM as they are.
+    one = choose_layout(EngineConfig(str(seven_b)), gpus(1))
+    assert one.engine_kwargs({"gpu_memory_utilization": 0.8}) == {"gpu_memory_utilization": 0.8}
+
+
+def test_engines_per_gpu_that_cannot_be_are_refused(seven_b: Path) -> None:
+    with pytest.raises(ConfigError, match="leave no KV cache"):
+        choose_layout(EngineConfig(str(seven_b), engines_per_gpu=6), gpus(1, 80 * GIB))
+    config = EngineConfig(str(seven_b), {"tensor_parallel_size": 2}, engines_per_gpu=2)
+    with pytest.raises(ConfigError, match="tensor_parallel_size 2"):
+        choose_layout(config, gpus(2))
+    with pytest.raises(ConfigError, match="do not fit one GPU"):
+        choose_layout(EngineConfig(str(seven_b), engines_per_gpu=2), gpus(4, 24 * GIB))
+    with pytest.raises(ConfigError, match="size is unknown"):
+        choose_layout(EngineConfig("Qwen/Qwen2.5-VL-7B-Instruct", engines_per_gpu=2), gpus(1))
+    with pytest.raises(ConfigError, match="engines_per_gpu must be >= 1"):
+        EngineConfig(str(seven_b), engines_per_gpu=0)
+    # Without a GPU, the engines asked for run on this machine's cores.
+    cpu = choose_layout(EngineConfig(str(seven_b), engines_per_gpu=2), [])
+    assert cpu.devices() == [None, None]
+    assert cpu.engine_kwargs({}) == {}
+    assert "2 engines on this machine" in cpu.describe()
+
+
 def test_the_parameter_estimate_counts_a_vision_tower(seven_b: Path) -> None:
     settings = json.loads((seven_b / "config.json").read_text())
     text_only = {k: v for k, v in settings.items() if k != "vision_config"}
@@ -387,6 +439,41 @@ def test_the_settings_are_checked_while_the_replicas_start(tmp_path: Path) -> No
         engine.close()
     assert len(starting) >= 2  # the two replicas were up and starting during the check
     assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie awaiting its reaper is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def fake_with_a_child(pids: Any) -> FakeEngine:
+    """A fake engine that, as vLLM's does, starts a process of its own (in the replica's
+    process group) that would outlive it, and takes long to close."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "600"])
+    pids.put(child.pid)
+    engine = FakeEngine(per_step=2, step_seconds=0.01, capacity=8)
+    engine.close = lambda: time.sleep(30)  # type: ignore[method-assign]
+    return engine
+
+
+def test_closing_ends_every_replica_and_what_it_started_at_once(tmp_path: Path) -> None:
+    pids = multiprocessing.get_context("spawn").Queue()
+    engine = ReplicaEngine(partial(fake_with_a_child, pids), [None, None])
+    children = [pids.get(timeout=30), pids.get(timeout=30)]
+    replicas = [p.pid for p in multiprocessing.active_children() if "replica" in p.name]
+    rows = run(caption(pictures(tmp_path, 4), ["Describe."]), engine)
+    assert len(rows) == 4
+    began = time.monotonic()
+    engine.close()
+    assert time.monotonic() - began < 5  # not the engines' 30 s close
+    assert not [pid for pid in [*children, *replicas] if running(pid)]
+    pids.close()
+    pids.join_thread()
 
 
 def test_a_mistake_found_while_the_replicas_start_ends_them_at_once() -> None:

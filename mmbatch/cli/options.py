@@ -174,6 +174,14 @@ def add_engine_options(
         "fits one, else the fewest GPUs that hold it per engine",
     )
     parser.add_argument(
+        "--engines-per-gpu",
+        type=int,
+        default=None,
+        metavar="K",
+        help="run K engines on each GPU, each with 1/K of its memory (default: 1): more "
+        "than one when vLLM's engine-core thread, not the GPU, bounds a small model",
+    )
+    parser.add_argument(
         "--trust-remote-code",
         action="store_true",
         help="let the model repository run its own Python code (off by default)",
@@ -370,7 +378,13 @@ def engine_args_from(args: argparse.Namespace) -> dict[str, Any]:
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
     from mmbatch.engine.config import EngineConfig
 
-    return EngineConfig(args.model, engine_args_from(args), engine_log_from(args), gpus=args.gpus)
+    return EngineConfig(
+        args.model,
+        engine_args_from(args),
+        engine_log_from(args),
+        gpus=args.gpus,
+        engines_per_gpu=args.engines_per_gpu,
+    )
 
 
 def video_options_from(args: argparse.Namespace) -> VideoOptions:

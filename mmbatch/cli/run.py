@@ -61,7 +61,13 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     if not model:
         raise ConfigError(f"{args.recipe} names no model: set [engine] model or pass --model")
     kwargs = {**recipe.engine_kwargs(), **engine_args_from(args)}
-    config = EngineConfig(model, kwargs, engine_log_from(args), gpus=args.gpus)
+    config = EngineConfig(
+        model,
+        kwargs,
+        engine_log_from(args),
+        gpus=args.gpus,
+        engines_per_gpu=args.engines_per_gpu,
+    )
     job = recipe_job(recipe, args.inputs, model, source_policy_from(args), url_policy_from(args))
     if engine is None:  # the vLLM engine: sized for what the recipe needs of the model
         from mmbatch.recipe.fit import fit_engine

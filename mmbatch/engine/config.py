@@ -31,6 +31,10 @@ class EngineConfig:
     gpus: int | None = None
     """How many of the visible GPUs to use (None: all); how they run the model is chosen
     by ``mmbatch.engine.layout``."""
+    engines_per_gpu: int | None = None
+    """Engines sharing each GPU, each in a process of its own (None: the layout's default;
+    see ``mmbatch.engine.layout``): more than one when vLLM's one-thread engine core, not
+    the GPU, is what bounds a small model."""
     render_threads: int = DEFAULT_RENDER_THREADS
     """Threads that run vLLM's host-side preprocessing (the chat template's tokens, the HF
     image processor) beside each engine's loop (``VLLMEngine``): 0 renders on the loop's own
@@ -41,6 +45,8 @@ class EngineConfig:
             raise ConfigError("a model is required (a local directory or a hub name)")
         if self.gpus is not None and self.gpus < 1:
             raise ConfigError(f"gpus must be >= 1, got {self.gpus}")
+        if self.engines_per_gpu is not None and self.engines_per_gpu < 1:
+            raise ConfigError(f"engines_per_gpu must be >= 1, got {self.engines_per_gpu}")
         if self.render_threads < 0:
             raise ConfigError(f"render_threads must be >= 0, got {self.render_threads}")
         if "model" in self.engine_kwargs:

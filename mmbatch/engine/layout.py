@@ -1,5 +1,6 @@
-"""How a host's GPUs run a model: one engine per GPU when the model fits one, else the
-smallest tensor-parallel group that fits, replicated over the GPUs left.
+"""How a host's GPUs run a model: one engine per GPU when the model fits one (or several per
+GPU, when asked), else the smallest tensor-parallel group that fits, replicated over the GPUs
+left.
 
 A 7B vision model takes 16 GiB of an H200's 139: two engines on two GPUs do about twice one
 GPU's work, where tensor parallelism over both adds all-reduces to every layer for little
@@ -8,6 +9,13 @@ it (its vision encoder then runs data-parallel, ``mm_encoder_tp_mode="data"``, s
 ``EngineConfig``), and as many such groups as the GPUs allow. An explicit
 ``tensor_parallel_size`` or GPU count is obeyed as given. The layout says why it was chosen,
 and the job's summary repeats it.
+
+Several engines on one GPU (``EngineConfig.engines_per_gpu``) answer a different bound: vLLM's
+engine core is one Python thread that schedules, launches and collects every step, and with
+a small model on a large GPU that thread, not the GPU, sets the pace. Each engine then gets
+its share of the GPU's memory (``gpu_memory_utilization`` divided among them) and a KV cache
+of a fixed size (``kv_cache_memory_bytes``): vLLM sizes its cache by profiling the whole
+device's free memory, which engines starting beside each other would each count as theirs.
 """
 
 from __future__ import annotations
@@ -22,6 +30,15 @@ from typing import Any
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
 
+VLLM_MEMORY_SHARE = 0.9
+"""vLLM's default ``gpu_memory_utilization``: the share of a GPU its engines may take."""
+ACTIVATION_RESERVE = 6 * 1024**3
+"""Bytes each engine sharing a GPU keeps beside its weights and KV cache, at the least: the
+activations of its largest step (the vision encoder's and the language model's), CUDA
+graphs, the CUDA context and the allocator's slack. Half the weights' size, if more."""
+DEFAULT_ENGINES_PER_GPU = 1
+"""Engines per GPU when the user does not say: see the module docstring and the benchmark
+notes (``mmbatch/bench/results/NOTES.md``) for what was measured."""
 WEIGHTS_SHARE = 0.5
 """The most of a GPU's memory the weights may take: the rest holds the KV cache, the
 activations and the encoder cache, without which a batch job runs starved."""
@@ -43,10 +60,26 @@ class Layout:
     tensor_parallel: int
     groups: tuple[tuple[str, ...], ...]
     reason: str
+    per_gpu: int = 1
+    """Engines sharing each GPU (each group appears this many times in ``groups``)."""
+    kv_cache_bytes: int | None = None
+    """Each engine's KV cache when GPUs are shared (``per_gpu`` > 1): set, not profiled."""
 
     @property
     def replicas(self) -> int:
         return len(self.groups)
+
+    def engine_kwargs(self, engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``engine_kwargs`` for each engine of this layout: with GPUs shared, each engine's
+        share of the GPU's memory and its fixed KV cache (unless the user set one); a
+        ``gpu_memory_utilization`` given is the GPU's, for all its engines together."""
+        kwargs = dict(engine_kwargs)
+        if self.per_gpu > 1 and any(self.groups):
+            share = float(kwargs.get("gpu_memory_utilization", VLLM_MEMORY_SHARE))
+            kwargs["gpu_memory_utilization"] = share / self.per_gpu
+            if self.kv_cache_bytes is not None:
+                kwargs.setdefault("kv_cache_memory_bytes", self.kv_cache_bytes)
+        return kwargs
 
     def devices(self) -> list[str | None]:
         """Each replica's ``CUDA_VISIBLE_DEVICES`` (None: leave the environment alone)."""
@@ -54,9 +87,14 @@ class Layout:
 
     def describe(self) -> str:
         if not any(self.groups):
-            return f"one engine on this machine ({self.reason})"
-        per = "GPU" if self.tensor_parallel == 1 else f"{self.tensor_parallel} GPUs"
+            engines = "one engine" if self.replicas == 1 else f"{self.replicas} engines"
+            return f"{engines} on this machine ({self.reason})"
         engines = "engine" if self.replicas == 1 else "engines"
+        if self.per_gpu > 1:
+            gpus = self.replicas // self.per_gpu
+            on = "1 GPU" if gpus == 1 else f"{gpus} GPUs"
+            return f"{self.replicas} {engines}, {self.per_gpu} on each of {on} ({self.reason})"
+        per = "GPU" if self.tensor_parallel == 1 else f"{self.tensor_parallel} GPUs"
         return f"{self.replicas} {engines}, {per} each ({self.reason})"
 
 
@@ -66,18 +104,28 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu]) -> Layout:
         if config.gpus > len(gpus):
             raise ConfigError(f"--gpus {config.gpus}: only {len(gpus)} GPU(s) are visible")
         gpus = gpus[: config.gpus]
+    per_gpu = config.engines_per_gpu
     if not gpus:
-        return Layout(1, ((),), "no GPU is visible")
+        engines = per_gpu or 1
+        why = "no GPU is visible" + (f"; {engines} engines as asked" if engines > 1 else "")
+        return Layout(1, ((),) * engines, why, per_gpu=engines)
     asked = config.engine_kwargs.get("tensor_parallel_size")
     if asked is not None:
         tp = int(asked) * int(config.engine_kwargs.get("pipeline_parallel_size", 1))
         if tp > len(gpus):
             raise ConfigError(f"tensor_parallel_size {asked} needs more than {len(gpus)} GPUs")
-        return _groups(gpus, tp, f"tensor_parallel_size {asked} as asked")
+        if tp > 1 and (per_gpu or 1) > 1:
+            raise ConfigError(
+                f"engines_per_gpu {per_gpu} needs a model that runs on one GPU, "
+                f"not tensor_parallel_size {asked}"
+            )
+        layout = _groups(gpus, tp, f"tensor_parallel_size {asked} as asked")
+        return _shared(layout, config, gpus, per_gpu) if tp == 1 and per_gpu else layout
     weights = model_bytes(config)
     smallest = min(gpu.memory for gpu in gpus)
     if weights is None:
-        return _groups(gpus, 1, "the model's size is unknown: one engine per GPU")
+        layout = _groups(gpus, 1, "the model's size is unknown: one engine per GPU")
+        return _shared(layout, config, gpus, per_gpu)
     tp = 1
     while weights / tp > WEIGHTS_SHARE * smallest and tp < len(gpus):
         tp *= 2
@@ -86,9 +134,48 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu]) -> Layout:
     size = f"{weights / GIB:.1f} GiB of weights"
     if tp == 1:
         reason = f"{size} fit one GPU of {smallest / GIB:.0f} GiB with room to spare"
-    else:
-        reason = f"{size} need {tp} GPUs of {smallest / GIB:.0f} GiB, encoder data-parallel"
+        return _shared(_groups(gpus, 1, reason), config, gpus, per_gpu)
+    if (per_gpu or 1) > 1:
+        raise ConfigError(f"engines_per_gpu {per_gpu}: {size} do not fit one GPU")
+    reason = f"{size} need {tp} GPUs of {smallest / GIB:.0f} GiB, encoder data-parallel"
     return _groups(gpus, tp, reason)
+
+
+def _shared(layout: Layout, config: EngineConfig, gpus: Sequence[Gpu], asked: int | None) -> Layout:
+    """``layout`` (one engine per GPU) with ``asked`` engines on each GPU (None: the
+    default, as many as fit up to ``DEFAULT_ENGINES_PER_GPU``), each with a KV cache of
+    what its share of the GPU leaves beside its weights and ``ACTIVATION_RESERVE``."""
+    weights = model_bytes(config)
+    per_gpu = asked or DEFAULT_ENGINES_PER_GPU
+    if per_gpu > 1 and weights is None:
+        if asked is None:
+            return layout
+        raise ConfigError(
+            f"engines_per_gpu {per_gpu}: the model's size is unknown (not a local folder), "
+            "so its share of each GPU cannot be sized"
+        )
+    if per_gpu == 1 or weights is None:
+        return layout
+    share = float(config.engine_kwargs.get("gpu_memory_utilization", VLLM_MEMORY_SHARE))
+    smallest = min(gpu.memory for gpu in gpus)
+
+    def kv_bytes(engines: int) -> int:
+        return int(share * smallest / engines - weights - max(ACTIVATION_RESERVE, weights // 2))
+
+    while asked is None and per_gpu > 1 and kv_bytes(per_gpu) < weights:
+        per_gpu -= 1  # the default takes only engines whose KV cache outgrows their weights
+    if per_gpu == 1:
+        return layout
+    kv = kv_bytes(per_gpu)
+    if kv <= 0:
+        raise ConfigError(
+            f"engines_per_gpu {per_gpu}: {weights / GIB:.1f} GiB of weights {per_gpu} times "
+            f"leave no KV cache in {share:.0%} of {smallest / GIB:.0f} GiB"
+        )
+    why = "as asked" if asked else "the default, as vLLM's engine-core thread bounds a GPU"
+    reason = f"{layout.reason}; {per_gpu} engines per GPU ({why}), {kv / GIB:.1f} GiB KV each"
+    groups = tuple(group for _ in range(per_gpu) for group in layout.groups)
+    return Layout(1, groups, reason, per_gpu=per_gpu, kv_cache_bytes=kv)
 
 
 def _groups(gpus: Sequence[Gpu], tp: int, reason: str) -> Layout:

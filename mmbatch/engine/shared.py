@@ -49,7 +49,13 @@ def shared_engine_and_layout(
     """``shared_engine``, and the layout it was built with (for the job's summary);
     ``layout``: the one already chosen for this host (``host_layout``)."""
     key = json.dumps(
-        [config.llm_kwargs(), config.gpus, config.render_threads, sorted(media_per_prompt.items())],
+        [
+            config.llm_kwargs(),
+            config.gpus,
+            config.engines_per_gpu,
+            config.render_threads,
+            sorted(media_per_prompt.items()),
+        ],
         sort_keys=True,
         default=repr,
     )
@@ -70,9 +76,10 @@ def build_engine(
     config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout
 ) -> Engine:
     """The engine(s) ``layout`` describes for ``config``, its settings checked first."""
-    if layout.tensor_parallel > 1 and "tensor_parallel_size" not in config.engine_kwargs:
-        kwargs = {**config.engine_kwargs, "tensor_parallel_size": layout.tensor_parallel}
-        config = replace(config, engine_kwargs=kwargs)
+    kwargs = layout.engine_kwargs(config.engine_kwargs)
+    if layout.tensor_parallel > 1:
+        kwargs.setdefault("tensor_parallel_size", layout.tensor_parallel)
+    config = replace(config, engine_kwargs=kwargs)
     if not may_start_processes():
         # A daemonic process (a Dataset.map worker) may not start processes: the engine
         # runs here, one GPU per worker, without the restart a replica process gives.
