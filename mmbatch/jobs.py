@@ -41,7 +41,14 @@ from mmbatch.out.order import RowOrder
 from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink
-from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts, quarantine_path
+from mmbatch.out.stats import (
+    JobStats,
+    OutputTally,
+    count_output,
+    format_counts,
+    process_seconds,
+    quarantine_path,
+)
 from mmbatch.out.summary import summary_path, write_summary
 from mmbatch.out.tables import SPOOL_SUFFIX
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
@@ -136,6 +143,10 @@ class JobReport:
     summary_path: Path
     notes: Sequence[str] = ()
     """What listing the inputs passed over or changed (``Job.notes``)."""
+    startup_seconds: float | None = None
+    """From the process's start to its engine ready (None: no engine was started)."""
+    process_seconds: float = 0.0
+    """From the process's start to the summary written."""
 
     @property
     def failed(self) -> int:
@@ -144,6 +155,11 @@ class JobReport:
     def lines(self) -> list[str]:
         """The summary a face prints at the end of the job."""
         lines = [self.run.summary()] if self.run.total else []
+        if self.startup_seconds is not None:
+            lines.append(
+                f"start-up: {self.startup_seconds:.1f} s from the command to the engine ready; "
+                f"{self.process_seconds:.1f} s in all"
+            )
         lines.append(
             f"rows written to {self.out}: {self.output.ok} ok, {self.output.failed} failed; "
             f"summary in {self.summary_path}"
@@ -183,15 +199,17 @@ def run_job(
     # The engine starts before anything is written: a setting it refuses leaves no output.
     info = dict(job.info)
     live = None
+    startup = None
     if plan.pending:
         start_decoders(run.workers())  # they start while the engine loads
         live = _engine(engine, layout, plan.pending, info)
+        startup = process_seconds()
     write_record(record, job.fingerprint)
     stats = JobStats()
     if plan.pending or progress != out.path:
         stats = _write_rows(job, out, plan.pending, live, run)
     try:
-        return _report(job, out, plan, stats, info)
+        return _report(job, out, plan, stats, info, startup)
     except OutputError as exc:
         raise OutputError(
             f"{exc}; every row is in {out.path}: free space and run the same command again "
@@ -357,19 +375,29 @@ def _count(out: FileOutput, job: Job) -> OutputTally:
 
 
 def _report(
-    job: Job, out: FileOutput, plan: ResumePlan, stats: JobStats, info: dict[str, Any]
+    job: Job,
+    out: FileOutput,
+    plan: ResumePlan,
+    stats: JobStats,
+    info: dict[str, Any],
+    startup: float | None,
 ) -> JobReport:
     tally = _count(out, job)
     kept = plan.kept_ok + plan.kept_failed
+    seconds = round(process_seconds(), 3)
     whole = (
         stats.to_dict()
         | tally.counts()
         | {
             "total": len(job.item_ids),
             "rows_from_earlier_runs": kept,
+            "startup_seconds": None if startup is None else round(startup, 3),
+            "process_seconds": seconds,
         }
     )
     # The folder the job ran in: relative sources in its rows are relative to it.
     info = {**info, "output_format": out.format, "cwd": os.getcwd()}
     summary = write_summary(out.path, whole, info)
-    return JobReport(out.path, len(job.item_ids), kept, stats, tally, summary, job.notes)
+    report = JobReport(out.path, len(job.item_ids), kept, stats, tally, summary, job.notes)
+    report.startup_seconds, report.process_seconds = startup, seconds
+    return report

@@ -96,6 +96,9 @@ def test_resuming_a_recipe_counts_items_not_requests(
     assert "2 of 2 items: 2 ok" in err
     stats = json.loads(out.with_name(out.name + ".summary.json").read_text())["stats"]
     assert (stats["total"], stats["ok"], stats["rows_from_earlier_runs"]) == (3, 3, 1)
+    # What a user timing the command sees: from the process's start, imports included.
+    assert 0 < stats["startup_seconds"] <= stats["process_seconds"]
+    assert f"{stats['process_seconds']:.1f} s in all" in err
 
 
 def test_the_gallery_reads_a_row_whose_frame_fields_are_not_numbers(tmp_path: Path) -> None:
@@ -110,3 +113,17 @@ def test_the_gallery_reads_a_row_whose_frame_fields_are_not_numbers(tmp_path: Pa
     html = page.read_text()
     assert "no preview: frame_index &#x27;seven&#x27; is not a frame number" in html
     assert "no preview: pts [] is not a time in seconds" in html
+
+
+def test_process_seconds_count_from_the_process_start_not_from_mmbatchs_import() -> None:
+    import subprocess
+    import sys
+
+    code = "import time; time.sleep(1.0); from mmbatch.out.stats import process_seconds; "
+    code += "print(process_seconds())"
+    seconds = float(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert 1.0 <= seconds < 30
