@@ -44,7 +44,7 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     }
     spec["warmup_images"] = [str(p) for p in make_images(work / "warmup", 32, size, seed + 99)]
     sides = {}
-    for mode in options["modes"]:
+    for mode in options["modes"] if options["workloads"] else []:
         variant = options["variants"].get(mode, {})
         spec_path, result_path = work / f"spec-{mode}.json", work / f"result-{mode}.json"
         if options["reuse"] and result_path.exists():
@@ -59,31 +59,43 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
             side_environment(variant),
         )
         sides[mode] = json.loads(result_path.read_text())
-    return _report(options, argv, spec, sides)
+    report = _report(options, argv, spec, sides)
+    if options.get("whole"):
+        from mmbatch.bench.whole import run_whole, whole_ratios
+
+        count = max(options["whole"])
+        images = [str(p) for p in make_images(work / "whole-source", count, size, seed + 7)]
+        runs = run_whole(options, spec, images, work)
+        report["whole_process"] = {"runs": runs, **whole_ratios(runs)}
+    return report
 
 
 WORKER_STOP_SECONDS = 60.0
 """How long a side's process has to close its engine when the bench is stopped."""
 
 
-def run_side(argv: list[str], env: dict[str, str]) -> None:
-    """Run one side's process to its end. Stopped (Ctrl-C, or SIGTERM from ``timeout``), the
-    bench sends that process SIGTERM, which it takes as Ctrl-C (SIGINT itself may be ignored
-    in a background job), and waits for it, so that its engine has let go of the GPU before
-    the bench exits: left behind, it held 128 GiB for the next command to fail on."""
-    worker = subprocess.Popen(argv, env=env)
-    try:
-        code = worker.wait()
-    except BaseException:
-        worker.send_signal(signal.SIGTERM)
+def run_side(argv: list[str], env: dict[str, str], log: Path | None = None) -> None:
+    """Run one side's process to its end (its output to ``log``, if given). Stopped (Ctrl-C,
+    or SIGTERM from ``timeout``), the bench sends that process SIGTERM, which it takes as
+    Ctrl-C (SIGINT itself may be ignored in a background job), and waits for it, so that its
+    engine has let go of the GPU before the bench exits: left behind, it held 128 GiB for the
+    next command to fail on."""
+    with open(log or os.devnull, "wb") as sink:
+        where = {"stdout": sink, "stderr": subprocess.STDOUT} if log is not None else {}
+        worker = subprocess.Popen(argv, env=env, **where)  # type: ignore[call-overload]
         try:
-            worker.wait(timeout=WORKER_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-        raise
+            code = worker.wait()
+        except BaseException:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=WORKER_STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+            raise
     if code:
-        raise subprocess.CalledProcessError(code, argv)
+        tail = log.read_text(errors="replace")[-3000:] if log is not None else ""
+        raise subprocess.CalledProcessError(code, argv, output=tail)
 
 
 def side_spec_for(spec: dict[str, Any], mode: str, variant: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +112,7 @@ def side_spec_for(spec: dict[str, Any], mode: str, variant: dict[str, Any]) -> d
         "render_threads": variant.get("render_threads", DEFAULT_RENDER_THREADS),
         "in_process": bool(variant.get("in_process", False)),
         "gpus": variant.get("gpus"),
+        "engines_per_gpu": variant.get("engines_per_gpu"),
         "decode_workers": variant.get("decode_workers", spec["decode_workers"]),
         "common_engine_args": {**spec["common_engine_args"], **(engine if on_base else {})},
         "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **({} if on_base else engine)},
@@ -235,6 +248,14 @@ def table(report: dict[str, Any]) -> str:
         f"{'workload':8} {'side':8} {'req/s':>8} {'img/s':>8} {'out tok/s':>10} "
         f"{'gpu busy':>8} {'prefix hit':>10} {'mm hit':>7} {'of bound':>8} {'core loop':>9}"
     ]
+    for run in report.get("whole_process", {}).get("runs", []):
+        lines.append(
+            f"whole {run['images']:5} pictures {run['mode']:12} {run['wall_s']:7.1f} s "
+            f"(start-up {run['startup_s']:.1f}, work {run['work_s']:.1f}, exit {run['exit_s']:.1f})"
+        )
+    for key, ratio in report.get("whole_process", {}).items():
+        if key.startswith("ratio_"):
+            lines.append(f"whole {key.removeprefix('ratio_')} = {ratio:.2f}x")
     for workload, entry in report["workloads"].items():
         for mode, r in entry.items():
             if mode.startswith("ratio_"):

@@ -220,7 +220,11 @@ class _Mmbatch:
         start = time.perf_counter()
         kwargs = {**spec["common_engine_args"], **spec["mmbatch_engine_args"]}
         config = EngineConfig(
-            spec["model"], kwargs, gpus=spec.get("gpus"), render_threads=spec["render_threads"]
+            spec["model"],
+            kwargs,
+            gpus=spec.get("gpus"),
+            engines_per_gpu=spec.get("engines_per_gpu"),
+            render_threads=spec["render_threads"],
         )
         self.engine: Any
         if spec.get("in_process"):

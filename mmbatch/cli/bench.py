@@ -35,6 +35,16 @@ def register(commands: Commands) -> None:
     parser.add_argument("--modes", default="naive,prebuilt,mmbatch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--whole",
+        default="",
+        metavar="N,N",
+        help="also time whole processes on N pictures each: `mmbatch caption` against a "
+        "naive script, from the command to its exit (start-up, work and exit apart)",
+    )
+    parser.add_argument(
+        "--whole-repeats", type=int, default=2, help="runs of each whole-process side"
+    )
+    parser.add_argument(
         "--decode-workers", type=int, default=None, help="the mmbatch side's decode processes"
     )
     parser.add_argument(
@@ -93,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         "common_engine_args": parse_engine_args(args.engine_arg),
         "mmbatch_engine_args": parse_engine_args(args.mmbatch_engine_arg),
         "variants": parse_engine_args(args.variant),
+        "whole": [int(n) for n in args.whole.split(",") if n.strip()],
+        "whole_repeats": args.whole_repeats,
     }
     report = run_bench(options, sys.argv[1:])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

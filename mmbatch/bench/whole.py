@@ -1,0 +1,150 @@
+"""Whole processes, timed as a user times them (``mmbatch bench --whole 2000,32``).
+
+The workloads time an engine that is already up; a user waits for the whole command: the
+imports, the engine's start, the work and the exit. Here ``mmbatch caption FOLDER`` and the
+naive script (``naive_job.py``: ``LLM.chat`` over PIL pictures) each run as a process of
+their own on the same pictures (the first N of W1's), with the same sampling, from the
+process's start to its exit; each run's time is split into start-up (to the engine ready),
+work and exit (from the last row written). Runs alternate their order, so that neither side
+always goes first on a host whose compile cache the first run fills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mmbatch.bench.workloads import CAPTION
+
+NAIVE_JOB = Path(__file__).with_name("naive_job.py")
+WHOLE_BASES = ("naive",)
+"""The sides a whole process is measured against; ``prebuilt`` has no whole-process form."""
+
+
+def whole_sampling(spec: dict[str, Any]) -> dict[str, Any]:
+    """The sampling of both sides, as the command line states it: the workloads' settings
+    without ``ignore_eos`` and a seed, which ``mmbatch caption`` does not take."""
+    return {
+        "max_tokens": spec["max_tokens"],
+        "temperature": spec["temperature"],
+        "top_p": spec["top_p"],
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+    }
+
+
+def run_whole(
+    options: dict[str, Any], spec: dict[str, Any], images: list[str], work: Path
+) -> list[dict[str, Any]]:
+    """Every whole-process run ``options["whole"]`` asks for: each picture count, each mode
+    but ``prebuilt``, ``options["whole_repeats"]`` times in alternating order."""
+    from mmbatch.bench.driver import side_environment, side_spec_for
+
+    modes = [m for m in options["modes"] if m != "prebuilt"]
+    entries = []
+    for count in options["whole"]:
+        folder = _pictures(work / f"whole-{count}", images[:count])
+        for repeat in range(options["whole_repeats"]):
+            for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                variant = options["variants"].get(mode, {})
+                side = side_spec_for(spec, mode, variant)
+                out = work / f"whole-{count}-{mode}-{repeat}.jsonl"
+                print(f"bench: whole process, {count} pictures, {mode}", file=sys.stderr)
+                entry = _timed(side, folder, out, side_environment(variant))
+                entries.append({"images": count, "mode": mode, "repeat": repeat, **entry})
+    return entries
+
+
+def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
+    """Per picture count, each mode's mean wall time against naive's, as a speed ratio
+    (``ratio_MODE_over_naive_N``: above 1, faster than naive)."""
+    means: dict[tuple[int, str], list[float]] = {}
+    for e in entries:
+        means.setdefault((e["images"], e["mode"]), []).append(e["wall_s"])
+    ratios = {}
+    for (count, mode), walls in sorted(means.items()):
+        base = means.get((count, "naive"))
+        if base and mode != "naive":
+            ratio = (sum(base) / len(base)) / (sum(walls) / len(walls))
+            ratios[f"ratio_{mode}_over_naive_{count}"] = ratio
+    return ratios
+
+
+def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
+    from mmbatch.bench.driver import run_side
+
+    for stale in out.parent.glob(out.name + "*"):
+        stale.unlink()
+    log = out.with_name(out.name + ".log")
+    naive = side["mode"] == "naive"
+    argv = _naive_argv(side, folder, out) if naive else _mmbatch_argv(side, folder, out)
+    began = time.time()
+    run_side(argv, env, log)
+    wall = time.time() - began
+    rows = sum(1 for _ in out.open(encoding="utf-8"))
+    if naive:
+        times = json.loads(out.with_name(out.name + ".times.json").read_text())
+        startup, work = times["engine_ready"] - began, times["done"] - times["engine_ready"]
+        failed = 0
+    else:
+        stats = json.loads(out.with_name(out.name + ".summary.json").read_text())["stats"]
+        startup, work = (
+            stats["startup_seconds"],
+            stats["process_seconds"] - stats["startup_seconds"],
+        )
+        failed = stats["failed"]
+    return {
+        "side": side["mode"],
+        "wall_s": round(wall, 2),
+        "startup_s": round(startup, 2),
+        "work_s": round(work, 2),
+        "exit_s": round(wall - startup - work, 2),
+        "rows": rows,
+        "failed": failed,
+        "log": str(log),
+    }
+
+
+def _naive_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:
+    settings = {
+        "model": side["model"],
+        "engine": {"disable_log_stats": False, **side["common_engine_args"]},
+        "sampling": whole_sampling(side),
+        "prompt": CAPTION,
+    }
+    return [sys.executable, str(NAIVE_JOB), str(folder), str(out), json.dumps(settings)]
+
+
+def _mmbatch_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:
+    argv = [sys.executable, "-m", "mmbatch", "caption", str(folder), "--model", side["model"]]
+    argv += ["--out", str(out), "--prompt", CAPTION, "--no-progress"]
+    for key, value in whole_sampling(side).items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    engine = {**side["common_engine_args"], **side["mmbatch_engine_args"]}
+    for key, value in engine.items():
+        argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
+    if side.get("engines_per_gpu"):
+        argv += ["--engines-per-gpu", str(side["engines_per_gpu"])]
+    if side.get("gpus"):
+        argv += ["--gpus", str(side["gpus"])]
+    if side.get("decode_workers") is not None:
+        argv += ["--decode-workers", str(side["decode_workers"])]
+    return argv
+
+
+def _pictures(folder: Path, images: list[str]) -> Path:
+    """A folder holding exactly ``images`` (hard links where the file system allows)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for image in images:
+        target = folder / Path(image).name
+        if not target.exists():
+            try:
+                os.link(image, target)
+            except OSError:
+                target.write_bytes(Path(image).read_bytes())
+    return folder
