@@ -42,15 +42,16 @@ def run_whole(
     options: dict[str, Any], spec: dict[str, Any], images: list[str], work: Path
 ) -> list[dict[str, Any]]:
     """Every whole-process run ``options["whole"]`` asks for: each picture count, each mode
-    but ``prebuilt``, ``options["whole_repeats"]`` times in alternating order."""
+    but ``prebuilt``, ``options["whole_repeats"]`` times, the order reversed from one count
+    or repeat to the next."""
     from mmbatch.bench.driver import side_environment, side_spec_for
 
     modes = [m for m in options["modes"] if m != "prebuilt"]
     entries = []
-    for count in options["whole"]:
+    for n, count in enumerate(options["whole"]):
         folder = _pictures(work / f"whole-{count}", images[:count])
         for repeat in range(options["whole_repeats"]):
-            for mode in modes if repeat % 2 == 0 else modes[::-1]:
+            for mode in modes if (n + repeat) % 2 == 0 else modes[::-1]:
                 variant = options["variants"].get(mode, {})
                 side = side_spec_for(spec, mode, variant)
                 out = work / f"whole-{count}-{mode}-{repeat}.jsonl"
