@@ -324,8 +324,10 @@ def _engine(
     layout chosen, and why, goes to the summary (and is said at once)."""
     if not isinstance(engine, EngineConfig):
         return engine
-    from mmbatch.engine.shared import shared_engine_and_layout
+    from mmbatch.engine.shared import host_layout, shared_engine_and_layout
 
+    if layout is not None:  # now sized for the work left (a small job: one engine per GPU)
+        layout = host_layout(engine, len(requests))
     built, layout = shared_engine_and_layout(engine, media_per_prompt(requests), layout)
     info["engines"] = layout.describe()
     print(f"mmbatch: {layout.describe()}", file=sys.stderr)

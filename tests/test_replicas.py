@@ -103,6 +103,23 @@ def test_several_engines_share_a_gpu_each_with_its_share_of_memory(seven_b: Path
     assert two.devices() == ["0", "1", "0", "1"]
 
 
+def test_a_large_job_gets_two_engines_per_gpu_where_they_fit(seven_b: Path) -> None:
+    from mmbatch.engine.layout import ONE_ENGINE_REQUESTS
+
+    config = EngineConfig(str(seven_b))
+    large, small = ONE_ENGINE_REQUESTS + 1, ONE_ENGINE_REQUESTS
+    layout = choose_layout(config, gpus(1), requests=large)
+    assert layout.devices() == ["0", "0"]
+    assert f"the default for over {ONE_ENGINE_REQUESTS} requests" in layout.describe()
+    # A job one engine holds at once, or of unknown size (a Dataset.map's batches): one.
+    assert choose_layout(config, gpus(1), requests=small).devices() == ["0"]
+    assert choose_layout(config, gpus(1)).devices() == ["0"]
+    # Where a second engine would leave each less KV cache than its weights: one.
+    assert choose_layout(config, gpus(1, 80 * GIB), requests=large).devices() == ["0"]
+    # Without a GPU the cores are the bound already: one engine, whatever the job.
+    assert choose_layout(config, [], requests=large).devices() == [None]
+
+
 def test_a_users_memory_share_is_the_gpus_and_their_kv_cache_is_kept(seven_b: Path) -> None:
     config = EngineConfig(
         str(seven_b),

@@ -36,9 +36,16 @@ ACTIVATION_RESERVE = 6 * 1024**3
 """Bytes each engine sharing a GPU keeps beside its weights and KV cache, at the least: the
 activations of its largest step (the vision encoder's and the language model's), CUDA
 graphs, the CUDA context and the allocator's slack. Half the weights' size, if more."""
-DEFAULT_ENGINES_PER_GPU = 1
-"""Engines per GPU when the user does not say: see the module docstring and the benchmark
-notes (``mmbatch/bench/results/NOTES.md``) for what was measured."""
+DEFAULT_ENGINES_PER_GPU = 2
+"""Engines per GPU when the user does not say, for a job that fills more than one
+(``ONE_ENGINE_REQUESTS``). Measured on an H200 with Qwen2.5-VL-7B's shapes (one command,
+``mmbatch/bench/results/NOTES.md``, ninth session): two engines took W1 from 55.3 to 62.1
+images/s and W2 from 23.3 to 29.0, GPU busy from 79% and 69% to 98%; three added nothing
+(62.4, 29.5): the GPU, not the engine-core thread, was then the bound. A second engine's
+start costs a small job more than it gains (32 pictures: 59.1 s in all against 53.0)."""
+ONE_ENGINE_REQUESTS = 1024
+"""Requests one engine runs at once (vLLM's ``max_num_seqs`` on a large GPU): a job with
+more gets ``DEFAULT_ENGINES_PER_GPU`` engines on each GPU, a smaller one a single engine."""
 WEIGHTS_SHARE = 0.5
 """The most of a GPU's memory the weights may take: the rest holds the KV cache, the
 activations and the encoder cache, without which a batch job runs starved."""
@@ -98,8 +105,10 @@ class Layout:
         return f"{self.replicas} {engines}, {per} each ({self.reason})"
 
 
-def choose_layout(config: EngineConfig, gpus: Sequence[Gpu]) -> Layout:
-    """The layout for ``config`` on ``gpus`` (``config.gpus`` of them, if set)."""
+def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | None = None) -> Layout:
+    """The layout for ``config`` on ``gpus`` (``config.gpus`` of them, if set) for a job of
+    ``requests`` (None: unknown, as for the batches of a ``Dataset.map``: one engine per
+    GPU unless ``config.engines_per_gpu`` says otherwise)."""
     if config.gpus is not None:
         if config.gpus > len(gpus):
             raise ConfigError(f"--gpus {config.gpus}: only {len(gpus)} GPU(s) are visible")
@@ -120,12 +129,12 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu]) -> Layout:
                 f"not tensor_parallel_size {asked}"
             )
         layout = _groups(gpus, tp, f"tensor_parallel_size {asked} as asked")
-        return _shared(layout, config, gpus, per_gpu) if tp == 1 and per_gpu else layout
+        return _shared(layout, config, gpus, per_gpu, requests) if tp == 1 and per_gpu else layout
     weights = model_bytes(config)
     smallest = min(gpu.memory for gpu in gpus)
     if weights is None:
         layout = _groups(gpus, 1, "the model's size is unknown: one engine per GPU")
-        return _shared(layout, config, gpus, per_gpu)
+        return _shared(layout, config, gpus, per_gpu, requests)
     tp = 1
     while weights / tp > WEIGHTS_SHARE * smallest and tp < len(gpus):
         tp *= 2
@@ -134,19 +143,27 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu]) -> Layout:
     size = f"{weights / GIB:.1f} GiB of weights"
     if tp == 1:
         reason = f"{size} fit one GPU of {smallest / GIB:.0f} GiB with room to spare"
-        return _shared(_groups(gpus, 1, reason), config, gpus, per_gpu)
+        return _shared(_groups(gpus, 1, reason), config, gpus, per_gpu, requests)
     if (per_gpu or 1) > 1:
         raise ConfigError(f"engines_per_gpu {per_gpu}: {size} do not fit one GPU")
     reason = f"{size} need {tp} GPUs of {smallest / GIB:.0f} GiB, encoder data-parallel"
     return _groups(gpus, tp, reason)
 
 
-def _shared(layout: Layout, config: EngineConfig, gpus: Sequence[Gpu], asked: int | None) -> Layout:
+def _shared(
+    layout: Layout,
+    config: EngineConfig,
+    gpus: Sequence[Gpu],
+    asked: int | None,
+    requests: int | None,
+) -> Layout:
     """``layout`` (one engine per GPU) with ``asked`` engines on each GPU (None: the
-    default, as many as fit up to ``DEFAULT_ENGINES_PER_GPU``), each with a KV cache of
-    what its share of the GPU leaves beside its weights and ``ACTIVATION_RESERVE``."""
+    default, as many as fit up to ``DEFAULT_ENGINES_PER_GPU`` for a job of more than
+    ``ONE_ENGINE_REQUESTS``), each with a KV cache of what its share of the GPU leaves
+    beside its weights and ``ACTIVATION_RESERVE``."""
     weights = model_bytes(config)
-    per_gpu = asked or DEFAULT_ENGINES_PER_GPU
+    large = requests is not None and requests > ONE_ENGINE_REQUESTS
+    per_gpu = asked or (DEFAULT_ENGINES_PER_GPU if large else 1)
     if per_gpu > 1 and weights is None:
         if asked is None:
             return layout
@@ -172,7 +189,7 @@ def _shared(layout: Layout, config: EngineConfig, gpus: Sequence[Gpu], asked: in
             f"engines_per_gpu {per_gpu}: {weights / GIB:.1f} GiB of weights {per_gpu} times "
             f"leave no KV cache in {share:.0%} of {smallest / GIB:.0f} GiB"
         )
-    why = "as asked" if asked else "the default, as vLLM's engine-core thread bounds a GPU"
+    why = "as asked" if asked else f"the default for over {ONE_ENGINE_REQUESTS} requests"
     reason = f"{layout.reason}; {per_gpu} engines per GPU ({why}), {kv / GIB:.1f} GiB KV each"
     groups = tuple(group for _ in range(per_gpu) for group in layout.groups)
     return Layout(1, groups, reason, per_gpu=per_gpu, kv_cache_bytes=kv)

@@ -66,10 +66,11 @@ def shared_engine_and_layout(
     return built
 
 
-def host_layout(config: EngineConfig) -> Layout:
-    """The layout of ``config`` on this host's visible GPUs (``ConfigError`` if it asks for
-    more than there are): cheap, so a job checks it before writing anything."""
-    return choose_layout(config, visible_gpus())
+def host_layout(config: EngineConfig, requests: int | None = None) -> Layout:
+    """The layout of ``config`` on this host's visible GPUs for a job of ``requests``
+    (``ConfigError`` if it asks for more than there are): cheap, so a job checks it before
+    writing anything."""
+    return choose_layout(config, visible_gpus(), requests)
 
 
 def build_engine(
