@@ -33,15 +33,18 @@ def frame_number(rgb: np.ndarray) -> int:
 
 def write_video(
     path: Path,
-    pts_ms: Sequence[int],
+    pts: Sequence[int],
     size: tuple[int, int] = (64, 48),
     gop: int = 12,
     rotation: int | None = None,
     marker: bool = False,
     codec: str = "libx264",
     faststart: bool = False,
+    time_base: Fraction = Fraction(1, 1000),
+    rate: int = 25,
 ) -> Path:
-    """An H.264 mp4 whose frame ``i`` shows ``frame_colour(i)`` from ``pts_ms[i]`` ms on.
+    """An H.264 mp4 whose frame ``i`` shows ``frame_colour(i)`` from ``pts[i]`` on, in
+    ``time_base`` units (milliseconds unless told).
 
     ``marker`` paints the top-left 8x8 corner white, to see where rotation puts it;
     ``faststart`` puts the index (``moov``) before the data, as streaming sites do.
@@ -49,22 +52,22 @@ def write_video(
     width, height = size
     options = {"movflags": "+faststart"} if faststart else {}
     with av.open(str(path), "w", options=options) as container:
-        stream = container.add_stream(codec, rate=25)
+        stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.codec_context.time_base = Fraction(1, 1000)
+        stream.codec_context.time_base = time_base
         stream.codec_context.gop_size = gop
         if codec == "libx264":
             # Key frames exactly every `gop` frames (no scene-cut ones), near-lossless colour.
             stream.codec_context.options = {"crf": "4", "sc_threshold": "0", "bf": "0"}
         if rotation is not None:
             stream.set_display_rotation(rotation)
-        for i, pts in enumerate(pts_ms):
+        for i, stamp in enumerate(pts):
             rgb = np.empty((height, width, 3), np.uint8)
             rgb[:] = frame_colour(i)
             if marker:
                 rgb[:8, :8] = 255
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame.pts, frame.time_base = pts, Fraction(1, 1000)
+            frame.pts, frame.time_base = stamp, time_base
             for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
@@ -74,7 +77,15 @@ def write_video(
 
 def cfr_video(path: Path, frames: int = 50, fps: int = 25, **kwargs: object) -> Path:
     step = 1000 // fps
-    return write_video(path, [i * step for i in range(frames)], **kwargs)  # type: ignore[arg-type]
+    return write_video(path, [i * step for i in range(frames)], rate=fps, **kwargs)  # type: ignore[arg-type]
+
+
+def native_clock_video(path: Path, frames: int, fps: int = 25, **kwargs: object) -> Path:
+    """``frames`` frames at ``fps``, stamped in the encoder's own clock (``1/fps``), as
+    FFmpeg writes by default: an mp4 then counts in 1/12800 s at 25 fps, where frame ``i``'s
+    time, ``i * 512 / 12800`` s, is rarely the float ``i * (1 / 25)``."""
+    clock = Fraction(1, fps)
+    return write_video(path, range(frames), time_base=clock, rate=fps, **kwargs)  # type: ignore[arg-type]
 
 
 VFR_PTS_MS = (0, 10, 200, 230, 900, 1000, 1500, 1510, 1520, 3000)
@@ -118,3 +129,36 @@ def truncated(source: Path, path: Path, keep: float = 0.5) -> Path:
     data = source.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
     return path
+
+
+def fps_filter_pts(path: Path, fps: float) -> list[int]:
+    """The pts (in the stream's time base) of the source frames FFmpeg's ``fps`` filter
+    outputs at ``fps``, with its defaults, in output order, repeats included: every decoded
+    frame pushed through PyAV's ``buffer -> fps -> buffersink`` graph, each tagged with its
+    own pts, and the EOF pushed after them."""
+    taken: list[int] = []
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        graph = av.filter.Graph()
+        source = graph.add_buffer(template=stream)
+        rate = graph.add("fps", fps=repr(fps))
+        sink = graph.add("buffersink")
+        source.link_to(rate)
+        rate.link_to(sink)
+        graph.configure()
+
+        def drain() -> None:
+            while True:
+                try:
+                    frame = graph.pull()
+                except (av.error.BlockingIOError, av.error.EOFError):
+                    return
+                taken.append(frame.opaque)
+
+        for frame in container.decode(stream):
+            frame.opaque = frame.pts
+            graph.push(frame)
+            drain()
+        graph.push(None)
+        drain()
+    return taken

@@ -109,6 +109,59 @@ def test_rendering_on_several_threads_never_changes_a_caption(
     assert len({row["text"] for row in serial.values()}) >= 4
 
 
+class SendAndFinishOrder:
+    """The engine, noting each request's ``max_tokens`` in the order it was sent, and each
+    output's length in the order it came back: read off the output itself, not off the id
+    the engine gave it (everything else goes to the engine untouched)."""
+
+    def __init__(self, engine) -> None:  # type: ignore[no-untyped-def]
+        self.engine = engine
+        self.sent: list[int] = []
+        self.finished: list[int] = []
+
+    def add(self, request, media, sampling) -> None:  # type: ignore[no-untyped-def]
+        self.sent.append(sampling.max_tokens)
+        self.engine.add(request, media, sampling)
+
+    def step(self):  # type: ignore[no-untyped-def]
+        results = self.engine.step()
+        self.finished += [result.usage.output_tokens for result in results]
+        return results
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.engine, name)
+
+
+def test_results_finishing_in_reverse_order_keep_their_ids(
+    vl_engine,
+    samples: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]
+) -> None:
+    """Requests of one length finish in the order sent, which hides results matched to ids
+    by position. These run to 16, 12, 8 and 4 tokens, sent in that order, so they finish in
+    reverse; each id must still get the text its request gets alone."""
+    image = (MediaRef("image", str(samples / "sunset.jpg")),)
+    # One picture: one group, its requests sent in the order of their prompts.
+    prompts = ["Describe this image.", "List three tags.", "Name the colours.", "What is it?"]
+    requests = [
+        Request(f"{n} tokens", prompt, image, sampling=Sampling(max_tokens=n, ignore_eos=True))
+        for n, prompt in zip((16, 12, 8, 4), prompts, strict=True)
+    ]
+    engine = SendAndFinishOrder(vl_engine)
+    batched = run_rows(engine, requests, tmp_path / "batched.jsonl")
+    assert engine.sent == [16, 12, 8, 4]
+    assert engine.finished == [4, 8, 12, 16]  # the premise: every position matched wrongly
+    uncached_vl_engine = request.getfixturevalue("uncached_vl_engine")
+    for asked in requests:
+        alone = run_rows(uncached_vl_engine, [asked], tmp_path / "alone.jsonl")[asked.id]
+        row = batched[asked.id]
+        assert row["error"] is None
+        assert row["output_tokens"] == alone["output_tokens"] == asked.sampling.max_tokens
+        assert row["text"] == alone["text"], asked.id
+    assert len({row["text"] for row in batched.values()}) == 4
+
+
 def hub_cache(model_dir: Path, home: Path, repo_id: str) -> dict[str, str]:
     """Lay ``model_dir`` out as the Hugging Face cache holds a downloaded ``repo_id``, and
     return the environment that makes hub loading resolve there with no network."""

@@ -1,6 +1,7 @@
 """Nothing listing does goes unsaid: a folder walk takes every picture format the decoder
 opens and counts each file it passes over by reason; a frame job takes every frame asked for,
-and a cap that cuts frames (or a clip's cap that may) says so in the summary."""
+each once, and asks that fall on fewer frames, or a cap that cuts frames (or a clip's cap
+that may), say so in the summary."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
-from media_files import cfr_video, truncated
+from media_files import cfr_video, native_clock_video, truncated
 from PIL import Image
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
@@ -99,16 +100,26 @@ def test_postscript_is_never_handed_to_ghostscript(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def five_seconds(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cfr_video(tmp_path_factory.mktemp("v") / "five.mp4", frames=125, fps=25)
+    """125 frames at 25 fps on FFmpeg's default clock (1/12800 s in an mp4), where sampling
+    by float seconds lost frames 29, 59 and 119."""
+    return native_clock_video(tmp_path_factory.mktemp("v") / "five.mp4", frames=125, fps=25)
 
 
-def test_a_frame_job_takes_every_frame_asked_for(five_seconds: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("fps", "frames", "asked"),
+    [("25", range(125), 125), ("12.5", range(0, 125, 2), 63), ("50", range(125), 250)],
+)
+def test_a_frame_job_takes_every_frame_asked_for_each_once(
+    five_seconds: Path, tmp_path: Path, fps: str, frames: range, asked: int
+) -> None:
     out = tmp_path / "frames.jsonl"
-    argv = ["frames", str(five_seconds), "--fps", "25", "--model", "fake", "--no-progress"]
+    argv = ["frames", str(five_seconds), "--fps", fps, "--model", "fake", "--no-progress"]
     assert main([*argv, "--out", str(out)]) == EXIT_OK
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert sorted(r["frame_index"] for r in rows) == list(range(125))
-    assert summary_of(out)["job"]["notes"] == []
+    assert [r["frame_index"] for r in rows] == list(frames)
+    # Above the video's own rate, its frames are fewer than the asks: each is taken once.
+    fewer = f"{five_seconds}: {asked} frames asked for fall on 125 distinct frames, each taken once"
+    assert summary_of(out)["job"]["notes"] == ([fewer] if asked > len(frames) else [])
 
 
 def test_a_cap_that_cuts_frames_says_so(

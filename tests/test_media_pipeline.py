@@ -93,11 +93,11 @@ def test_frame_keys_follow_the_frame_not_the_sampling(samples: Path) -> None:
         window = MediaLoader(MediaOptions(video=options)).load(frame_requests([clip], options, "p"))
         return {dict(r.request.columns)["frame_index"]: r.media_keys[0] for r in window.requests}
 
-    by_fps = keys(VideoOptions(sampling="fps", fps=1))
+    by_fps = keys(VideoOptions(sampling="fps", fps=25))
     by_keyframes = keys(VideoOptions(sampling="keyframes"))
     assert by_fps[0] == by_keyframes[0]  # frame 0 either way: one item, cached once
     assert by_fps[0] != by_fps[25]
-    smaller = keys(VideoOptions(sampling="fps", fps=1, max_pixels=1000))
+    smaller = keys(VideoOptions(sampling="fps", fps=25, max_pixels=1000))
     assert smaller[0] != by_fps[0]  # other pixels, other key
 
 
@@ -107,7 +107,7 @@ def test_save_frames_writes_jpegs_named_by_video_and_pts(samples: Path, tmp_path
     run(requests, MediaOptions(video=options, frame_dir=str(tmp_path / "frames")))
     names = sorted(p.name for p in (tmp_path / "frames").iterdir())
     flat = str(samples / "clip.mp4").lstrip("/").replace("/", "_")
-    assert names == [f"{flat}@0.000.jpg", f"{flat}@1.000.jpg"]
+    assert names == [f"{flat}@0.480.jpg", f"{flat}@1.480.jpg"]  # as FFmpeg's fps=1 picks
 
 
 def test_clip_is_one_video_item_keyed_by_its_sampling(samples: Path) -> None:

@@ -19,10 +19,11 @@ from mmbatch.types import FrameAt, ItemError, MediaRef, Request, TimeSpan
 def test_one_request_per_sampled_frame_with_video_index_and_pts(samples: Path) -> None:
     clip = str(samples / "clip.mp4")  # 2 s at 25 fps
     requests = frame_requests([clip], VideoOptions(sampling="fps", fps=2), "What is here?")
-    # Asked for 0, 0.5, 1 and 1.5 s; the frames on screen then start at these times.
-    assert [r.id for r in requests] == [f"{clip}@{t:.3f}" for t in (0, 0.48, 1.0, 1.48)]
-    assert dict(requests[1].columns) == {"video": clip, "frame_index": 12, "pts": 0.48}
-    assert requests[1].media == (MediaRef("image", clip, part=FrameAt(12, 0.48)),)
+    # Slots at 0, 0.5, 1 and 1.5 s, as FFmpeg's fps filter fills them: each takes the last
+    # frame whose time rounds to it, the one on screen just before half a step past it.
+    assert [r.id for r in requests] == [f"{clip}@{t:.3f}" for t in (0.24, 0.72, 1.24, 1.72)]
+    assert dict(requests[1].columns) == {"video": clip, "frame_index": 18, "pts": 0.72}
+    assert requests[1].media == (MediaRef("image", clip, part=FrameAt(18, 0.72)),)
 
 
 def test_a_video_that_cannot_be_indexed_is_one_request_that_will_fail(

@@ -49,7 +49,10 @@ def test_num_frames_spreads_evenly_and_each_frame_is_the_right_one(cfr: Path) ->
 
 def test_fps_sampling_and_the_max_frames_cap(cfr: Path) -> None:
     got = sample(cfr, VideoOptions(sampling="fps", fps=5))
-    assert [i for i, _, _ in got] == list(range(0, 50, 5))
+    # FFmpeg's fps filter: slot k shows the last frame whose time rounds to k / 5 s, the
+    # frame on screen just before (k + 0.5) / 5 s (test_frame_rate.py holds it to the filter).
+    assert [i for i, _, _ in got] == list(range(2, 50, 5))
+    assert all(painted == i % 48 for i, _, painted in got)
     capped = sample(cfr, VideoOptions(sampling="fps", fps=25, max_frames=4))
     assert [i for i, _, _ in capped] == [0, 16, 33, 49]  # spread over all 50, ends kept
     assert all(painted == i % 48 for i, _, painted in capped)
@@ -110,7 +113,11 @@ def test_variable_frame_rate(tmp_path: Path) -> None:
     # At 2 fps over a frame that stays 1.48 s, that frame is taken once, not three times.
     fps = [i for i, _, _ in sample(path, VideoOptions(sampling="fps", fps=2))]
     assert fps == sorted(set(fps))
-    assert fps == [0, 3, 5, 6, 8]  # on screen at 0, 0.5, 1.0, 1.5, 2.0 and 2.5 s
+    # FFmpeg's fps filter rounds each frame's time to the nearest slot and shows in each slot
+    # the last frame rounded to it or before: slots 0 and 0.5 s show frame 3 (230 ms), 1 s
+    # frame 5 (1 s), 1.5 to 2.5 s frame 8 (1.52 s). The grid ends before the slot of 3.04 s,
+    # where the last frame stops showing: the last frame, rounded to that slot, is not shown.
+    assert fps == [3, 5, 8]
 
 
 def test_rotation_metadata_turns_frames_upright(tmp_path: Path) -> None:

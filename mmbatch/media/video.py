@@ -45,6 +45,9 @@ class VideoIndex:
     """The coded size, before rotation."""
     rotation: int
     """Counter-clockwise degrees the frames must be turned to be upright (0, 90, 180, 270)."""
+    last_duration: int = 0
+    """How long the last frame shows, in ``time_base`` units, as its packet declares (0: it
+    declares none). FFmpeg's fps filter ends its sampling grid there."""
     declared_frames: int = 0
     """The frame count the container's header declares (0: it declares none)."""
     declared_seconds: float | None = None
@@ -60,12 +63,25 @@ class VideoIndex:
         return float(self.pts[i] * self.time_base)
 
     @property
+    def frame_gap(self) -> int:
+        """The typical time between frames in ``time_base`` units (the median gap; 0 for a
+        single frame)."""
+        if len(self.pts) < 2:
+            return 0
+        gaps = sorted(b - a for a, b in zip(self.pts, self.pts[1:], strict=False))
+        return gaps[len(gaps) // 2]
+
+    @property
     def frame_seconds(self) -> float:
         """The typical time between frames (the median gap; 0 for a single frame)."""
-        if len(self.pts) < 2:
-            return 0.0
-        gaps = sorted(b - a for a, b in zip(self.pts, self.pts[1:], strict=False))
-        return float(gaps[len(gaps) // 2] * self.time_base)
+        return float(self.frame_gap * self.time_base)
+
+    @property
+    def end_pts(self) -> int:
+        """When the last frame stops showing, in ``time_base`` units: its pts plus its own
+        duration, or plus the typical gap when its packet declares none (as FFmpeg's command
+        line guesses a missing duration from the frame rate)."""
+        return self.pts[-1] + (self.last_duration or self.frame_gap)
 
     @property
     def start(self) -> float:
@@ -132,6 +148,7 @@ def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) ->
         check_frame_size(stream.codec_context.width, stream.codec_context.height, max_source_pixels)
         pts: list[int] = []
         key_pts: set[int] = set()
+        durations: dict[int, int] = {}
         damaged = False
         try:
             for packet in container.demux(stream):
@@ -139,6 +156,7 @@ def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) ->
                 if stamp is None or packet.size == 0:
                     continue  # the flush packet at the end
                 pts.append(stamp)
+                durations[stamp] = packet.duration or 0
                 if packet.is_keyframe:
                     key_pts.add(stamp)
         except av_errors() as exc:
@@ -157,6 +175,7 @@ def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) ->
             width=stream.codec_context.width,
             height=stream.codec_context.height,
             rotation=rotation,
+            last_duration=durations.get(ordered[-1], 0) if ordered else 0,
             declared_frames=int(stream.frames or 0),
             declared_seconds=_declared_seconds(container, stream, time_base),
             damaged_at=float(ordered[-1] * time_base) if damaged and ordered else None,
@@ -199,30 +218,69 @@ def _first_frame_rotation(container: Any, stream: Any) -> int:
 def select_frames(index: VideoIndex, options: VideoOptions) -> list[int]:
     """The indices of the frames a clip takes: those ``options`` samples, at most
     ``options.clip_max_frames`` of them (spread evenly when the sampling asked for more)."""
-    return spread(sampled_frames(index, options), options.clip_max_frames)
+    return spread(sample_frames(index, options).frames, options.clip_max_frames)
 
 
-def sampled_frames(index: VideoIndex, options: VideoOptions) -> list[int]:
-    """The indices of every frame ``options`` samples, ascending and distinct, uncapped."""
+@dataclass(frozen=True)
+class FrameSample:
+    """The frames a sampling takes from one video, and how many it asked for."""
+
+    frames: list[int]
+    """Indices into the video's frames, ascending and distinct: each frame at most once."""
+    asked: int
+    """How many frames the sampling asked for: more than ``frames`` holds when several asks
+    fall on one frame (a rate above the video's, timestamps within one frame)."""
+
+
+def sample_frames(index: VideoIndex, options: VideoOptions) -> FrameSample:
+    """Every frame ``options`` samples, uncapped, each once."""
+    if options.sampling == "fps":
+        return _rate_sample(index, options.fps)
     if options.sampling == "keyframes":
-        chosen: Iterable[int] = index.keyframes
-    elif options.sampling == "timestamps":
+        return FrameSample(list(index.keyframes), len(index.keyframes))
+    if options.sampling == "timestamps":
         late = [t for t in options.timestamps if t >= index.end]
         if late:
             raise MediaError(
                 f"timestamp {late[0]:g} s is past the end of the video ({index.end:.3f} s)",
                 kind="other",
             )
-        chosen = (index.frame_at(t) for t in options.timestamps)
-    elif options.sampling == "fps":
-        step = 1.0 / options.fps
-        count = max(1, int(index.duration / step + 1e-9))
-        chosen = (index.frame_at(index.start + k * step) for k in range(count))
+        chosen: Iterable[int] = (index.frame_at(t) for t in options.timestamps)
+        asked = len(options.timestamps)
     else:
-        n = options.num_frames
+        asked = n = options.num_frames
         # The middle of each of n equal slices: symmetric, and never the black first frame.
         chosen = (index.frame_at(index.start + (k + 0.5) * index.duration / n) for k in range(n))
-    return sorted(set(chosen))
+    return FrameSample(sorted(set(chosen)), asked)
+
+
+def _rate_sample(index: VideoIndex, fps: float) -> FrameSample:
+    """The frames FFmpeg's ``fps`` filter (defaults ``round=near``, ``eof_action=round``)
+    outputs at ``fps``, each once, in exact integer arithmetic on the frames' own pts.
+
+    The filter puts each frame on the output grid of ``1/fps`` by rounding its pts to the
+    nearest slot (halves away from zero); the grid starts at the first frame's slot and ends
+    before the slot of the stream's end (the last frame's pts plus its duration); each slot
+    shows the last frame whose slot is at or before it. So a frame is taken when it is the
+    last one rounded to its slot and that slot is before the end. One departure: a video
+    whose end rounds to its first slot (one shorter than about half a step), of which the
+    filter outputs nothing, still gives that slot's frame: its row would vanish unsaid.
+    """
+    rate = Fraction(fps).limit_denominator(2**31 - 1)  # as FFmpeg's av_d2q reads a rate
+    num = index.time_base.numerator * rate.numerator
+    den = index.time_base.denominator * rate.denominator
+
+    def slot(pts: int) -> int:
+        """``pts * time_base * rate``, rounded to the nearest integer, halves away from 0."""
+        nearest = (2 * abs(pts) * num + den) // (2 * den)
+        return nearest if pts >= 0 else -nearest
+
+    slots = [slot(p) for p in index.pts]
+    first = slots[0]
+    end = max(slot(index.end_pts), first + 1)
+    following = [*slots[1:], end]
+    frames = [i for i, (s, t) in enumerate(zip(slots, following, strict=True)) if s < min(t, end)]
+    return FrameSample(frames, end - first)
 
 
 def spread(items: Sequence[int], limit: int) -> list[int]:

@@ -49,8 +49,8 @@ def frame_requests(
     save_dir: str | None = None,
 ) -> list[Request]:
     """One image request per frame that ``options`` samples from each video in ``inputs``:
-    every frame asked for, unless ``options.max_frames`` is set (a cut it makes is noted in
-    ``log``, as is a truncated video).
+    every frame asked for, each once, unless ``options.max_frames`` cuts them. Noted in
+    ``log``: asks that fall on fewer distinct frames, a cut, a truncated video.
 
     Rows carry ``video``, ``frame_index`` (in presentation order), ``pts`` (seconds),
     ``warning`` when the file holds less than its header declares (``VideoIndex.truncation``)
@@ -91,9 +91,10 @@ def frame_requests(
 def _frames_taken(
     path: str, options: VideoOptions, log: ListingLog
 ) -> tuple[VideoIndex, list[int]]:
-    """The video's index and the frames taken from it: every one ``options`` samples, unless
-    ``options.max_frames`` cuts them (noted in ``log``, as a truncated file is)."""
-    from mmbatch.media.video import index_video, sampled_frames, spread
+    """The video's index and the frames taken from it: every one ``options`` samples, each
+    once, unless ``options.max_frames`` cuts them. Noted in ``log``: fewer distinct frames
+    than were asked for (a rate above the video's), a cut, a truncated file."""
+    from mmbatch.media.video import index_video, sample_frames, spread
 
     if Path(path).suffix.lower() in IMAGE_SUFFIXES:
         # PyAV opens a still image as a one-frame "video", whose frame then fails to decode
@@ -104,7 +105,13 @@ def _frames_taken(
             kind="unsupported",
         )
     index = index_video(path, options.max_source_pixels)
-    asked = sampled_frames(index, options)
+    sample = sample_frames(index, options)
+    asked = sample.frames
+    if sample.asked > len(asked):
+        log.note(
+            f"{printable(path)}: {sample.asked} frames asked for fall on {len(asked)} "
+            "distinct frames, each taken once"
+        )
     frames = asked if options.max_frames is None else spread(asked, options.max_frames)
     if len(frames) < len(asked):
         log.note(
