@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -186,48 +187,178 @@ def test_remote_code_runs_only_when_asked() -> None:
     assert engine_config_from(asked).llm_kwargs()["trust_remote_code"] is True
 
 
-@pytest.mark.parametrize(
-    ("engine", "message"),
-    [
-        ("trust_remote_code = true", "pass --trust-remote-code to the command to allow it"),
-        ('worker_extension_cls = "evil.Extension"', "worker_extension_cls names Python code"),
-        ('logits_processors = ["evil.Processor"]', "logits_processors names Python code"),
-        ('distributed_executor_backend = "evil.Executor"', "not one of vLLM's own"),
-        (
-            '[engine.kv_transfer_config]\nkv_connector_module_path = "evil"',
-            "kv_transfer_config.kv_connector_module_path names a Python module",
-        ),
-        (
-            '[engine.speculative_config]\nmethod = "custom_class"\nmodel = "evil.Proposer"',
-            "speculative_config.method = 'custom_class' imports a class",
-        ),
-    ],
-)
-def test_a_recipe_cannot_make_code_run(
-    tmp_path: Path, samples: Path, capsys: pytest.CaptureFixture[str], engine: str, message: str
-) -> None:
+PAYLOAD = "recipe_payload"
+"""A module on the path that leaves a marker file beside itself when it is imported: what
+a hostile recipe would have vLLM import."""
+
+
+@pytest.fixture
+def payload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "payload"
+    folder.mkdir()
+    (folder / f"{PAYLOAD}.py").write_text(
+        "from pathlib import Path\n"
+        "Path(__file__).with_suffix('.imported').write_text('imported')\n"
+        "def evil(*args, **kwargs):\n    return None\n"
+        "class Evil:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.delitem(sys.modules, PAYLOAD, raising=False)
+    return folder / f"{PAYLOAD}.imported"
+
+
+def shared_recipe(tmp_path: Path, engine: str) -> Path:
     recipe = tmp_path / "shared.toml"
     recipe.write_text(f'[prompt]\ntext = "Describe."\n[engine]\nmodel = "m"\n{engine}\n')
+    return recipe
+
+
+ATTACKS = [
+    # issue 24's: each reached vLLM untouched, and the first two imported the module
+    (f'compilation_config = {{ inductor_passes = {{ p = "{PAYLOAD}.evil" }} }}',
+     "compilation_config.inductor_passes"),
+    (f'compilation_config = {{ backend = "{PAYLOAD}.evil" }}', "compilation_config.backend"),
+    (f'hf_overrides = {{ auto_map = {{ AutoConfig = "{PAYLOAD}.Evil" }} }}', "hf_overrides"),
+    ('chat_template = "../../elsewhere/template.jinja"', "chat_template"),
+    ("mm_processor_kwargs = { trust_remote_code = true }",
+     "mm_processor_kwargs.trust_remote_code"),
+    # settings that name code to import, or files to read
+    (f'worker_extension_cls = "{PAYLOAD}.Evil"', "worker_extension_cls"),
+    (f'logits_processors = ["{PAYLOAD}.Evil"]', "logits_processors"),
+    (f'distributed_executor_backend = "{PAYLOAD}.Evil"', "distributed_executor_backend"),
+    (f'kv_transfer_config = {{ kv_connector_module_path = "{PAYLOAD}" }}', "kv_transfer_config"),
+    (f'speculative_config = {{ method = "custom_class", model = "{PAYLOAD}.Evil" }}',
+     "speculative_config"),
+    ('tokenizer = "/elsewhere/tokenizer"', "tokenizer"),
+    ('generation_config = "/elsewhere/folder"', "generation_config"),
+    ('tokenizer_mode = "custom"', "tokenizer_mode"),
+    ('load_format = "tensorizer"', "load_format"),
+    ('download_dir = "/elsewhere"', "download_dir"),
+    (f'quantization = "{PAYLOAD}.Evil"', "quantization"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("engine", "key"), ATTACKS)
+def test_a_recipe_cannot_make_code_run_or_files_be_read(
+    tmp_path: Path,
+    samples: Path,
+    payload: Path,
+    capsys: pytest.CaptureFixture[str],
+    engine: str,
+    key: str,
+) -> None:
+    """Refused by check and by run when the recipe is read, one line naming the key and
+    the command-line way to set it, before anything is written or imported."""
     from mmbatch import cli
 
+    recipe = shared_recipe(tmp_path, engine)
     assert cli.main(["check", str(recipe)]) == EXIT_JOB_FAILED
-    assert message in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert f"[engine] {key}" in error
+    assert f"--engine-arg {key.split('.')[0]}=" in error
+    assert len(error.strip().splitlines()) == 1
     out = tmp_path / "o.jsonl"
     argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--out", str(out)]
     assert main([*argv, "--no-progress"], FakeEngine()) == EXIT_JOB_FAILED
+    assert f"[engine] {key}" in capsys.readouterr().err
     assert not out.exists()
+    assert not payload.exists()
 
 
-def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path) -> None:
+def test_trust_remote_code_in_a_recipe_is_refused_with_the_flag_that_allows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mmbatch import cli
+
+    recipe = shared_recipe(tmp_path, "trust_remote_code = true")
+    assert cli.main(["check", str(recipe)]) == EXIT_JOB_FAILED
+    assert "pass --trust-remote-code to the command to allow it" in capsys.readouterr().err
+
+
+def test_check_and_run_import_nothing_a_recipe_names(
+    tmp_path: Path, samples: Path, payload: Path, tiny_vl_model: Path
+) -> None:
+    """With a real model at hand, check and run read vLLM's own configuration (which is
+    where the module was imported before): both refuse first, and nothing is imported."""
+    from mmbatch import cli
+
+    for engine, _ in ATTACKS[:2]:
+        recipe = shared_recipe(tmp_path, engine)
+        model = ["--model", str(tiny_vl_model)]
+        assert cli.main(["check", str(recipe), *model]) == EXIT_JOB_FAILED
+        assert not payload.exists()
+        out = tmp_path / "o.jsonl"
+        argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--out", str(out)]
+        assert cli.main([*argv, *model, "--no-progress"]) == EXIT_JOB_FAILED
+        assert not payload.exists()
+        assert not out.exists()
+        assert PAYLOAD not in sys.modules
+
+
+def test_a_recipe_on_ray_or_in_python_is_held_to_the_same_rule(
+    tmp_path: Path, samples: Path, payload: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The faces a recipe reaches besides check and run: run --ray (refused before Ray is
+    asked for anything), and a Recipe made in Python for a Ray job or a DatasetMap."""
+    from types import MappingProxyType
+
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations.ray_data import RayJob
+    from mmbatch.recipe.spec import Question, Recipe, load_recipe, parse_recipe
+
+    engine, key = ATTACKS[0]
+    recipe = shared_recipe(tmp_path, engine)
+    out = tmp_path / "ray-out"
+    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--out", str(out)]
+    assert main([*argv, "--ray", "--gpus-per-replica", "0"], FakeEngine()) == EXIT_JOB_FAILED
+    assert f"[engine] {key}" in capsys.readouterr().err
+    assert not out.exists()
+    with pytest.raises(ConfigError, match=r"\[engine\] hf_overrides: not a setting"):
+        parse_recipe(
+            {"prompt": {"text": "x"}, "engine": {"hf_overrides": {"auto_map": {}}}}, "r.toml"
+        )
+    good = load_recipe(shared_recipe(tmp_path, "max_model_len = 2048"))
+    with pytest.raises(ConfigError, match=r"\[engine\] compilation_config\.backend"):
+        Recipe(
+            name="built",
+            questions=(Question("answer", "Describe."),),
+            system=None,
+            description="",
+            sampling=good.sampling,
+            engine=MappingProxyType({"compilation_config": {"backend": f"{PAYLOAD}.evil"}}),
+            media=good.media,
+            output=good.output,
+        )
+    # What a recipe can hand a Ray job or a DatasetMap is only what it may hold.
+    job = RayJob(EngineConfig("m", good.engine_kwargs()), recipe=good)
+    assert dict(job.engine.engine_kwargs) == {"max_model_len": 2048}
+    assert not payload.exists()
+
+
+def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: Path) -> None:
     from mmbatch.cli.options import engine_args_from
     from mmbatch.recipe.spec import load_recipe
 
     recipe = tmp_path / "r.toml"
     recipe.write_text('[prompt]\ntext = "Describe."\n[engine]\ntrust_remote_code = false\n')
     assert load_recipe(recipe).engine_kwargs() == {"trust_remote_code": False}  # harmless
-    argv = ["run", str(recipe), "--input", "x", "--out", "o", "--trust-remote-code"]
-    args = build_parser().parse_args([*argv, "--engine-arg", "worker_extension_cls=mine.X"])
+    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg")]
+    argv += ["--out", str(tmp_path / "o.jsonl"), "--model", "m", "--no-progress"]
+    chosen = [
+        "worker_extension_cls=mine.X",
+        'compilation_config={"backend": "mine.backend"}',
+        'hf_overrides={"architectures": ["Mine"]}',
+        "chat_template=/home/me/template.jinja",
+    ]
+    args = build_parser().parse_args(
+        [*argv, "--trust-remote-code", *(f"--engine-arg={pair}" for pair in chosen)]
+    )
     assert engine_args_from(args) == {
         "trust_remote_code": True,
         "worker_extension_cls": "mine.X",
+        "compilation_config": {"backend": "mine.backend"},
+        "hf_overrides": {"architectures": ["Mine"]},
+        "chat_template": "/home/me/template.jinja",
     }
+    # The job runs with them (on the fake engine: nothing is imported here).
+    assert main([*argv, *(f"--engine-arg={pair}" for pair in chosen)], FakeEngine()) == EXIT_OK
