@@ -27,6 +27,7 @@ FailureKind = Literal[
     "corrupt",  # recognised but broken (truncated, bad chunks)
     "too_large",  # over a size cap (pixels, bytes): refused before decoding
     "unsupported",  # a modality or format this job cannot handle
+    "not_allowed",  # a path named inside an input leads outside its folder (sources.paths)
     "too_long",  # the prompt with its media does not fit the model's context
     "rejected",  # the engine refused the request for another reason
     "engine",  # the engine accepted the request, then failed or dropped it

@@ -12,6 +12,7 @@ from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.loader import MediaLoader
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.sources.cells import BadCell, media_ref
+from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import MediaRef, Request
 
 
@@ -100,18 +101,24 @@ def test_a_ref_holds_bytes_or_a_picture_not_both() -> None:
         MediaRef("image", "x", data=b"1", image=Image.new("RGB", (1, 1)))
 
 
+NO_PATHS = LocalPaths()
+"""Path cells allowed nowhere (a dataset with no folder of its own, nothing allowed)."""
+
+
 def test_dataset_cells_become_refs(samples: Path) -> None:
     data = (samples / "sunset.jpg").read_bytes()
-    ref = media_ref({"bytes": data, "path": "sunset.jpg"}, "image", "row 3")
+    ref = media_ref({"bytes": data, "path": "sunset.jpg"}, "image", "row 3", NO_PATHS, None)
     assert ref == MediaRef("image", "row 3 (sunset.jpg)", data=data)
-    assert media_ref({"bytes": None, "path": "/x/a.jpg"}, "image", "r") == MediaRef(
+    under_x = LocalPaths(("/x",))  # path cells are read under /x only (mmbatch.sources.paths)
+    assert media_ref({"bytes": None, "path": "/x/a.jpg"}, "image", "r", under_x, None) == MediaRef(
         "image", "/x/a.jpg"
     )
-    assert media_ref("/x/b.png", "image", "r") == MediaRef("image", "/x/b.png")
-    audio = media_ref({"bytes": b"RIFF", "path": None}, "audio", "row 0")
+    assert media_ref("/x/b.png", "image", "r", under_x, None) == MediaRef("image", "/x/b.png")
+    assert media_ref("b.png", "image", "r", NO_PATHS, "/x") == MediaRef("image", "/x/b.png")
+    audio = media_ref({"bytes": b"RIFF", "path": None}, "audio", "row 0", NO_PATHS, None)
     assert audio == MediaRef("audio", "row 0", data=b"RIFF")
     picture = Image.new("RGB", (2, 2))
-    assert media_ref(picture, "image", "row 5").image is picture
+    assert media_ref(picture, "image", "row 5", NO_PATHS, None).image is picture
 
 
 @pytest.mark.parametrize(
@@ -125,5 +132,5 @@ def test_dataset_cells_become_refs(samples: Path) -> None:
 )
 def test_unusable_cells_name_the_row(cell: object, message: str) -> None:
     with pytest.raises(BadCell, match=re.escape(message)) as info:
-        media_ref(cell, "image", "row 7")
+        media_ref(cell, "image", "row 7", NO_PATHS, None)
     assert info.value.stage == "source"

@@ -14,6 +14,7 @@ from mmbatch.jobs import Job, run_in_memory
 from mmbatch.out.openai_batch import OpenAIBatchShape
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.openai_batch import read_batch
+from mmbatch.sources.paths import LocalPaths
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import Request, Result, Sampling, Turn
 
@@ -76,6 +77,7 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
             line("c3", "Just text.", response_format={"type": "json_object"}),
         ),
         default_max_tokens=33,
+        paths=LocalPaths((str(samples),)),  # the samples lie outside the file's folder
     )
     assert batch.refused == 0
     assert batch.max_images == 2
@@ -184,7 +186,7 @@ def test_a_conversation_keeps_its_turns_and_their_images(tmp_path: Path, samples
             "content": [image(str(samples / "checkerboard.png")), {"type": "text", "text": "And?"}],
         },
     ]
-    [request] = read_batch(write(tmp_path, entry)).requests
+    [request] = read_batch(write(tmp_path, entry), paths=LocalPaths((str(samples),))).requests
     assert request.error is None
     assert (request.system, request.prompt) == ("Be brief.", "And?")
     assert request.history == (
@@ -238,7 +240,8 @@ def test_output_lines_through_the_pipeline(tmp_path: Path, samples: Path) -> Non
             line("b", image(str(samples / "sunset_copy.jpg")), "two", temperature=0),
             line("c", image(str(samples / "truncated.jpg")), "three"),
             line("d", image(str(samples / "missing.jpg")), "four"),
-        )
+        ),
+        paths=LocalPaths((str(samples),)),
     )
     job = Job(batch.requests, shape=OpenAIBatchShape("tiny"))
     lines, stats = run_in_memory(

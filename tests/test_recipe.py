@@ -114,7 +114,9 @@ def test_unknown_keys_are_named_in_every_table(tmp_path: Path) -> None:
     assert "unknown key in [output]: 'shema'" in message
 
 
-def test_engine_keys_are_not_second_guessed(tmp_path: Path) -> None:
+def test_engine_takes_only_the_allow_listed_settings(tmp_path: Path) -> None:
+    """Every shape of value a recipe may set passes as written; a key off the list is
+    refused by name (with the closest allowed one), and a value of the wrong shape too."""
     recipe = load_recipe(
         write(
             tmp_path,
@@ -122,12 +124,86 @@ def test_engine_keys_are_not_second_guessed(tmp_path: Path) -> None:
             [prompt]
             text = "x"
             [engine]
-            an_option_only_a_future_vllm_knows = 1
+            dtype = "bfloat16"
+            quantization = "awq_marlin"
+            max_num_seqs = 64
+            gpu_memory_utilization = 0.85
+            enforce_eager = false
+            compilation_config = { mode = "VLLM_COMPILE", cudagraph_capture_sizes = [1, 8] }
+            structured_outputs_config = { backend = "xgrammar", disable_any_whitespace = true }
+            limit_mm_per_prompt = { image = 2, video = { count = 1, num_frames = 8 } }
+            mm_processor_kwargs = { max_pixels = 1003520, size = { longest_edge = 1003520 } }
+            override_generation_config = { temperature = 0.2 }
+            generation_config = "vllm"
             """,
         )
     )
-    assert recipe.engine_kwargs() == {"an_option_only_a_future_vllm_knows": 1}
-    assert recipe.model is None
+    assert recipe.engine_kwargs()["limit_mm_per_prompt"]["video"] == {"count": 1, "num_frames": 8}
+    assert load_recipe(write(tmp_path, '[prompt]\ntext = "x"\n[engine]\ncompilation_config = 0'))
+    message = problems(
+        tmp_path,
+        """
+        [prompt]
+        text = "x"
+        [engine]
+        an_option_only_a_future_vllm_knows = 1
+        max_model_length = 4096
+        max_num_seqs = "64"
+        limit_mm_per_prompt = { image = 2, smell = 1 }
+        mm_processor_kwargs = { max_pixels = 1.5 }
+        structured_outputs_config = { backend = "my.backend" }
+        """,
+    )
+    assert "6 problems" in message
+    assert (
+        "[engine] an_option_only_a_future_vllm_knows: not a setting a recipe may set; pass it "
+        "on the command line instead: --engine-arg an_option_only_a_future_vllm_knows=VALUE"
+    ) in message
+    assert "[engine] max_model_length: not a setting a recipe may set (did you mean " in message
+    assert "[engine] max_num_seqs: must be an integer, got '64'\n" in message
+    assert "[engine] limit_mm_per_prompt.smell: must be one of image, video, audio" in message
+    assert "[engine] mm_processor_kwargs.max_pixels: must be an integer, got 1.5" in message
+    assert (
+        "[engine] structured_outputs_config.backend: a recipe may set one of 'auto', 'xgrammar'"
+    ) in message
+
+
+def test_the_allow_list_names_vllms_own_settings_and_choices() -> None:
+    """Every setting a recipe may hold is one vLLM has (so the list cannot drift into
+    names vLLM would refuse), and every fixed choice is one of vLLM's own."""
+    import dataclasses
+    import typing
+
+    from vllm.config import CompilationConfig, StructuredOutputsConfig
+    from vllm.config.cache import CacheDType
+    from vllm.config.model import ModelDType, TokenizerMode
+    from vllm.config.multimodal import MMCacheType, MMEncoderTPMode
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import LoadFormats
+
+    from mmbatch.recipe.engine_table import ENGINE_SETTINGS, Either, OneOf, Table
+
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert set(ENGINE_SETTINGS) <= fields
+    compilation = ENGINE_SETTINGS["compilation_config"]
+    assert isinstance(compilation, Either)
+    table = compilation.shapes[1]
+    assert isinstance(table, Table)
+    assert set(table.keys) <= {f.name for f in dataclasses.fields(CompilationConfig)}
+    structured = ENGINE_SETTINGS["structured_outputs_config"]
+    assert isinstance(structured, Table)
+    assert set(structured.keys) <= {f.name for f in dataclasses.fields(StructuredOutputsConfig)}
+    for key, literal in {
+        "dtype": ModelDType,
+        "kv_cache_dtype": CacheDType,
+        "tokenizer_mode": TokenizerMode,
+        "load_format": LoadFormats,
+        "mm_encoder_tp_mode": MMEncoderTPMode,
+        "mm_processor_cache_type": MMCacheType,
+    }.items():
+        shape = ENGINE_SETTINGS[key]
+        assert isinstance(shape, OneOf), key
+        assert set(shape.choices) <= set(typing.get_args(literal)), key
 
 
 def test_questions(tmp_path: Path) -> None:
@@ -241,3 +317,7 @@ def test_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["check", str(video)]) == 0
     captured = capsys.readouterr()
     assert "video_clip_summary.toml: ok: video-clip-summary: video input" in captured.out
+    # Every shipped recipe's [engine] table is within what a recipe may set.
+    shipped = sorted(RECIPES.glob("*.toml"))
+    assert main(["check", *map(str, shipped)]) == 0
+    assert capsys.readouterr().out.count(": ok: ") == len(shipped)

@@ -350,6 +350,8 @@ def test_run_openai_batch_command(tiny_vl_model: Path, samples: Path, tmp_path: 
         str(out),
         "--engine-arg",
         'structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": true}',
+        "--input-root",  # the batch names the samples by absolute path, outside its folder
+        str(samples),
         cwd=tmp_path,
     )
     assert proc.returncode == 1, proc.stderr[-3000:]

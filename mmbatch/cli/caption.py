@@ -21,6 +21,7 @@ from mmbatch.cli.options import (
     audio_options_from,
     engine_config_from,
     keep_columns_from,
+    local_paths_from,
     run_to_file,
     sampling_from,
     source_policy_from,
@@ -167,5 +168,6 @@ def _inputs(
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
     spec = DatasetInput(args.inputs[0], fmt, args.image_column, args.split, args.id_column)
-    requests = dataset_requests(spec, args.prompt, args.system, keep_columns_from(args, "all"))
+    keep = keep_columns_from(args, "all")
+    requests = dataset_requests(spec, args.prompt, args.system, keep, local_paths_from(args))
     return requests, {"inputs": list(args.inputs), "dataset": asdict(spec)}

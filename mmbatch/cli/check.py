@@ -40,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
             with quiet_unless_verbose(args):
                 lines = _check(path, args.model)
         except ConfigError as exc:
-            print(f"mmbatch: error: {path}: {exc}", file=sys.stderr)
+            message = str(exc) if str(exc).startswith(path) else f"{path}: {exc}"
+            print(f"mmbatch: error: {message}", file=sys.stderr)
             code = EXIT_JOB_FAILED
             continue
         print("\n  ".join(lines))

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 from mmbatch.cli.options import (
     Commands,
     add_engine_options,
+    add_local_path_options,
     add_output_options,
     engine_config_from,
+    local_paths_from,
     run_to_file,
 )
 
@@ -35,6 +37,7 @@ def register(commands: Commands) -> None:
         help="for lines that set neither max_tokens nor max_completion_tokens (default 1024)",
     )
     add_engine_options(parser)
+    add_local_path_options(parser.add_argument_group("input safety"))
     parser.set_defaults(handler=run)
 
 
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     from mmbatch.types import Sampling
 
     config = engine_config_from(args)
-    batch = read_batch(args.requests, args.max_tokens or DEFAULT_MAX_TOKENS)
+    paths = local_paths_from(args)
+    batch = read_batch(args.requests, args.max_tokens or DEFAULT_MAX_TOKENS, paths)
     sampling = Sampling()  # every line carries its own sampling
     job = Job(
         batch.requests,
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         fingerprint=fingerprint(
             "run-openai-batch", args.model, sampling, max_tokens=args.max_tokens
         ),
-        info={"inputs": [args.requests], "model": args.model},
+        info={"inputs": [args.requests], "model": args.model} | paths.record(),
     )
     print(
         f"mmbatch: {len(batch.requests)} requests ({batch.refused} refused), model {args.model}",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.files import KeepColumns, SourcePolicy
+    from mmbatch.sources.paths import LocalPaths
     from mmbatch.types import Sampling
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
@@ -221,15 +222,7 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
     from mmbatch.media.fetch import DEFAULT_URL_MAX_BYTES, DEFAULT_URL_TIMEOUT_S
 
     group = parser.add_argument_group("input safety")
-    group.add_argument(
-        "--input-root",
-        default=None,
-        metavar="DIR",
-        help="manifest paths must resolve inside DIR (default: the manifest's folder)",
-    )
-    group.add_argument(
-        "--allow-outside-root", action="store_true", help="let manifest paths leave the root"
-    )
+    add_local_path_options(group)
     group.add_argument("--allow-urls", action="store_true", help="fetch http(s) inputs")
     group.add_argument(
         "--url-max-bytes",
@@ -250,6 +243,30 @@ def add_input_options(parser: argparse.ArgumentParser) -> None:
         help="input columns copied into each row: a,b,c, all or none (default: all for a "
         "dataset, none for a manifest); one named like a field of the row becomes input_NAME",
     )
+
+
+def add_local_path_options(group: argparse._ActionsContainer) -> None:
+    """Where the paths named inside an input (a manifest, a batch file, a dataset) may lead:
+    the one rule of ``mmbatch.sources.paths``."""
+    group.add_argument(
+        "--input-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="paths named inside an input (manifest, batch file, dataset) may also lead into "
+        "DIR; repeatable (default: only into the input's own folder)",
+    )
+    group.add_argument(
+        "--allow-outside-root",
+        action="store_true",
+        help="let paths named inside an input lead anywhere",
+    )
+
+
+def local_paths_from(args: argparse.Namespace) -> LocalPaths:
+    from mmbatch.sources.paths import LocalPaths
+
+    return LocalPaths(tuple(args.input_root), args.allow_outside_root)
 
 
 def add_video_options(parser: argparse.ArgumentParser, *, sampling_required: bool) -> None:
@@ -299,7 +316,7 @@ def source_policy_from(args: argparse.Namespace) -> SourcePolicy:
     from mmbatch.sources.files import SourcePolicy
 
     keep = keep_columns_from(args, "none")
-    return SourcePolicy(args.input_root, args.allow_outside_root, args.allow_urls, keep)
+    return SourcePolicy(local_paths_from(args), args.allow_urls, keep)
 
 
 def keep_columns_from(args: argparse.Namespace, default: str) -> KeepColumns:

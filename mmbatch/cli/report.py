@@ -98,6 +98,9 @@ def _previews(
             print(f"mmbatch: no previews from {dataset.get('path')}: {exc}", file=sys.stderr)
 
     def preview(row: Mapping[str, Any]) -> str:
+        error = row.get("error")
+        if isinstance(error, Mapping) and error.get("kind") == "not_allowed":
+            raise NoPreview("its path leads outside where its input may point")
         ref = media.get(str(row.get("id")))
         if ref is None:
             source = row.get("source")

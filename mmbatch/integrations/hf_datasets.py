@@ -24,6 +24,10 @@ What datasets' ``map`` asks of a function, and how this one answers:
 * ``Image(decode=False)`` / ``Audio(decode=False)`` cells are ``{bytes, path}``: the raw
   bytes are hashed as they are, like a file's. Decoded ``Image()`` cells (PIL images) are
   hashed by mode, size and pixels.
+* A cell that holds only a path (a string column, or ``{bytes: None, path}``) is read from
+  disk only inside the folders the caller allows (``allowed_paths``): a dataset from the Hub
+  or from memory is data from elsewhere with no folder of its own, and its paths could name
+  any file (``mmbatch.sources.paths``). Any other path is its row's error.
 """
 
 from __future__ import annotations
@@ -40,17 +44,18 @@ import xxhash
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.identity import model_identity
 from mmbatch.engine.shared import may_start_processes
-from mmbatch.errors import ConfigError
+from mmbatch.errors import ConfigError, ItemFailure
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.rows import output_row
 from mmbatch.sources.cells import BadCell, media_ref
+from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import ItemError, Modality, Request, Result, Sampling
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
 
-FINGERPRINT_VERSION = "2"
+FINGERPRINT_VERSION = "3"
 """Bumped when the rows this callable writes change for the same settings."""
 
 
@@ -60,6 +65,9 @@ class DatasetMap:
     >>> ds = ds.cast_column("image", datasets.Image(decode=False))  # hash the raw bytes
     >>> ds = ds.map(DatasetMap("Qwen/Qwen2.5-VL-3B-Instruct", "Describe."), batched=True,
     ...             batch_size=512, with_rank=True)
+
+    Cells holding only a path are read inside ``allowed_paths`` only (folders; the rule of
+    ``mmbatch.sources.paths``); cells holding their bytes need none.
     """
 
     def __init__(
@@ -77,8 +85,12 @@ class DatasetMap:
         text_column: str = "text",
         error_column: str = "error",
         with_usage: bool = False,
+        allowed_paths: Sequence[str] = (),
     ) -> None:
         self.engine_config = EngineConfig(model, dict(engine_kwargs or {}))
+        self.paths = LocalPaths(
+            tuple(str(p) for p in allowed_paths), widen="DatasetMap(allowed_paths=[DIR])"
+        )
         self.prompt = prompt
         self.column = column
         self.modality: Modality = modality
@@ -181,8 +193,8 @@ class DatasetMap:
             try:
                 if not isinstance(prompt, str) or not prompt:
                     raise BadCell(f"{label}: {self.prompt_column!r} holds no prompt: {prompt!r}")
-                ref = media_ref(cell, self.modality, label)
-            except BadCell as exc:
+                ref = media_ref(cell, self.modality, label, self.paths, None)
+            except ItemFailure as exc:
                 error = ItemError(exc.stage, str(exc), exc.kind)
                 requests.append(Request(str(index), "", error=error))
                 continue
@@ -208,6 +220,7 @@ class DatasetMap:
             "sampling": asdict(self.sampling),
             "image_options": self.image_options.cache_token(),
             "columns": [self.text_column, self.error_column, self.with_usage],
+            "allowed_paths": list(self.paths.roots),
         }
 
     def __repr__(self) -> str:

@@ -10,20 +10,21 @@ A recipe has five tables, each read by one stage::
     [sampling]  max_tokens, temperature, top_p, top_k, min_p, repetition_penalty,
                 presence_penalty, frequency_penalty, stop, n, seed (what is left out takes
                 the model's generation_config)
-    [engine]    handed to vllm.LLM untouched (model = "..." names the model; --model overrides)
+    [engine]    settings for vllm.LLM, from an allow-list (``engine_table``); model = "..."
+                names the model (--model overrides)
     [media]     kind = "image" | "video" | "audio", and that kind's decode options
     [output]    format = "text" | "json"; json needs  schema = {...}  (a JSON Schema)
 
 Every key is checked: a key a table does not know is an error that names it and lists the
 keys it does know, so a typo (``max_token``) fails at ``mmbatch check`` rather than being
-ignored for a whole job. [engine] is the exception: it belongs to vLLM, and vLLM checks it.
+ignored for a whole job.
 
 Recipes are data: TOML only, nothing is evaluated, and a recipe cannot make anything else run
-code either. Recipes are shared like documents, so the person running one decides what code
-runs, on the command line: [engine] may not set ``trust_remote_code = true`` (the model's own
-Python; ``--trust-remote-code`` allows it) nor any vLLM option that names Python code to import
-(a worker or scheduler class, logits processors, parser plugins, connector modules, a custom
-speculative proposer; ``--engine-arg KEY=VALUE`` sets those).
+code or read files either. Recipes are shared like documents, so the person running one
+decides what code runs and what files are read, on the command line: [engine] may set only
+the vLLM settings that name no code and no file (``mmbatch.recipe.engine_table``: numbers,
+sizes, dtypes, limits, fixed choices), and not ``trust_remote_code = true`` (the model's own
+Python; ``--trust-remote-code`` allows it); ``--engine-arg KEY=VALUE`` sets anything else.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from mmbatch.errors import ConfigError
+from mmbatch.recipe.engine_table import engine_problems
 from mmbatch.types import InvalidSetting, Modality, Sampling
 
 if sys.version_info >= (3, 11):
@@ -86,20 +88,6 @@ _MEDIA_KEYS: dict[str, dict[str, Any]] = {
     "audio": {"sample_rate": int, "window_s": float, "overlap_s": float},
 }
 _VIDEO_SAMPLINGS = ("fps", "num_frames", "keyframes", "timestamps")
-CODE_KEYS = frozenset(
-    {
-        "worker_cls",
-        "worker_extension_cls",
-        "scheduler_cls",
-        "logits_processors",
-        "reasoning_parser_plugin",
-        "io_processor_plugin",
-        "model_class_overrides",
-    }
-)
-"""vLLM options whose value names Python code for vLLM to import."""
-_EXECUTOR_BACKENDS = ("mp", "ray", "uni", "external_launcher")
-"""vLLM's own executors; any other ``distributed_executor_backend`` is a class to import."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 
 
@@ -141,6 +129,14 @@ class Recipe:
     output: OutputSpec
     path: str | None = None
 
+    def __post_init__(self) -> None:
+        # However a Recipe is made (read from TOML, or built in Python and handed to a Ray
+        # job), its [engine] holds only what a recipe may set.
+        problems = _Problems(self.path or "recipe")
+        for problem in engine_problems(self.engine):
+            problems.add(problem)
+        problems.raise_if_any()
+
     @property
     def model(self) -> str | None:
         """The model named in [engine], if any."""
@@ -175,7 +171,8 @@ def parse_recipe(data: Mapping[str, Any], where: str, default_name: str = "recip
     system, questions = _prompt(prompt, problems)
     sampling = _sampling(problems.table(data, "sampling"), problems)
     engine = problems.table(data, "engine")
-    _no_code(engine, problems)
+    for problem in engine_problems(engine):
+        problems.add(problem)
     media = _media(problems.table(data, "media"), problems)
     output = _output(problems.table(data, "output"), problems)
     problems.raise_if_any()
@@ -233,12 +230,11 @@ class _Problems:
         return value
 
     def raise_if_any(self) -> None:
+        if len(self.found) == 1:  # the command's one line
+            raise ConfigError(f"{self.where}: {self.found[0]}")
         if self.found:
             lines = "\n  ".join(self.found)
-            raise ConfigError(
-                f"{self.where}: {len(self.found)} problem{'s' if len(self.found) > 1 else ''}:"
-                f"\n  {lines}"
-            )
+            raise ConfigError(f"{self.where}: {len(self.found)} problems:\n  {lines}")
 
 
 def _is(value: Any, kind: type) -> bool:
@@ -312,42 +308,6 @@ def _sampling(table: dict[str, Any], problems: _Problems) -> Sampling:
     except InvalidSetting as exc:
         problems.add(f"[sampling] {exc.field} = {exc.value!r}: must be {exc.rule}")
         return Sampling()
-
-
-def _no_code(engine: Mapping[str, Any], problems: _Problems) -> None:
-    """Refuse [engine] settings that would run code the person running the recipe did not
-    allow on their own command line."""
-    if engine.get("trust_remote_code"):
-        problems.add(
-            "[engine] trust_remote_code = true: a recipe cannot allow a model's own Python code "
-            "to run; pass --trust-remote-code to the command to allow it"
-        )
-    how = "a recipe cannot name code to run; pass it with --engine-arg on the command line"
-    for key in sorted(CODE_KEYS & engine.keys()):
-        problems.add(f"[engine] {key} names Python code for vLLM to import: {how}")
-    backend = engine.get("distributed_executor_backend")
-    if backend is not None and backend not in _EXECUTOR_BACKENDS:
-        problems.add(
-            f"[engine] distributed_executor_backend {backend!r} is not one of vLLM's own "
-            f"({', '.join(_EXECUTOR_BACKENDS)}) but a class to import: {how}"
-        )
-    for path, value in _nested(engine):
-        if path[-1].endswith("module_path"):
-            problems.add(f"[engine] {'.'.join(path)} names a Python module: {how}")
-        elif path[-1] == "method" and value == "custom_class":
-            problems.add(f"[engine] {'.'.join(path)} = 'custom_class' imports a class: {how}")
-
-
-def _nested(
-    table: Mapping[str, Any], path: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], Any]]:
-    """Every ``(key path, value)`` in the tables nested in ``table``."""
-    found: list[tuple[tuple[str, ...], Any]] = []
-    for key, value in table.items():
-        found.append(((*path, str(key)), value))
-        if isinstance(value, Mapping):
-            found.extend(_nested(value, (*path, str(key))))
-    return found
 
 
 def _media(table: dict[str, Any], problems: _Problems) -> MediaSpec:

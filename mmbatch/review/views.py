@@ -89,14 +89,16 @@ def _batch_requests(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     relative paths resolved where the job ran); none when it is gone or unreadable."""
     from mmbatch.errors import MmbatchError
     from mmbatch.sources.openai_batch import read_batch
+    from mmbatch.sources.paths import LocalPaths
 
-    inputs = (summary or {}).get("job", {}).get("inputs") or []
+    job = (summary or {}).get("job", {})
+    inputs = job.get("inputs") or []
     if len(inputs) != 1:
         return {}
     folder = job_folder(summary)
     path = Path(located(str(inputs[0]), [folder] if folder else []))
     try:
-        batch = read_batch(path)
+        batch = read_batch(path, paths=LocalPaths.recorded(job))  # where the job could read
     except (MmbatchError, OSError):
         return {}
     return {request.id: request for request in batch.requests}

@@ -59,7 +59,12 @@ def caption_requests(
     for file in files:
         text = file.prompt or prompt
         kind = modality_of(file.path)
-        if kind not in wanted:
+        if file.refused is not None:  # a path its manifest may not name
+            ref = MediaRef(kind, file.path)
+            requests.append(
+                Request(file.id, text, (ref,), system, columns=file.columns, error=file.refused)
+            )
+        elif kind not in wanted:
             if file.walked:
                 log.skip(
                     "videos (caption them whole with --as-clip)"

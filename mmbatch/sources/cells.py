@@ -4,7 +4,8 @@ datasets stores media as ``{"bytes": ..., "path": ...}`` and decodes only when r
 is what mmbatch wants: with ``Image(decode=False)`` / ``Audio(decode=False)`` the cell's raw
 bytes are hashed as they are, exactly like a file's. A decoded ``Image()`` column hands over
 PIL images instead, which the loader hashes by mode, size and pixels. A cell that is none of
-these raises ``ItemFailure`` naming the row, so the caller can make it an error row.
+these raises ``ItemFailure`` naming the row, so the caller can make it an error row; so does
+a path cell that leads outside where the dataset may point (``mmbatch.sources.paths``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmbatch.errors import ItemFailure
+from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import MediaRef, Modality
 
 
@@ -21,8 +23,12 @@ class BadCell(ItemFailure):
     stage = "source"
 
 
-def media_ref(value: Any, modality: Modality, label: str) -> MediaRef:
-    """The ``MediaRef`` for one cell; ``label`` names the row in output rows and errors."""
+def media_ref(
+    value: Any, modality: Modality, label: str, paths: LocalPaths, folder: str | None
+) -> MediaRef:
+    """The ``MediaRef`` for one cell; ``label`` names the row in output rows and errors. A
+    path cell is relative to ``folder`` (the dataset's own, None for one from the Hub or
+    memory) and must lead where ``paths`` allows (``PathNotAllowed``)."""
     if isinstance(value, dict):
         data, path = value.get("bytes"), value.get("path")
         if data is not None:
@@ -30,12 +36,12 @@ def media_ref(value: Any, modality: Modality, label: str) -> MediaRef:
                 raise BadCell(f"{label}: 'bytes' holds {type(data).__name__}, not bytes")
             return MediaRef(modality, _name(label, path), data=_bytes(data))
         if isinstance(path, str) and path:
-            return MediaRef(modality, path)
+            return MediaRef(modality, paths.resolve(path, folder, label))
         raise BadCell(f"{label}: the {modality} cell has neither bytes nor a path")
     if isinstance(value, (bytes, bytearray, memoryview)):  # a binary column
         return MediaRef(modality, label, data=_bytes(value))
     if isinstance(value, str) and value:
-        return MediaRef(modality, value)
+        return MediaRef(modality, paths.resolve(value, folder, label))
     if value is None:
         raise BadCell(f"{label}: no {modality} (the cell is empty)")
     if modality == "image" and _is_pil_image(value):

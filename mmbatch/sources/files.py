@@ -14,9 +14,10 @@ Ids are the identity of a row in the output and on resume, so they must be uniqu
 named twice is one item; two manifest rows with one id are an error, raised before any work.
 
 A manifest is data from elsewhere, read as JSON or CSV and nothing else, and it is not
-trusted with the file system: its paths must resolve (symlinks followed) inside the input
-root, the manifest's own folder unless ``SourcePolicy.root`` names another, and URLs are
-refused unless ``SourcePolicy.allow_urls``. Both are checked here, before any work starts.
+trusted with the file system: its paths follow the rule every input's paths do
+(``mmbatch.sources.paths``: inside the manifest's folder, or a folder the person running the
+job allowed; a path refused is its row's error), and URLs are refused unless
+``SourcePolicy.allow_urls``. Both are checked here, before any work starts.
 """
 
 from __future__ import annotations
@@ -26,15 +27,16 @@ import glob
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from mmbatch.errors import SourceError
 from mmbatch.jsonl import JsonlError, printable, read_objects
 from mmbatch.media.fetch import is_url
 from mmbatch.sources.log import ListingLog
-from mmbatch.types import MediaRef, Request
+from mmbatch.sources.paths import LocalPaths, PathNotAllowed
+from mmbatch.types import ItemError, MediaRef, Request
 
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif"}
@@ -62,9 +64,8 @@ OUTPUT_FIELDS = frozenset(
 class SourcePolicy:
     """What the inputs may point at, and what of them is carried into the rows."""
 
-    root: str | None = None
-    """Manifest paths must resolve inside this folder; None means each manifest's folder."""
-    allow_outside_root: bool = False
+    paths: LocalPaths = field(default_factory=LocalPaths)
+    """Where the paths a manifest names may lead, besides the manifest's own folder."""
     allow_urls: bool = False
     keep_columns: KeepColumns = ()
     """A manifest's columns (besides path, id and prompt) copied into each item's row."""
@@ -81,6 +82,24 @@ class InputFile:
     """Found in a folder or by a glob, rather than named (directly or in a manifest)."""
     columns: tuple[tuple[str, Any], ...] = ()
     """The manifest row's columns kept for the item's row (``SourcePolicy.keep_columns``)."""
+    refused: ItemError | None = None
+    """Why the path may not be read (``mmbatch.sources.paths``): the item is this error."""
+
+    def check_allowed(self) -> None:
+        """``PathNotAllowed`` if the path was refused: for a caller that reads the file
+        while listing (a video's frames, an audio file's length) before anything else."""
+        if self.refused is not None:
+            raise PathNotAllowed(self.refused.message)
+
+
+class _Listed(NamedTuple):
+    """One input as listing finds it, before its id is made printable."""
+
+    id: Any
+    path: str
+    prompt: str | None = None
+    columns: tuple[tuple[str, Any], ...] = ()
+    refused: ItemError | None = None
 
 
 def list_inputs(
@@ -97,16 +116,18 @@ def list_inputs(
     seen: dict[str, str] = {}  # id -> the path it was first given to
     for raw in inputs:
         walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
-        for raw_id, path, prompt, *kept in _expand([raw], suffixes, policy, log):
+        for listed in _expand([raw], suffixes, policy, log):
             # An id is text in every output, so a file name that is not UTF-8 becomes an id
             # with its odd bytes escaped (the path itself stays the one that opens the file).
-            item_id = printable(raw_id)
+            item_id, path = printable(listed.id), listed.path
             if item_id in seen:
-                if raw_id == path == seen[item_id]:
+                if listed.id == path == seen[item_id]:
                     continue  # one file reached twice
                 raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
             seen[item_id] = path
-            files.append(InputFile(item_id, path, prompt, walked, kept[0] if kept else ()))
+            files.append(
+                InputFile(item_id, path, listed.prompt, walked, listed.columns, listed.refused)
+            )
     if not files:
         raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
     return files
@@ -122,7 +143,14 @@ def image_requests(
     """One request per image found in ``inputs``, each asking ``prompt`` (unless its
     manifest row brings its own)."""
     return [
-        Request(f.id, f.prompt or prompt, (MediaRef("image", f.path),), system, columns=f.columns)
+        Request(
+            f.id,
+            f.prompt or prompt,
+            (MediaRef("image", f.path),),
+            system,
+            columns=f.columns,
+            error=f.refused,
+        )
         for f in list_inputs(inputs, IMAGE_SUFFIXES, policy, "images", log)
     ]
 
@@ -132,12 +160,11 @@ def _expand(
     suffixes: frozenset[str] = IMAGE_SUFFIXES,
     policy: SourcePolicy | None = None,
     log: ListingLog | None = None,
-) -> Iterator[tuple[Any, ...]]:
-    """``(id, path, prompt-or-None, kept columns)`` for every input, in a deterministic
-    order. Folders and globs contribute the files whose suffix is in ``suffixes`` (with
-    every picture format the decoder opens, when ``suffixes`` takes pictures), counting the
-    others in ``log``; a file named explicitly is taken whatever its suffix, so that a bad
-    file gets an error row."""
+) -> Iterator[_Listed]:
+    """Every input, in a deterministic order. Folders and globs contribute the files whose
+    suffix is in ``suffixes`` (with every picture format the decoder opens, when ``suffixes``
+    takes pictures), counting the others in ``log``; a file named explicitly is taken
+    whatever its suffix, so that a bad file gets an error row."""
     policy = policy or SourcePolicy()
     log = log if log is not None else ListingLog()
     kinds = "image" if suffixes == IMAGE_SUFFIXES else "media file"
@@ -146,15 +173,15 @@ def _expand(
         path = Path(raw)
         if is_url(raw):
             _check_url(raw, "input", policy)
-            yield raw, raw, None
+            yield _Listed(raw, raw)
         elif path.is_dir():
             for found in _walk(path, taken, log):
-                yield str(found), str(found), None
+                yield _Listed(str(found), str(found))
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
             yield from _read_manifest(path, policy)
         elif path.exists() or path.is_symlink():
             # Named explicitly: taken whatever its suffix, so a bad file yields an error row.
-            yield raw, raw, None
+            yield _Listed(raw, raw)
         elif glob.has_magic(raw):
             files = []
             for match in sorted(glob.glob(raw, recursive=True)):
@@ -167,7 +194,7 @@ def _expand(
             if not files:
                 raise SourceError(f"the pattern {raw!r} matches no {kinds}")
             for file in files:
-                yield file, file, None
+                yield _Listed(file, file)
         else:
             raise SourceError(f"input {raw!r} does not exist")
 
@@ -224,9 +251,7 @@ def _walk(root: Path, suffixes: frozenset[str], log: ListingLog) -> list[Path]:
     return found
 
 
-def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[Any, ...]]:
-    base = manifest.parent
-    root = os.path.realpath(policy.root if policy.root is not None else base)
+def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[_Listed]:
     for line_no, row in _manifest_rows(manifest):
         where = f"{manifest}:{line_no}"
         raw_path = row.get("path")
@@ -243,18 +268,17 @@ def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[tuple[Any, 
         kept = input_columns(row, policy.keep_columns, _MANIFEST_FIELDS)
         if prompt is not None and not isinstance(prompt, str):
             raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
-        if is_url(raw_path):
+        if is_url(raw_path) and raw_path[:7].lower() != "file://":
             _check_url(raw_path, where, policy)
-            yield str(item_id), raw_path, prompt or None, kept
+            yield _Listed(str(item_id), raw_path, prompt or None, kept)
             continue
-        path = base / raw_path
-        if not policy.allow_outside_root and not _inside(os.path.realpath(path), root):
-            raise SourceError(
-                f"{where}: {raw_path!r} resolves outside the input root {root}; manifest "
-                "paths must stay inside it (pass --input-root DIR to declare a wider root, "
-                "or --allow-outside-root)"
-            )
-        yield str(item_id), str(path), prompt or None, kept
+        try:
+            path = policy.paths.resolve(raw_path, str(manifest.parent), where)
+        except PathNotAllowed as exc:
+            refused = ItemError(exc.stage, str(exc), exc.kind)
+            yield _Listed(str(item_id), raw_path, prompt or None, kept, refused)
+            continue
+        yield _Listed(str(item_id), path, prompt or None, kept)
 
 
 _MANIFEST_FIELDS = frozenset({"path", "id", "prompt"})
@@ -283,10 +307,6 @@ def json_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_value(v) for v in value]
     return str(value)
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _check_url(url: str, where: str, policy: SourcePolicy) -> None:

@@ -7,7 +7,9 @@ row's bytes are a view into the memory-mapped file, hashed as they are and decod
 the loader, like a file's. Every format is read through datasets' Arrow files, which are
 memory-mapped, so a dataset larger than memory is paged in as the job reads it. Row ids are
 the row's index in the split (or the ``id_column``'s value), which is what output rows,
-resume and the review gallery know an item by.
+resume and the review gallery know an item by. A cell that holds a path rather than bytes is
+relative to the dataset's folder and must lead inside it, or into a folder the person running
+the job allowed (``mmbatch.sources.paths``); one that does not is its row's error.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mmbatch.errors import ItemFailure, SourceError
 from mmbatch.sources.cells import media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
+from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import ItemError, MediaRef, Request
 
 if TYPE_CHECKING:
@@ -85,17 +88,23 @@ def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
 
 
 def dataset_requests(
-    spec: DatasetInput, prompt: str, system: str | None = None, keep: KeepColumns = "all"
+    spec: DatasetInput,
+    prompt: str,
+    system: str | None = None,
+    keep: KeepColumns = "all",
+    paths: LocalPaths | None = None,
 ) -> list[Request]:
     """One request per row; a row without usable media (an empty cell, a cell of the wrong
-    type) carries its error, so that every row still ends as one output row. The row's
+    type, a path that leads outside the dataset's folder and the ``paths`` allowed) carries
+    its error, so that every row still ends as one output row. The row's
     other columns that ``keep`` names (``"all"``: every one that is not media or bytes, as
     ``Dataset.map`` keeps them) go into its output row."""
     dataset, column = open_dataset(spec)
     kept = _kept_columns(spec, dataset, column, keep)
     requests: list[Request] = []
     seen: set[str] = set()
-    rows = zip(_rows(spec, dataset, column), _column_values(dataset, kept), strict=True)
+    listed = _rows(spec, dataset, column, paths or LocalPaths())
+    rows = zip(listed, _column_values(dataset, kept), strict=True)
     for index, ((row_id, ref), values) in enumerate(rows):
         if row_id in seen:
             raise SourceError(f"{spec.path}: duplicate id {row_id!r} in {spec.id_column!r}")
@@ -152,23 +161,24 @@ def _column_values(dataset: datasets.Dataset, names: tuple[str, ...]) -> Iterato
 
 
 def media_by_id(spec: DatasetInput) -> dict[str, MediaRef]:
-    """Each row's media, by row id (for the gallery's thumbnails)."""
+    """Each row's media, by row id (for the gallery's thumbnails; a path outside the
+    dataset's folder is left out)."""
     dataset, column = open_dataset(spec)
-    rows = _rows(spec, dataset, column)
+    rows = _rows(spec, dataset, column, LocalPaths())
     return {row_id: ref for row_id, ref in rows if isinstance(ref, MediaRef)}
 
 
 def _rows(
-    spec: DatasetInput, dataset: datasets.Dataset, column: str
+    spec: DatasetInput, dataset: datasets.Dataset, column: str, paths: LocalPaths
 ) -> list[tuple[str, MediaRef | ItemFailure]]:
     ids = dataset[spec.id_column] if spec.id_column else None
-    base = Path(spec.path) if Path(spec.path).is_dir() else Path(spec.path).parent
+    folder = str(Path(spec.path) if Path(spec.path).is_dir() else Path(spec.path).parent)
     rows: list[tuple[str, MediaRef | ItemFailure]] = []
     for index, cell in enumerate(_cells(dataset, column)):
         row_id = str(ids[index]) if ids is not None else str(index)
         try:
             label = f"{spec.path}#{index}"
-            rows.append((row_id, media_ref(_relative(cell, base), "image", label)))
+            rows.append((row_id, media_ref(cell, "image", label, paths, folder)))
         except ItemFailure as exc:
             rows.append((row_id, exc))
     return rows
@@ -212,13 +222,6 @@ def _binary_views(array: Any) -> list[memoryview | None]:
         data[int(offsets[i]) : int(offsets[i + 1])] if present[i] else None
         for i in range(len(array))
     ]
-
-
-def _relative(cell: Any, base: Path) -> Any:
-    """A bare relative path in a cell is relative to the dataset, not to the working dir."""
-    if isinstance(cell, str) and cell and not Path(cell).is_absolute():
-        return str(base / cell)
-    return cell
 
 
 def _load(spec: DatasetInput) -> Any:

@@ -8,7 +8,9 @@ Input: one JSON object per line, ``{"custom_id", "method": "POST", "url":
 ``repetition_penalty``, as vLLM's ``run-batch`` takes them. Messages are optional system (or
 developer) messages, then user and assistant turns ending with a user message, whose content
 is a string or a list of ``text`` and ``image_url`` parts; image URLs are ``data:`` URIs
-(decoded in memory) or local paths (``file://`` or plain, relative to the requests file).
+(decoded in memory) or local paths (``file://`` or plain, relative to the requests file),
+which must lead inside the requests file's folder or a folder the person running the job
+allowed (``mmbatch.sources.paths``).
 What a line leaves out takes the model's ``generation_config``, else vLLM's default
 (temperature 1.0, as the hosted API).
 
@@ -21,7 +23,8 @@ The requests go through the same loader, planner and engine windows as every oth
 lines sharing an image share its decode, its encoder output and their common prefix.
 
 What is refused, per line (a 400 row, the other lines go on): other URLs or methods,
-streaming, tools, tool or function messages, remote image URLs, and any body parameter not
+streaming, tools, tool or function messages, remote image URLs, local paths outside the
+allowed folders (``not_allowed``), and any body parameter not
 listed above; they would change the answer, and silently dropping them would return a
 different answer than the hosted API would. A file that cannot be read as a batch (a line
 that is not JSON, no ``custom_id``, a ``custom_id`` used twice) is refused whole, before any
@@ -39,6 +42,7 @@ from typing import Any
 
 from mmbatch.errors import ConfigError, SourceError
 from mmbatch.jsonl import JsonlError, read_objects
+from mmbatch.sources.paths import LocalPaths, PathNotAllowed
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -76,6 +80,14 @@ class InvalidLine(ValueError):
 
 
 @dataclass(frozen=True)
+class _Place:
+    """Where a batch file's local image paths start from, and where they may lead."""
+
+    folder: str
+    paths: LocalPaths
+
+
+@dataclass(frozen=True)
 class BatchInput:
     """A batch file read: one request per line (a line refused up front carries its error)."""
 
@@ -87,9 +99,15 @@ class BatchInput:
         return sum(r.error is not None for r in self.requests)
 
 
-def read_batch(path: str | Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> BatchInput:
-    """Read an OpenAI batch input file into requests (ids are the lines' ``custom_id``)."""
+def read_batch(
+    path: str | Path,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    paths: LocalPaths | None = None,
+) -> BatchInput:
+    """Read an OpenAI batch input file into requests (ids are the lines' ``custom_id``);
+    ``paths`` says where its local image paths may lead besides the file's own folder."""
     path = Path(path)
+    place = _Place(str(path.parent), paths or LocalPaths())
     requests: list[Request] = []
     seen: set[str] = set()
     max_images = 0
@@ -101,9 +119,12 @@ def read_batch(path: str | Path, default_max_tokens: int = DEFAULT_MAX_TOKENS) -
             raise SourceError(f"{path}:{line_no}: custom_id {custom_id!r} is used twice")
         seen.add(custom_id)
         try:
-            request = _request(custom_id, entry, path.parent, default_max_tokens)
+            request = _request(custom_id, entry, place, default_max_tokens)
         except InvalidLine as exc:
             requests.append(Request(custom_id, "", error=ItemError("source", str(exc))))
+            continue
+        except PathNotAllowed as exc:
+            requests.append(Request(custom_id, "", error=ItemError(exc.stage, str(exc), exc.kind)))
             continue
         max_images = max(max_images, len(request.media))
         requests.append(request)
@@ -119,7 +140,7 @@ def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise SourceError(str(exc)) from None
 
 
-def _request(custom_id: str, entry: Mapping[str, Any], base: Path, max_tokens: int) -> Request:
+def _request(custom_id: str, entry: Mapping[str, Any], place: _Place, max_tokens: int) -> Request:
     if entry.get("method", "POST") != "POST":
         raise InvalidLine(f"method {entry.get('method')!r} is not supported (only POST)")
     if entry.get("url") != CHAT_COMPLETIONS_URL:
@@ -134,7 +155,7 @@ def _request(custom_id: str, entry: Mapping[str, Any], base: Path, max_tokens: i
         raise InvalidLine(f"unsupported parameter(s): {', '.join(map(repr, unknown))}")
     if body.get("stream", False):
         raise InvalidLine("streaming is not supported in a batch")
-    system, history, prompt, media = _messages(body.get("messages"), custom_id, base)
+    system, history, prompt, media = _messages(body.get("messages"), custom_id, place)
     return Request(
         id=custom_id,
         prompt=prompt,
@@ -146,7 +167,7 @@ def _request(custom_id: str, entry: Mapping[str, Any], base: Path, max_tokens: i
 
 
 def _messages(
-    messages: Any, custom_id: str, base: Path
+    messages: Any, custom_id: str, place: _Place
 ) -> tuple[str | None, tuple[Turn, ...], str, tuple[MediaRef, ...]]:
     """The system prompt, the earlier turns, the last user message and every image (the
     turns' in order, then the last message's)."""
@@ -160,12 +181,12 @@ def _messages(
         if role in ("system", "developer"):
             if turns:
                 raise InvalidLine(f"a {role} message must come before the conversation")
-            texts, images = _parts(message.get("content"), custom_id, base, len(media))
+            texts, images = _parts(message.get("content"), custom_id, place, len(media))
             if images:
                 raise InvalidLine(f"a {role} message cannot hold images")
             system_parts.extend(texts)
         elif role in ("user", "assistant"):
-            texts, images = _parts(message.get("content"), custom_id, base, len(media))
+            texts, images = _parts(message.get("content"), custom_id, place, len(media))
             if role == "assistant" and images:
                 raise InvalidLine("an assistant message cannot hold images")
             if not texts and not images:
@@ -186,7 +207,7 @@ def _messages(
 
 
 def _parts(
-    content: Any, custom_id: str, base: Path, before: int = 0
+    content: Any, custom_id: str, place: _Place, before: int = 0
 ) -> tuple[list[str], list[MediaRef]]:
     """A message's texts and images; ``before`` images came in earlier messages."""
     if isinstance(content, str):
@@ -204,13 +225,13 @@ def _parts(
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str) or not url:
                 raise InvalidLine("an image_url part has no url")
-            images.append(_image_ref(url, f"{custom_id}#image{before + len(images)}", base))
+            images.append(_image_ref(url, f"{custom_id}#image{before + len(images)}", place))
         else:
             raise InvalidLine(f"content part {part!r} is not supported (text, image_url)")
     return texts, images
 
 
-def _image_ref(url: str, label: str, base: Path) -> MediaRef:
+def _image_ref(url: str, label: str, place: _Place) -> MediaRef:
     if url.startswith("data:"):
         header, sep, payload = url.partition(",")
         if not sep or not header.endswith(";base64"):
@@ -225,8 +246,7 @@ def _image_ref(url: str, label: str, base: Path) -> MediaRef:
             "remote image URLs are not fetched; download the images and name their paths, "
             "or embed them as data: URIs"
         )
-    path = Path(url.removeprefix("file://"))
-    return MediaRef("image", str(path if path.is_absolute() else base / path))
+    return MediaRef("image", place.paths.resolve(url, place.folder, label))
 
 
 def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.errors import MediaError
+from mmbatch.errors import ItemFailure, MediaError
 from mmbatch.jsonl import printable
 from mmbatch.media.options import AudioOptions, VideoOptions
 from mmbatch.sources.files import (
@@ -31,6 +31,7 @@ from mmbatch.sources.files import (
     list_inputs,
 )
 from mmbatch.sources.log import ListingLog
+from mmbatch.sources.paths import PathNotAllowed
 from mmbatch.types import FrameAt, ItemError, MediaRef, Request
 
 if TYPE_CHECKING:
@@ -64,8 +65,9 @@ def frame_requests(
     for file in list_inputs(inputs, VIDEO_SUFFIXES, policy, "video", log):
         path, text = file.path, file.prompt or prompt
         try:
+            file.check_allowed()
             index, frames = _frames_taken(path, options, log)
-        except MediaError as exc:
+        except (MediaError, PathNotAllowed) as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
             failed += (("frame_path", None),) * (save_dir is not None) + file.columns
             ref = MediaRef("image", path)
@@ -198,8 +200,9 @@ def audio_windows(
 
     path = file.path
     try:
+        file.check_allowed()
         duration = probe_audio(path).duration
-    except MediaError as exc:
+    except (MediaError, PathNotAllowed) as exc:
         columns: Columns = (("start", None), ("end", None))
         ref = MediaRef("audio", path)
         columns += file.columns
@@ -214,5 +217,5 @@ def audio_windows(
         )
 
 
-def _error(exc: MediaError) -> ItemError:
+def _error(exc: ItemFailure) -> ItemError:
     return ItemError(exc.stage, str(exc), exc.kind)
