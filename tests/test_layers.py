@@ -27,11 +27,12 @@ LAYERS = [
 """From the bottom up. ``mmbatch/__init__.py`` (the public API) and ``__main__`` sit apart."""
 
 ONLY_HERE = {
-    "vllm": {"engine/vllm.py", "bench/worker.py"},
+    "vllm": {"engine/vllm.py", "bench/worker.py", "bench/naive_job.py"},
     "ray": {"integrations/ray_data.py"},
 }
-"""Third-party packages that only these modules may import (the benchmark's naive side is
-what a user writes with vLLM directly, so it imports vllm too)."""
+"""Third-party packages that only these modules may import (the benchmark's naive sides, a
+worker's and a whole job's, are what a user writes with vLLM directly, so they import vllm
+too)."""
 
 
 def layer_of(name: str) -> int | None:
