@@ -36,6 +36,7 @@ from mmbatch.errors import ConfigError, FatalEngineError, OutputError, SourceErr
 from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
+from mmbatch.out.clock import milestone, milestones, process_seconds
 from mmbatch.out.formats import FileFormat, check_shards, open_sink, output_format, read_output
 from mmbatch.out.order import RowOrder
 from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
@@ -46,7 +47,6 @@ from mmbatch.out.stats import (
     OutputTally,
     count_output,
     format_counts,
-    process_seconds,
     quarantine_path,
 )
 from mmbatch.out.summary import summary_path, write_summary
@@ -179,6 +179,7 @@ def run_job(
     """Run the items of ``job`` that have no row in ``out`` yet, on ``engine`` (an engine, or
     the config of the vLLM engine to start if anything is left to do)."""
     run = run or RunConfig()
+    milestone("inputs_listed")
     layout = _layout(engine)  # a configuration mistake stops the job before any output
     _remove_orphans(out)
     progress = _progress_file(out, job.shape)
@@ -204,6 +205,7 @@ def run_job(
         start_decoders(run.workers())  # they start while the engine loads
         live = _engine(engine, layout, plan.pending, info)
         startup = process_seconds()
+        milestone("engines_ready")
     write_record(record, job.fingerprint)
     stats = JobStats()
     if plan.pending or progress != out.path:
@@ -395,6 +397,7 @@ def _report(
             "rows_from_earlier_runs": kept,
             "startup_seconds": None if startup is None else round(startup, 3),
             "process_seconds": seconds,
+            "startup_phases": milestones(),
         }
     )
     # The folder the job ran in: relative sources in its rows are relative to it.

@@ -38,6 +38,7 @@ from mmbatch.engine.base import Engine
 from mmbatch.errors import ConfigError, DecodersFailed, FatalEngineError, RequestRejected
 from mmbatch.media.feeder import Feeder, Ready
 from mmbatch.media.options import MediaOptions
+from mmbatch.out.clock import milestone
 from mmbatch.out.rows import FLAT, RowBuilder
 from mmbatch.out.sinks import MemorySink, Sink
 from mmbatch.out.stats import JobStats
@@ -145,6 +146,8 @@ class Submission:
         self.emitted.add(request_id)
         row = self.rows.add(self.requests[request_id], self.media_keys.get(request_id, ()), result)
         if row is not None:
+            if not self.written:
+                milestone("first_row")
             self.written += 1
             self.stats.record(row.outcome)
             self.sink.write(row.data)

@@ -172,6 +172,12 @@ def test_whole_processes_are_timed_from_the_command_to_its_exit(
         assert run["startup_s"] + run["work_s"] + run["exit_s"] == pytest.approx(
             run["wall_s"], abs=0.05
         )
+    # Where start-up went: the naive script's import of vLLM, mmbatch's phases in order.
+    assert 0 < whole["runs"][0]["startup_phases"]["vllm_imported"] < whole["runs"][0]["startup_s"]
+    phases = whole["runs"][1]["startup_phases"]
+    order = ["inputs_listed", "engine_processes_spawned", "engines_ready", "first_row"]
+    assert [phases[name] for name in order] == sorted(phases[name] for name in order)
+    assert {"settings_checked", "engine_0_ready", "engine_1_ready"} <= phases.keys()
     naive, k2 = (r["wall_s"] for r in whole["runs"])
     assert whole["ratio_k2_over_naive_3"] == pytest.approx(naive / k2)
     # Two engines on this machine (no GPU), as the variant asked.

@@ -5,8 +5,8 @@
 ``python naive_job.py FOLDER OUT.jsonl SETTINGS_JSON``, run by its path so that nothing of
 mmbatch is imported. ``SETTINGS_JSON``: ``{"model", "engine": {...}, "sampling": {...},
 "prompt"}``. Beside the output, ``OUT.jsonl.times.json`` holds the wall-clock times
-(``time.time()``) at which the engine was ready and the last caption written, so that the
-benchmark splits the process's time into start-up, work and exit.
+(``time.time()``) at which vLLM was imported, the engine ready and the last caption written,
+so that the benchmark splits the process's time into start-up, work and exit.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ def main(folder: str, out: str, settings_json: str) -> None:
     from PIL import Image
     from vllm import LLM, SamplingParams
 
+    imported = time.time()
     llm = LLM(model=settings["model"], **settings["engine"])
     ready = time.time()
     paths = sorted(p for p in Path(folder).iterdir() if p.suffix.lower() in (".jpg", ".png"))
@@ -41,7 +42,7 @@ def main(folder: str, out: str, settings_json: str) -> None:
     with open(out, "w", encoding="utf-8") as sink:
         for path, output in zip(paths, outputs, strict=True):
             sink.write(json.dumps({"image": path.name, "text": output.outputs[0].text}) + "\n")
-    times = {"engine_ready": ready, "done": time.time(), "rows": len(outputs)}
+    times = {"vllm_imported": imported, "engine_ready": ready, "done": time.time()}
     Path(out + ".times.json").write_text(json.dumps(times))
 
 

@@ -91,14 +91,14 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
     if naive:
         times = json.loads(out.with_name(out.name + ".times.json").read_text())
         startup, work = times["engine_ready"] - began, times["done"] - times["engine_ready"]
-        failed = 0
+        failed, phases = 0, {"vllm_imported": round(times["vllm_imported"] - began, 2)}
     else:
         stats = json.loads(out.with_name(out.name + ".summary.json").read_text())["stats"]
         startup, work = (
             stats["startup_seconds"],
             stats["process_seconds"] - stats["startup_seconds"],
         )
-        failed = stats["failed"]
+        failed, phases = stats["failed"], stats["startup_phases"]
     return {
         "side": side["mode"],
         "wall_s": round(wall, 2),
@@ -107,6 +107,7 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
         "exit_s": round(wall - startup - work, 2),
         "rows": rows,
         "failed": failed,
+        "startup_phases": phases,
         "log": str(log),
     }
 

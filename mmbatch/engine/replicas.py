@@ -44,6 +44,7 @@ from typing import Any
 from mmbatch.engine.base import Engine
 from mmbatch.errors import FatalEngineError, RequestRejected
 from mmbatch.media.limits import PromptLimits
+from mmbatch.out.clock import milestone
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
 EngineFactory = Callable[[], Engine]
@@ -122,14 +123,17 @@ class ReplicaEngine:
         atexit.register(self.close)
         for replica in self._replicas:
             self._start(replica)
+        milestone("engine_processes_spawned")
         if while_starting is not None:
             try:
                 while_starting()
             except BaseException:
                 self._abandon()
                 raise
+            milestone("settings_checked")
         for replica in self._replicas:
             self._await_ready(replica)
+            milestone(f"engine_{replica.index}_ready")
 
     # -- Engine --------------------------------------------------------------------------
 

@@ -9,7 +9,6 @@ the whole output, not only what this run added.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -60,22 +59,6 @@ class Tally:
             "cached_tokens": self.cached_tokens,
         }
 
-
-def process_seconds() -> float:
-    """Seconds since this process started, interpreter start-up and imports included (from
-    ``/proc``): what a user timing the command sees. Where ``/proc`` is missing, since this
-    module was imported."""
-    try:
-        with open("/proc/self/stat", "rb") as stat:
-            started = int(stat.read().rsplit(b")", 1)[1].split()[19])  # clock ticks after boot
-        with open("/proc/uptime", "rb") as uptime:
-            now = float(uptime.read().split()[0])
-        return max(0.0, now - started / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED
-
-
-_IMPORTED = time.perf_counter()
 
 TIMELINE_SAMPLES = 720
 """The most queue samples a summary keeps (a sample a second: every one for 12 minutes)."""
