@@ -1,6 +1,6 @@
 """The streaming pipeline against the fake engine: the plan's grouping as the engine sees it,
 the first request's latency, a saturated engine, the byte budget, overlapping submissions,
-and decoding in worker processes."""
+and decoding in worker processes (which end with a killed job)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 from crashing_decoder import CrashingJob
 from PIL import Image
+from processes import children, in_session, left_after
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.media import decode as decode_module
@@ -228,6 +230,33 @@ def test_a_host_without_pyav_still_decodes_pictures_in_worker_processes(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() != "ItemError"
+
+
+def test_the_decode_workers_of_a_killed_job_end_with_it(samples: Path) -> None:
+    """A job killed by SIGKILL shuts nothing down: its decode workers (and multiprocessing's
+    resource tracker, once they are gone) must end by themselves, within two seconds."""
+    script = (
+        "from mmbatch.media.decode import ImageJob, decode\n"
+        "from mmbatch.media.decoders import decode_pool, start_decoders\n"
+        "from mmbatch.media.options import ImageOptions\n"
+        "start_decoders(2)\n"
+        f"data = open({str(samples / 'sunset.jpg')!r}, 'rb').read()\n"
+        "decode_pool(2).submit(decode, ImageJob('k', data, ImageOptions())).result(timeout=60)\n"
+        "print('decoded', flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    job = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
+    )
+    with job:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"decoded\n"
+        workers = children(job.pid)
+        assert len(workers) >= 3  # two workers and the resource tracker
+        job.kill()
+        job.wait()
+    assert not left_after(partial(in_session, job.pid), 2.0)
 
 
 def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waiting() -> None:

@@ -23,6 +23,11 @@ A replica is a spawned process running ``serve``: a thread receives the parent's
 (so that sending a picture never waits for an engine step), the main loop adds them to its
 engine and steps it, and results go back with the replica's capacity, cache counters and
 queue depths. Pictures travel pickled: about a millisecond for a 448x448 image.
+
+Each replica leads a process group of its own, which vLLM's engine core and workers join; no
+engine outlives its job: a replica whose job is gone ends its group at once, however the job
+ended (``mmbatch.lifetime``), and the group of a replica that dies alone is ended by the job
+as it starts another.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.errors import FatalEngineError, RequestRejected
+from mmbatch.lifetime import end_own_group, end_with_parent
 from mmbatch.media.limits import PromptLimits
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
@@ -198,9 +204,12 @@ class ReplicaEngine:
     def close(self) -> None:
         # Every replica is told first, then each awaited: a second Ctrl-C during the waits
         # leaves replicas that stop by themselves, not ones the interpreter's exit waits on.
+        # One still starting would hear the stop only once its model is loaded, and has
+        # nothing to save: it is ended at once.
+        ready = [replica.ready for replica in self._replicas]
         processes = [self._tell_to_stop(replica) for replica in self._replicas]
-        for process in processes:
-            _reap(process)
+        for process, was_ready in zip(processes, ready, strict=True):
+            (_reap if was_ready else _end)(process)
 
     @property
     def replicas(self) -> int:
@@ -328,8 +337,8 @@ class ReplicaEngine:
             args=(self._make_engine, replica.devices, child),
             name=f"mmbatch-replica-{replica.index}",
             # Not daemonic: vLLM starts processes of its own (its engine core, tensor-parallel
-            # workers), which a daemonic process may not. A replica whose parent is gone
-            # stops by itself (its receiver sees the pipe close).
+            # workers), which a daemonic process may not. A replica whose job is gone ends
+            # its group by itself (``serve``).
         )
         process.start()
         child.close()
@@ -355,11 +364,7 @@ class ReplicaEngine:
     def _abandon(self) -> None:
         """End every replica now, with whatever it started (none is ready to save anything)."""
         for replica in self._replicas:
-            process = self._tell_to_stop(replica)
-            if process is not None:
-                process.kill()
-                process.join()
-                _end_group(process.pid)
+            _end(self._tell_to_stop(replica))
 
     def _tell_to_stop(self, replica: _Replica) -> Any:
         """Ask the replica to stop (it closes its engine) and let go of it; its process."""
@@ -386,6 +391,14 @@ def _reap(process: Any) -> None:
             os.killpg(process.pid, sig)
         process.join(timeout=STOP_WAIT)
     _end_group(process.pid)
+
+
+def _end(process: Any) -> None:
+    """End a replica now, with its whole process group (what vLLM started under it)."""
+    if process is not None:
+        _end_group(process.pid)
+        process.kill()
+        process.join()
 
 
 def _end_group(pgid: int) -> None:
@@ -416,20 +429,23 @@ def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> 
     # a terminal reaches the job's group only, so the parent alone decides when an engine
     # stops, and stops it cleanly, instead of every engine dying under it at once.
     os.setpgid(0, 0)
+    # The job gone (killed, even by SIGKILL, even while this engine still loads) ends this
+    # group at once: an engine that outlives its job holds its GPU for nobody.
+    end_with_parent(end_own_group)
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
     try:
         engine = make_engine()
         limits = getattr(engine, "context_limits", lambda: (0, None))()
-        conn.send(("ready", engine.capacity(), limits))
     except FatalEngineError as exc:  # says why already
-        conn.send(("fatal", str(exc)))
+        _reply(conn, ("fatal", str(exc)))
         return
     except Exception as exc:
-        conn.send(("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
+        _reply(conn, ("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
         return
     try:
-        _serve_engine(engine, conn)
+        if _reply(conn, ("ready", engine.capacity(), limits)):  # else stopped while starting
+            _serve_engine(engine, conn)
     finally:
         # vLLM's own engine-core process is not ours to leave behind: closed here, whatever
         # ended the loop (a stop, the parent gone, the engine dead).
