@@ -188,7 +188,9 @@ def run_job(
         live = _engine(engine, layout, plan.pending, info)
     write_record(record, job.fingerprint)
     stats = JobStats()
-    if plan.pending or progress != out.path:
+    # With nothing left to run, the rows are still put in input order: a job killed between
+    # its last row and that rewrite left them in the order they finished.
+    if plan.pending or progress != out.path or progress.exists():
         stats = _write_rows(job, out, plan.pending, live, run)
     try:
         return _report(job, out, plan, stats, info)
