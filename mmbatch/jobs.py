@@ -44,6 +44,7 @@ from mmbatch.out.sinks import MemorySink, Sink
 from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts, quarantine_path
 from mmbatch.out.summary import summary_path, write_summary
 from mmbatch.out.tables import SPOOL_SUFFIX
+from mmbatch.out.writable import check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
 
@@ -164,6 +165,10 @@ def run_job(
     the config of the vLLM engine to start if anything is left to do)."""
     run = run or RunConfig()
     layout = _layout(engine)  # a configuration mistake stops the job before any output
+    # Before anything starts (decode workers, engine processes, vLLM's import): the rows and
+    # vLLM's log are appended to, the rest replaced through temporary files beside them.
+    log = engine.log_file if isinstance(engine, EngineConfig) else None
+    check_writable(out.path, [_spool_path(out) or out.path, Path(log) if log else None])
     _remove_orphans(out)
     progress = _progress_file(out, job.shape)
     record = job_record_path(out.path)
@@ -320,9 +325,9 @@ def _progress_file(out: FileOutput, shape: RowShape) -> Path:
     """The JSONL file that resume reads: the output itself, or a columnar output's spool
     (recreated from the output's rows when a finished job is run again, once its first row
     shows it is an output of this kind: a table that is not is left as it is)."""
-    if out.format == "jsonl":
+    spool = _spool_path(out)
+    if spool is None:
         return out.path
-    spool = out.path.with_name(out.path.name + SPOOL_SUFFIX)
     if not spool.exists() and out.path.exists():
         how = "it is left as it is: name another --out"
         try:
@@ -334,6 +339,13 @@ def _progress_file(out: FileOutput, shape: RowShape) -> Path:
             raise ConfigError(f"{out.path} is not an mmbatch output of this kind; {how}")
         write_atomic(spool, chain([first] if first is not None else [], rows))
     return spool
+
+
+def _spool_path(out: FileOutput) -> Path | None:
+    """Where a columnar output's rows are spooled as JSON lines (None: a JSONL output)."""
+    if out.format == "jsonl":
+        return None
+    return out.path.with_name(out.path.name + SPOOL_SUFFIX)
 
 
 def _remove_orphans(out: FileOutput) -> None:
