@@ -2,8 +2,11 @@
 multiprocessing on (its default, which the other tests turn off for speed), the engine
 process mmbatch starts has vLLM's engine core under it, and a worker under that.
 
-A job killed while they start (the worst case: nothing stops them, and on a GPU they hold it
-for good) leaves none of them two seconds later.
+* A job killed while they start (the worst case: nothing stops them, and on a GPU they hold
+  it for good) leaves none of them two seconds later.
+* A job that ends normally leaves nothing behind and prints no warning of leaked shared
+  memory or semaphores (vLLM's engine core unlinks its shared memory only if it is given the
+  time to stop).
 """
 
 from __future__ import annotations
@@ -58,3 +61,24 @@ def test_a_job_killed_while_vllm_starts_its_processes_leaves_none(
         job.kill()
     left = left_after(partial(in_session, job.pid), 2.0)
     assert not left, f"left two seconds after the job was killed: {left} (of {started})"
+
+
+def test_a_finished_job_leaves_nothing_and_warns_of_no_leaked_resources(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    argv = caption_command(tiny_vl_model, pictures(samples, tmp_path / "in"), tmp_path / "o.jsonl")
+    argv += ["--decode-workers", "1"]  # multiprocessing's queues and locks, released too
+    job = subprocess.Popen(
+        argv,
+        env=os.environ | MULTIPROCESSING,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    with job:
+        _, stderr = job.communicate(timeout=600)  # until every process holding it is gone
+    assert job.returncode == 0, stderr[-3000:]
+    assert "resource_tracker" not in stderr, stderr[-3000:]
+    assert "leaked" not in stderr, stderr[-3000:]
+    assert not left_after(partial(in_session, job.pid), 0)

@@ -62,8 +62,9 @@ STEP_WAIT = 0.05
 """Seconds ``step`` waits for some replica's results before it returns empty-handed."""
 AFFINITY_KEYS = 4096
 """Media keys remembered with the replica that last took them."""
-STOP_WAIT = 10.0
-"""Seconds a replica has to close its engine and exit, before it is ended by signal."""
+STOP_WAIT = 30.0
+"""Seconds a replica has to close its engine and exit, before it is ended by signal: more
+than vLLM's engine core is given to stop (``mmbatch.engine.vllm.ENGINE_STOP_SECONDS``)."""
 STATS_SECONDS = 0.5
 """How often a replica reads its engine's counters (cache hits, queue depths) for the
 results it sends, and whenever it runs out of work, so that a job's final counts are
