@@ -217,6 +217,20 @@ def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> 
     assert not left_after(partial(in_session, job.pid), 2.0)
 
 
+@pytest.mark.timeout(60)
+def test_a_request_an_engine_process_loses_stops_the_job_loudly(tmp_path: Path) -> None:
+    """A replica whose engine forgets a request (it holds nothing, yet never returned it)
+    says so, and the pipeline stops the job saying which, instead of waiting forever."""
+    requests = caption(pictures(tmp_path / "p", 12), ["fine"])
+    lost = Request("lost", "lose", (MediaRef("image", requests[3].media[0].source),))
+    engine = fakes(2, drop_prompts=frozenset({"lose"}))
+    try:
+        with pytest.raises(FatalEngineError, match=r"got no result \(e\.g\. 'lost'\)"):
+            run([*requests, lost], engine)
+    finally:
+        engine.close()
+
+
 def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Path) -> None:
     requests = caption(pictures(tmp_path / "p", 12), ["fine"])
     poison = Request("poison", "crash", (MediaRef("image", requests[3].media[0].source),))

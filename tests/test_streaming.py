@@ -1,6 +1,9 @@
 """The streaming pipeline against the fake engine: the plan's grouping as the engine sees it,
 the first request's latency, a saturated engine, the byte budget, overlapping submissions,
-and decoding in worker processes (which end with a killed job)."""
+and decoding in worker processes (which end with a killed job).
+
+Each test takes seconds: one that hangs fails within two minutes, not at the suite's
+fifteen."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampling
 
 REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(120)
 
 
 def pictures(folder: Path, count: int, size: int = 32) -> list[Path]:
@@ -222,11 +227,11 @@ def test_a_host_without_pyav_still_decodes_pictures_in_worker_processes(
         "from mmbatch.media.options import ImageOptions\n"
         f"data = open({str(samples / 'sunset.jpg')!r}, 'rb').read()\n"
         "job = ImageJob('k', data, ImageOptions())\n"
-        "print(type(decode_pool(2).submit(decode, job).result(timeout=120)['k']).__name__)\n"
+        "print(type(decode_pool(2).submit(decode, job).result(timeout=60)['k']).__name__)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO)])}
     out = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() != "ItemError"

@@ -278,7 +278,19 @@ class ReplicaEngine:
             return []
         if kind == "fatal":
             return self._died(replica, message[1])
+        if kind == "lost":
+            self._forget(replica, message[1])
+            return []
         raise RuntimeError(f"bug: a replica sent {kind!r}")
+
+    def _forget(self, replica: _Replica, request_ids: Sequence[str]) -> None:
+        """Requests the replica's engine lost (it holds none, yet returned none of these): no
+        longer held here either, so that the pipeline sees them lost and says so."""
+        for request_id in request_ids:
+            if self._in_flight.pop(request_id, None) is not None:
+                replica.held.discard(request_id)
+                replica.trial.discard(request_id)
+                self._where.pop(request_id, None)
 
     def _died(self, replica: _Replica, why: str) -> list[Result]:
         """Restart ``replica``; its requests become suspects, and a suspect that kills a
@@ -457,6 +469,7 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
     inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
     threading.Thread(target=_receive_into, args=(conn, inbox), daemon=True).start()
     rejected: list[Result] = []
+    held: set[str] = set()  # added to the engine, no result yet
     last_report = stats_read = 0.0
     stats: tuple[int, CacheStats, tuple[int, int]] | None = None
     while True:
@@ -472,10 +485,12 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
                 _, request, media, sampling = message
                 try:
                     engine.add(request, media, sampling)
+                    held.add(request.id)
                 except RequestRejected as exc:
                     rejected.append(Result.failure(request.id, exc.stage, str(exc), exc.kind))
             elif message[0] == "abort":
                 engine.abort(message[1])
+                held.difference_update(message[1])
             try:
                 message = inbox.get_nowait()
             except queue.Empty:
@@ -489,6 +504,11 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
             _reply(conn, ("fatal", f"its step raised {type(exc).__name__}: {exc}"))
             return
         rejected = []
+        held.difference_update(r.request_id for r in results)
+        if held and not engine.num_unfinished():
+            lost, held = sorted(held), set()
+            if not _reply(conn, ("lost", lost)):
+                return
         now = time.monotonic()
         if results or now - last_report > 1.0:
             last_report = now
