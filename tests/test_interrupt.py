@@ -24,7 +24,7 @@ import uuid
 from functools import partial
 from pathlib import Path
 
-from processes import in_session, left_after, marked
+from processes import command, in_session, left_after, marked
 from test_kill_resume import FAKE_CLI, STEP_SECONDS, comparable, make_inputs, whole_rows
 
 from mmbatch.cli import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED, EXIT_TERMINATED
@@ -82,12 +82,10 @@ def stop(job: subprocess.Popen[bytes], how: signal.Signals, where: str) -> int:
         ) from None
 
 
-def is_resource_tracker(pid: int) -> bool:
-    """multiprocessing's resource tracker, which exits only once it sees its parent gone."""
-    try:
-        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # gone meanwhile
+def resource_trackers(session: int) -> set[int]:
+    """multiprocessing's resource tracker in ``session``, which exits only once it sees the
+    job gone (found while the job runs: as it exits, its command line is already empty)."""
+    return {pid for pid in in_session(session) if "resource_tracker" in command(pid)}
 
 
 def test_ctrl_c_at_random_moments_of_start_up_exits_130_and_resumes_exactly(
@@ -165,15 +163,16 @@ def test_sigint_and_sigterm_at_twenty_moments_after_rows_started_stop_the_job_in
         job = start(inputs, out, mark)
         first_row_after(job, out, before)
         time.sleep(rng.uniform(0, 4 * float(STEP_SECONDS)))  # within the next few rows
+        trackers = resource_trackers(job.pid)
         code = stop(job, how, where)
-        engines = [pid for pid in in_session(job.pid) if not is_resource_tracker(pid)]  # at once
+        engines = [f"{pid} {command(pid)}" for pid in in_session(job.pid) if pid not in trackers]
         stderr = job.stderr.read().decode()  # type: ignore[union-attr]
         job.stderr.close()  # type: ignore[union-attr]
         wanted = EXIT_INTERRUPTED if how == signal.SIGINT else EXIT_TERMINATED
         assert code == wanted, f"{where}: exit {code}\n{stderr[-2000:]}"
         assert "Traceback" not in stderr, f"{where}\n{stderr[-2000:]}"
         assert "run the same command again to resume" in stderr.splitlines()[-1], where
-        assert not engines, f"{where}: processes outlived the job: {engines}"
+        assert not engines, f"{where}: processes outlived the job: {engines}"  # at once
         assert_none_left(mark, job.pid)  # the resource tracker too, once it sees them gone
         rows = whole_rows(out)
         assert before < len(rows) < total, where
