@@ -77,8 +77,8 @@ def test_a_finished_job_leaves_nothing_and_warns_of_no_leaked_resources(
         start_new_session=True,
     )
     with job:
-        _, stderr = job.communicate(timeout=600)  # until every process holding it is gone
+        _, stderr = job.communicate(timeout=600)  # until every process holding it closed it
     assert job.returncode == 0, stderr[-3000:]
     assert "resource_tracker" not in stderr, stderr[-3000:]
     assert "leaked" not in stderr, stderr[-3000:]
-    assert not left_after(partial(in_session, job.pid), 0)
+    assert not left_after(partial(in_session, job.pid), 2.0)  # the last may still be exiting
