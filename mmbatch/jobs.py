@@ -51,6 +51,7 @@ from mmbatch.out.stats import (
 )
 from mmbatch.out.summary import summary_path, write_summary
 from mmbatch.out.tables import SPOOL_SUFFIX
+from mmbatch.out.writable import check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
 
@@ -181,6 +182,10 @@ def run_job(
     run = run or RunConfig()
     milestone("inputs_listed")
     layout = _layout(engine)  # a configuration mistake stops the job before any output
+    # Before anything starts (decode workers, engine processes, vLLM's import): the rows and
+    # vLLM's log are appended to, the rest replaced through temporary files beside them.
+    log = engine.log_file if isinstance(engine, EngineConfig) else None
+    check_writable(out.path, [_spool_path(out) or out.path, Path(log) if log else None])
     _remove_orphans(out)
     progress = _progress_file(out, job.shape)
     record = job_record_path(out.path)
@@ -208,7 +213,9 @@ def run_job(
         milestone("engines_ready")
     write_record(record, job.fingerprint)
     stats = JobStats()
-    if plan.pending or progress != out.path:
+    # With nothing left to run, the rows are still put in input order: a job killed between
+    # its last row and that rewrite left them in the order they finished.
+    if plan.pending or progress != out.path or progress.exists():
         stats = _write_rows(job, out, plan.pending, live, run)
     try:
         return _report(job, out, plan, stats, info, startup)
@@ -340,9 +347,9 @@ def _progress_file(out: FileOutput, shape: RowShape) -> Path:
     """The JSONL file that resume reads: the output itself, or a columnar output's spool
     (recreated from the output's rows when a finished job is run again, once its first row
     shows it is an output of this kind: a table that is not is left as it is)."""
-    if out.format == "jsonl":
+    spool = _spool_path(out)
+    if spool is None:
         return out.path
-    spool = out.path.with_name(out.path.name + SPOOL_SUFFIX)
     if not spool.exists() and out.path.exists():
         how = "it is left as it is: name another --out"
         try:
@@ -354,6 +361,13 @@ def _progress_file(out: FileOutput, shape: RowShape) -> Path:
             raise ConfigError(f"{out.path} is not an mmbatch output of this kind; {how}")
         write_atomic(spool, chain([first] if first is not None else [], rows))
     return spool
+
+
+def _spool_path(out: FileOutput) -> Path | None:
+    """Where a columnar output's rows are spooled as JSON lines (None: a JSONL output)."""
+    if out.format == "jsonl":
+        return None
+    return out.path.with_name(out.path.name + SPOOL_SUFFIX)
 
 
 def _remove_orphans(out: FileOutput) -> None:

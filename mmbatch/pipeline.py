@@ -16,7 +16,9 @@ stats, so the summary shows whether that held.
 
 Every request ends as exactly one result, checked when its submission finishes (a broken
 invariant is a bug, raised loudly). Per-item failures are results; a fatal engine error
-ends every open submission with that error, after the rows finished so far were written.
+ends every open submission with that error, after the rows finished so far were written. So
+does a request the engine lost (it holds fewer requests than are in flight): once the
+others are out, rather than the job waiting for it forever.
 """
 
 from __future__ import annotations
@@ -211,6 +213,7 @@ class Pipeline:
         self._tags = itertools.count()
         self._wake = threading.Event()
         self._closed = False
+        self._losing = False  # the engine lost a request: nothing more goes in (``_check_lost``)
         self._dead: BaseException | None = None
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -286,13 +289,32 @@ class Pipeline:
         self._accept()
         busy = self.engine.num_unfinished()
         room = self.engine.capacity() - busy
-        if room > 0:
+        if room > 0 and not self._losing:
             for ready in self.feeder.take(room, timeout=0 if busy else IDLE_WAIT):
                 self._add(ready)
         if self.engine.num_unfinished():
             for result in self.engine.step():
                 self._finish(result)
+        self._check_lost()
         self._housekeeping()
+
+    def _check_lost(self) -> None:
+        """Fail loudly, soon, when a request sent to the engine can no longer get its result,
+        instead of waiting for it forever: the engine holds fewer requests than are in
+        flight. Which ones is known once it holds none, so nothing more is sent meanwhile and
+        the rest finish (their rows are written); then the job stops, and a rerun redoes
+        what the engine lost."""
+        unfinished = self.engine.num_unfinished()
+        if unfinished >= len(self._in_flight):
+            return
+        self._losing = True
+        if unfinished:
+            return
+        lost = sorted(loaded.id for _, loaded in self._in_flight.values())
+        raise FatalEngineError(
+            f"bug: the engine holds no request, yet {len(lost)} sent to it got no result "
+            f"(e.g. {lost[0]!r})"
+        )
 
     def _accept(self) -> None:
         while not self._inbox.empty():

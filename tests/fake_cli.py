@@ -2,11 +2,17 @@
 
 Everything else is the real command: argument parsing, sources, loader, pipeline, the
 resumable sink and the exit codes. The kill tests run it as a subprocess
-(``python tests/fake_cli.py caption ...``); ``FAKE_STEP_SECONDS`` slows each engine step,
-``FAKE_REPLICAS=N`` runs N fake engines each in a replica process of its own (as the real
-command runs vLLM: ``ReplicaEngine``), and ``FAKE_TEAR_AT_ROW=N`` makes the process SIGKILL
-itself half-way through writing its N-th row, the torn write that a kill during ``write``
-can leave.
+(``python tests/fake_cli.py caption ...``), set up by the environment:
+
+* ``FAKE_STEP_SECONDS``: each engine step takes that long;
+* ``FAKE_REPLICAS=N``: N fake engines, each in a replica process of its own (as the real
+  command runs vLLM: ``ReplicaEngine``);
+* ``FAKE_ENGINE_CORE=1``: each fake engine starts a child process, as vLLM's engine starts
+  its engine core, and ``FAKE_START_SECONDS`` then loads that long;
+* ``FAKE_TEAR_AT_ROW=N``: the job SIGKILLs itself half-way through writing its N-th row, the
+  torn write that a kill during ``write`` can leave;
+* ``FAKE_KILL_AT_ORDER=before`` (or ``during``): the job SIGKILLs itself once its rows are
+  written, before it puts them in input order (or half-way through rewriting them).
 """
 
 from __future__ import annotations
@@ -15,30 +21,47 @@ import faulthandler
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from functools import partial
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 from unittest import mock
 
 from mmbatch import cli
 from mmbatch.engine.base import Engine
 from mmbatch.jsonl import encode_line
+from mmbatch.out import order
+from mmbatch.out.order import RowOrder
 from mmbatch.out.sinks import JsonlSink
 from mmbatch.testing.fake_engine import FakeEngine
+
+real_write_bytes_atomic = order.write_bytes_atomic
 
 
 def main(argv: Sequence[str], engine: Engine | None = None) -> int:
     engine = engine or fake_engine()
-    tear_at = os.environ.get("FAKE_TEAR_AT_ROW")
-    if tear_at is None:
-        return cli.main(argv, engine)
-    with mock.patch.object(JsonlSink, "write", _tearing_write(int(tear_at))):
+    with ExitStack() as patches:
+        tear_at = os.environ.get("FAKE_TEAR_AT_ROW")
+        if tear_at is not None:
+            patches.enter_context(
+                mock.patch.object(JsonlSink, "write", _tearing_write(int(tear_at)))
+            )
+        kill_at_order = os.environ.get("FAKE_KILL_AT_ORDER")
+        if kill_at_order == "before":
+            patches.enter_context(mock.patch.object(RowOrder, "apply", _kill_self))
+        elif kill_at_order == "during":
+            patches.enter_context(mock.patch.object(order, "write_bytes_atomic", _torn_rewrite))
         return cli.main(argv, engine)
 
 
 def fake_engine() -> Engine:
     make = partial(
-        FakeEngine, per_step=1, step_seconds=float(os.environ.get("FAKE_STEP_SECONDS", "0"))
+        FakeEngine,
+        per_step=1,
+        step_seconds=float(os.environ.get("FAKE_STEP_SECONDS", "0")),
+        engine_core=os.environ.get("FAKE_ENGINE_CORE") == "1",
+        start_seconds=float(os.environ.get("FAKE_START_SECONDS", "0")),
     )
     replicas = int(os.environ.get("FAKE_REPLICAS", "0"))
     if not replicas:
@@ -63,6 +86,22 @@ def _tearing_write(tear_at: int) -> Any:
         os.kill(os.getpid(), signal.SIGKILL)
 
     return write
+
+
+def _kill_self(*args: object) -> NoReturn:
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def _torn_rewrite(path: Path, chunks: Iterable[bytes]) -> None:
+    """``write_bytes_atomic``, killed half-way through writing the temporary file."""
+    lines = list(chunks)
+
+    def half_then_kill() -> Iterator[bytes]:
+        yield b"".join(lines[: len(lines) // 2])
+        _kill_self()
+
+    real_write_bytes_atomic(path, half_then_kill())
 
 
 if __name__ == "__main__":

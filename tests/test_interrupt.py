@@ -1,13 +1,15 @@
-"""Ctrl-C at any moment of a job: it stops within seconds with exit code 130, every row it
-wrote is whole and kept, no engine process outlives it, and the same command resumes it to
-exactly the output an uninterrupted run gives.
+"""Ctrl-C or SIGTERM at any moment of a job: it stops within seconds with exit code 130 (143
+for SIGTERM), every row it wrote is whole and kept, its engine processes are stopped before
+it exits (a resumed job must find the GPU free) and nothing it started outlives it, and the
+same command resumes it to exactly the output an uninterrupted run gives.
 
 (A shell reports 130 for a process that SIGINT ended too: that is Python's own exit when
 Ctrl-C comes while it is still importing the command, before the command can catch it.)
 Ctrl-C in a terminal sends SIGINT to the job's whole process group; these tests do the same
-(``os.killpg`` on a job started in a session of its own). The ten random moments run the
-real command with fake engines in replica processes, as the real command runs vLLM, so that
-they cost seconds; ``test_end_to_end.py`` interrupts the command on vLLM itself.
+(``os.killpg`` on a job started in a session of its own); ``timeout``, a batch scheduler or
+``kill`` sends SIGTERM to the job's process alone. The random moments run the real command
+with fake engines in engine processes, each with a child as vLLM's engine has its engine
+core, so that they cost seconds; ``test_end_to_end.py`` interrupts the command on vLLM.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ import subprocess
 import sys
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
+from processes import command, in_session, left_after, marked
 from test_kill_resume import FAKE_CLI, STEP_SECONDS, comparable, make_inputs, whole_rows
 
 from mmbatch.cli import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED, EXIT_TERMINATED
+
+STOPPED_WITHIN = 10.0
+"""Seconds from the signal to the job's exit."""
 
 
 def start(inputs: Path, out: Path, mark: str) -> subprocess.Popen[bytes]:
@@ -32,44 +39,58 @@ def start(inputs: Path, out: Path, mark: str) -> subprocess.Popen[bytes]:
     env = os.environ | {"FAKE_STEP_SECONDS": STEP_SECONDS, "FAKE_REPLICAS": "2"}
     return subprocess.Popen(
         argv,
-        env=env | {"MMBATCH_TEST_MARK": mark},
+        env=env | {"MMBATCH_TEST_MARK": mark, "FAKE_ENGINE_CORE": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,  # a group of its own, as a terminal's foreground job
     )
 
 
-def processes_marked(mark: str) -> list[int]:
-    """The processes whose environment holds ``mark`` (the job and whatever it started)."""
-    found = []
-    needle = f"MMBATCH_TEST_MARK={mark}".encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue  # gone, or not ours to read
-    return found
+def assert_none_left(mark: str, session: int | None = None, seconds: float = 10) -> None:
+    """Nothing the job started is left within ``seconds``: no process whose environment
+    holds ``mark``, nor (a job started in a session of its own: its pid) in its session,
+    which also finds the processes vLLM renames."""
+    found = marked if session is None else lambda m: sorted({*marked(m), *in_session(session)})
+    left = left_after(partial(found, mark), seconds)
+    assert not left, f"processes left after the job: {left}"
 
 
-def assert_none_left(mark: str) -> None:
-    deadline = time.monotonic() + 10
-    while processes_marked(mark):
-        assert time.monotonic() < deadline, (
-            f"processes left after the job: {processes_marked(mark)}"
-        )
-        time.sleep(0.1)
-
-
-def first_row_after(job: subprocess.Popen[bytes], out: Path) -> float:
-    """When ``out`` got its first row (or the job ended)."""
-    while job.poll() is None and not (out.exists() and out.stat().st_size):
+def first_row_after(job: subprocess.Popen[bytes], out: Path, count: int = 0) -> float:
+    """When ``out`` got more than ``count`` rows (or the job ended)."""
+    while job.poll() is None and len(whole_rows(out)) <= count:
         time.sleep(0.005)
     return time.monotonic()
 
 
-def test_ctrl_c_at_ten_random_moments_exits_130_and_resumes_exactly(tmp_path: Path) -> None:
+def stop(job: subprocess.Popen[bytes], how: signal.Signals, where: str) -> int:
+    """Send ``how`` as a terminal (SIGINT, to the group) or a scheduler (SIGTERM, to the job
+    alone) does; the exit code, within ``STOPPED_WITHIN`` (else the job's stacks fail it)."""
+    if how == signal.SIGINT:
+        os.killpg(job.pid, signal.SIGINT)
+    else:
+        os.kill(job.pid, signal.SIGTERM)
+    try:
+        return job.wait(timeout=STOPPED_WITHIN)
+    except subprocess.TimeoutExpired:
+        os.kill(job.pid, signal.SIGUSR1)  # fake_cli dumps every thread's stack
+        time.sleep(1)
+        for pid in in_session(job.pid):
+            os.kill(pid, signal.SIGKILL)
+        stacks = job.communicate()[1].decode()
+        raise AssertionError(
+            f"the job did not stop after {how.name} in {where}:\n{stacks}"
+        ) from None
+
+
+def resource_trackers(session: int) -> set[int]:
+    """multiprocessing's resource tracker in ``session``, which exits only once it sees the
+    job gone (found while the job runs: as it exits, its command line is already empty)."""
+    return {pid for pid in in_session(session) if "resource_tracker" in command(pid)}
+
+
+def test_ctrl_c_at_random_moments_of_start_up_exits_130_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
     inputs = tmp_path / "in"
     total = make_inputs(inputs)
     mark = uuid.uuid4().hex
@@ -83,29 +104,16 @@ def test_ctrl_c_at_ten_random_moments_exits_130_and_resumes_exactly(tmp_path: Pa
 
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    interrupted = mid_job = 0
-    for round_no in range(10):
+    interrupted = 0
+    for round_no in range(5):
         where = f"round {round_no}, seed {seed}"
         out = tmp_path / f"out-{round_no}.jsonl"
         job = start(inputs, out, mark)
-        if round_no % 2:
-            first_row_after(job, out)  # in the work: within the next few rows
-            time.sleep(rng.uniform(0, 6 * float(STEP_SECONDS)))
-        else:
-            time.sleep(rng.uniform(0, startup))  # imports, listing, replicas starting
-        os.killpg(job.pid, signal.SIGINT)
-        try:
-            code = job.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.kill(job.pid, signal.SIGUSR1)  # fake_cli dumps every thread's stack
-            time.sleep(1)
-            for pid in processes_marked(mark):
-                os.kill(pid, signal.SIGKILL)
-            stacks = job.communicate()[1].decode()
-            raise AssertionError(f"the job hung after Ctrl-C in {where}:\n{stacks}") from None
+        time.sleep(rng.uniform(0, startup))  # imports, listing, replicas starting
+        code = stop(job, signal.SIGINT, where)
         stderr = job.stderr.read().decode()  # type: ignore[union-attr]
         job.stderr.close()  # type: ignore[union-attr]
-        assert_none_left(mark)
+        assert_none_left(mark, job.pid)
         if code == EXIT_ITEMS_FAILED:
             continue  # the job had finished before the signal came
         if code != -signal.SIGINT:
@@ -115,62 +123,68 @@ def test_ctrl_c_at_ten_random_moments_exits_130_and_resumes_exactly(tmp_path: Pa
         # else: Ctrl-C while Python was still importing the command, before it could take the
         # signal: Python ends itself by SIGINT, which a shell also reports as 130.
         interrupted += 1
-        rows = whole_rows(out)
         if out.exists() and out.stat().st_size:
             assert out.read_bytes().endswith(b"\n"), f"a torn row after {where}"
-        for row in rows:
+        for row in whole_rows(out):
             assert comparable([row]) == {row["id"]: expected[row["id"]]}, where
-        mid_job += 0 < len(rows) < total
 
         resumed = start(inputs, out, mark)
         assert resumed.wait(timeout=120) == EXIT_ITEMS_FAILED, where
         resumed.stderr.close()  # type: ignore[union-attr]
-        rows = whole_rows(out)
-        assert len(rows) == total, f"{where}: {len(rows)} rows after the resume"
-        assert comparable(rows) == expected, where
+        assert comparable(whole_rows(out)) == expected, where
     assert_none_left(mark)
-    assert interrupted >= 5, f"seed {seed}: only {interrupted} signals landed before the end"
-    assert mid_job >= 2, f"seed {seed}: only {mid_job} signals landed mid-job"
+    assert interrupted >= 3, f"seed {seed}: only {interrupted} signals landed before the end"
 
 
-def is_resource_tracker(pid: int) -> bool:
-    """multiprocessing's resource tracker, which exits only once it sees its parent gone."""
-    try:
-        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True  # gone meanwhile
-
-
-def test_sigterm_to_the_job_alone_stops_it_as_ctrl_c_does(tmp_path: Path) -> None:
-    """``timeout``, a batch scheduler or ``kill`` sends SIGTERM to the job's process alone:
-    it exits 143 with the rows it finished kept, its engine processes already stopped (a
-    resumed job must find the GPU free), and the same command resumes it exactly."""
+def test_sigint_and_sigterm_at_twenty_moments_after_rows_started_stop_the_job_in_seconds(
+    tmp_path: Path,
+) -> None:
+    """Twenty stops of one job, each once it has written a row (Ctrl-C and SIGTERM in turn):
+    each exits 130 or 143 within ten seconds, its engine processes already stopped when it
+    exits and nothing it started left after; the rerun after the last ends with the output
+    an uninterrupted run writes."""
     inputs = tmp_path / "in"
-    total = make_inputs(inputs)
+    total = make_inputs(inputs, items=200)
     mark = uuid.uuid4().hex
     reference = start(inputs, tmp_path / "reference.jsonl", mark)
     assert reference.wait(timeout=120) == EXIT_ITEMS_FAILED
     reference.stderr.close()  # type: ignore[union-attr]
-    expected = comparable(whole_rows(tmp_path / "reference.jsonl"))
+    reference_rows = whole_rows(tmp_path / "reference.jsonl")
+    expected = comparable(reference_rows)
+    assert len(expected) == total
 
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
     out = tmp_path / "out.jsonl"
-    job = start(inputs, out, mark)
-    first_row_after(job, out)
-    os.kill(job.pid, signal.SIGTERM)
-    code = job.wait(timeout=60)
-    left = [pid for pid in processes_marked(mark) if not is_resource_tracker(pid)]  # at once
-    stderr = job.stderr.read().decode()  # type: ignore[union-attr]
-    job.stderr.close()  # type: ignore[union-attr]
-    assert code == EXIT_TERMINATED, f"exit {code}\n{stderr[-2000:]}"
-    assert "Traceback" not in stderr, stderr[-2000:]
-    assert "run the same command again to resume" in stderr.splitlines()[-1]
-    assert not left, f"processes outlived the job: {left}"
-    assert_none_left(mark)  # multiprocessing's resource tracker too, once it sees the job gone
-    rows = whole_rows(out)
-    assert 0 < len(rows) < total
-    assert out.read_bytes().endswith(b"\n")
+    for round_no in range(20):
+        how = (signal.SIGINT, signal.SIGTERM)[round_no % 2]
+        where = f"round {round_no} ({how.name}), seed {seed}"
+        before = len(whole_rows(out))
+        job = start(inputs, out, mark)
+        first_row_after(job, out, before)
+        time.sleep(rng.uniform(0, 4 * float(STEP_SECONDS)))  # within the next few rows
+        trackers = resource_trackers(job.pid)
+        code = stop(job, how, where)
+        engines = [f"{pid} {command(pid)}" for pid in in_session(job.pid) if pid not in trackers]
+        stderr = job.stderr.read().decode()  # type: ignore[union-attr]
+        job.stderr.close()  # type: ignore[union-attr]
+        wanted = EXIT_INTERRUPTED if how == signal.SIGINT else EXIT_TERMINATED
+        assert code == wanted, f"{where}: exit {code}\n{stderr[-2000:]}"
+        assert "Traceback" not in stderr, f"{where}\n{stderr[-2000:]}"
+        assert "run the same command again to resume" in stderr.splitlines()[-1], where
+        assert not engines, f"{where}: processes outlived the job: {engines}"  # at once
+        assert_none_left(mark, job.pid)  # the resource tracker too, once it sees them gone
+        rows = whole_rows(out)
+        assert before < len(rows) < total, where
+        assert out.read_bytes().endswith(b"\n"), f"a torn row after {where}"
+        assert len({row["id"] for row in rows}) == len(rows), where
+        for row in rows:
+            assert comparable([row]) == {row["id"]: expected[row["id"]]}, where
 
     resumed = start(inputs, out, mark)
     assert resumed.wait(timeout=120) == EXIT_ITEMS_FAILED
     resumed.stderr.close()  # type: ignore[union-attr]
-    assert comparable(whole_rows(out)) == expected
+    rows = whole_rows(out)
+    assert [row["id"] for row in rows] == [row["id"] for row in reference_rows]
+    assert comparable(rows) == expected
+    assert_none_left(mark)

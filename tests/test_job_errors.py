@@ -95,6 +95,27 @@ def test_a_read_only_output_folder_is_one_line(pictures: Path, read_only: Path) 
     assert list(read_only.iterdir()) == []
 
 
+def test_a_read_only_output_folder_is_found_before_anything_starts(
+    pictures: Path, read_only: Path, tiny_vl_model: Path
+) -> None:
+    """The real command on a real model: the folder is named in one line before the decode
+    workers or the engine process start, before vLLM is imported (it took 38 s to find, and
+    blamed vLLM's log file). ``-X importtime`` lists every module the job imports, and those
+    of any process it starts (which inherits the flag)."""
+    argv = [sys.executable, "-X", "importtime", "-m", "mmbatch", "caption", str(pictures)]
+    argv += ["--model", str(tiny_vl_model), "--out", str(read_only / "o.jsonl")]
+    argv += ["--decode-workers", "1", "--no-progress"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+    line = one_error_line(proc)
+    assert f"cannot write in the folder {str(read_only)!r}" in line
+    assert "Read-only file system" in line or "Permission denied" in line
+    assert "vllm" not in imported
+    assert "mmbatch.engine.replicas" not in imported  # no engine process
+    assert "multiprocessing.popen_spawn_posix" not in imported  # no process at all
+    assert list(read_only.iterdir()) == []
+
+
 def test_a_full_disk_stops_the_job_in_one_line_and_it_resumes(
     pictures: Path, small_disk: Path
 ) -> None:

@@ -1,11 +1,16 @@
-"""SIGKILL a caption job at 20 random moments, resume each time, and check the output holds
-every input exactly once with the text an uninterrupted run gives.
+"""SIGKILL a job (and its engine process) at random moments, resume each time, and check
+the output holds every input exactly once, in input order, with the text an uninterrupted
+run gives, and that no process of a killed job is left two seconds later.
 
-The 20 kills run the real command (sources, loader, pipeline, resumable sink) in a
-subprocess with the fake engine, so that they cost seconds, not 20 engine starts: most land
-at a random time (start-up, loading, mid-job, between steps, writing), and four make the
-process kill itself half-way through writing a row, the torn write a kill during ``write``
-can leave. ``test_end_to_end.py`` kills the real vLLM command a few times the same way.
+The kills run the real command (sources, loader, pipeline, resumable sink) in a subprocess
+with fake engines, each in an engine process of its own with a child standing in for vLLM's
+engine core, as the real command runs vLLM, so that they cost seconds, not engine starts.
+They land at random moments (start-up, mid-job, between steps, writing), half-way through
+writing a row (the torn write a kill during ``write`` can leave), on the engine process
+alone (the job starts another, and the dead one's engine core must go at once), and around
+the final reordering of the rows. ``test_end_to_end.py`` kills the real vLLM command a few
+times the same way, and ``test_engine_processes.py`` kills it while vLLM's own engine core
+and worker processes start.
 """
 
 from __future__ import annotations
@@ -17,31 +22,37 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 from media_files import cfr_video
 from PIL import Image
+from processes import alive, children, group_leaders, in_session, left_after
 
 FAKE_CLI = Path(__file__).resolve().parent / "fake_cli.py"
 ITEMS = 40
 STEP_SECONDS = "0.04"
+ENGINE = {"FAKE_REPLICAS": "1", "FAKE_ENGINE_CORE": "1"}
+"""A fake engine in an engine process of its own, with a child as vLLM has its engine core."""
+GONE_WITHIN = 2.0
+"""Seconds after a kill by which nothing the killed process started may be left."""
 
 
-def make_inputs(folder: Path) -> int:
-    """``ITEMS`` small distinct pictures, two of them broken; returns the number of files."""
+def make_inputs(folder: Path, items: int = ITEMS) -> int:
+    """``items`` small distinct pictures, two of them broken; returns the number of files."""
     folder.mkdir()
-    for i in range(ITEMS - 2):
-        Image.new("RGB", (16, 16), (i * 6, 255 - i * 6, (i * 37) % 256)).save(
-            folder / f"{i:02d}.png"
+    for i in range(items - 2):
+        Image.new("RGB", (16, 16), (i * 6 % 256, 255 - i * 6 % 256, (i * 37) % 256)).save(
+            folder / f"{i:03d}.png"
         )
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     (folder / "empty.jpg").write_bytes(b"")
-    return ITEMS
+    return items
 
 
-def start(inputs: Path, out: Path, **env: str) -> subprocess.Popen[bytes]:
-    return start_command(["caption", str(inputs)], out, **env)
+def start(inputs: Path, out: Path, *options: str, **env: str) -> subprocess.Popen[bytes]:
+    return start_command(["caption", str(inputs), *options], out, **env)
 
 
 def start_command(command: list[str], out: Path, **env: str) -> subprocess.Popen[bytes]:
@@ -52,13 +63,14 @@ def start_command(command: list[str], out: Path, **env: str) -> subprocess.Popen
         env=os.environ | {"FAKE_STEP_SECONDS": STEP_SECONDS, **env},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        start_new_session=True,  # what it starts stays in its session: found after a kill
     )
 
 
-def timed_run(inputs: Path, out: Path) -> tuple[float, float]:
+def timed_run(inputs: Path, out: Path, **env: str) -> tuple[float, float]:
     """Run the job uninterrupted; return the seconds until its first row and after it."""
     began = time.monotonic()
-    job = start(inputs, out)
+    job = start(inputs, out, **env)
     first_row = None
     while job.poll() is None:
         if first_row is None and out.exists() and out.stat().st_size:
@@ -92,60 +104,131 @@ def comparable(rows: list[dict[str, object]]) -> dict[object, tuple[object, ...]
     return {r["id"]: (r["media_hash"], r["text"], r["error"]) for r in rows}
 
 
-def test_twenty_kills_lose_nothing_and_duplicate_nothing(tmp_path: Path) -> None:
+def wait_for_row_after(job: subprocess.Popen[bytes], out: Path, count: int) -> bool:
+    """Wait until ``out`` holds more than ``count`` rows; False if the job ended first."""
+    while len(whole_rows(out)) <= count:
+        if job.poll() is not None:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def kill_engine(job: subprocess.Popen[bytes]) -> bool:
+    """SIGKILL the job's engine process (the child that leads a process group of its own),
+    and check that its engine core is gone with it within ``GONE_WITHIN``; False if the job
+    had none to kill (it had ended)."""
+    replicas = group_leaders(children(job.pid))
+    if not replicas or job.poll() is not None:
+        return False
+    (replica,) = replicas
+    core = children(replica)
+    os.kill(replica, signal.SIGKILL)
+    left = left_after(lambda: [pid for pid in (replica, *core) if alive(pid)], GONE_WITHIN)
+    assert not left, f"the killed engine process left {left}"
+    return True
+
+
+def test_fifty_kills_of_the_job_and_its_engine_lose_nothing_and_end_in_input_order(
+    tmp_path: Path,
+) -> None:
     inputs = tmp_path / "in"
     total = make_inputs(inputs)
     reference_out = tmp_path / "reference.jsonl"
-    startup, _ = timed_run(inputs, reference_out)
-    expected = comparable(whole_rows(reference_out))
+    startup, _ = timed_run(inputs, reference_out, **ENGINE)
+    reference = whole_rows(reference_out)
+    expected = comparable(reference)
     assert len(expected) == total
+    input_order = [row["id"] for row in reference]  # an uninterrupted run's output is ordered
 
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    out = tmp_path / "out.jsonl"
-    torn_tails = killed_mid_job = tear_rounds = 0
-    for round_no in range(20):
-        before = len(whole_rows(out))
-        phase = round_no % 5
-        if phase == 0 and before < total - 3:
-            # Killed by itself half-way through writing one of its first rows.
-            job = start(inputs, out, FAKE_TEAR_AT_ROW=str(rng.randint(1, 3)))
-            job.wait(timeout=120)
-            tear_rounds += 1
-        elif phase in (1, 3):
-            # Any moment of start-up: imports, listing, repair, the first decodes.
-            job = start(inputs, out)
-            kill_after(job, rng.uniform(0, startup))
-        else:
-            # In the work: once this run has written a row, within the next few rows.
-            job = start(inputs, out)
-            while job.poll() is None and len(whole_rows(out)) <= before:
-                time.sleep(0.005)
-            kill_after(job, rng.uniform(0, 6 * float(STEP_SECONDS)))
-        job.stderr.close()  # type: ignore[union-attr]
-        rows = whole_rows(out)
-        ids = [r["id"] for r in rows]
-        where = f"round {round_no}, seed {seed}"
-        assert len(ids) == len(set(ids)), f"a duplicate row after {where}"
-        assert len(rows) >= before, f"rows were lost in {where}"
-        for row in rows:
-            assert comparable([row]) == {row["id"]: expected[row["id"]]}, where
-        if job.returncode == -signal.SIGKILL:
-            torn_tails += out.exists() and not out.read_bytes().endswith(b"\n")
-            killed_mid_job += before < len(rows) < total
+    kills = engine_kills = torn_tails = killed_mid_job = 0
+    # Each cycle kills one output over and over, then a clean run finishes it; the odd cycles
+    # decode in worker processes, which must go with a killed job too.
+    for cycle in range(5):
+        out = tmp_path / f"out-{cycle}.jsonl"
+        workers = ("--decode-workers", str(cycle % 2))
+        for moment in ("tear", "start-up", "mid-job", "engine", "start-up", "mid-job", "engine",
+                       "engine", "before-order", "during-order"):  # fmt: skip
+            before = len(whole_rows(out))
+            where = f"cycle {cycle}, {moment}, seed {seed}"
+            if moment == "tear":  # killed by itself half-way through writing one of its rows
+                job = start(
+                    inputs, out, *workers, **ENGINE, FAKE_TEAR_AT_ROW=str(rng.randint(1, 3))
+                )
+                job.wait(timeout=120)
+            elif moment == "start-up":  # imports, listing, repair, the engine loading
+                job = start(inputs, out, *workers, **ENGINE, FAKE_START_SECONDS="30")
+                kill_after(job, rng.uniform(0, startup))
+            elif moment.endswith("order"):  # its rows written, before or while it orders them
+                kill_at = moment.removesuffix("-order")
+                job = start(inputs, out, *workers, **ENGINE, FAKE_KILL_AT_ORDER=kill_at)
+                job.wait(timeout=120)
+            else:  # once this run has written a row, within the next few rows
+                job = start(inputs, out, *workers, **ENGINE)
+                if wait_for_row_after(job, out, before) and moment == "engine":
+                    engine_kills += kill_engine(job)
+                    wait_for_row_after(job, out, len(whole_rows(out)))  # its new engine works
+                kill_after(job, rng.uniform(0, 6 * float(STEP_SECONDS)))
+            job.stderr.close()  # type: ignore[union-attr]
+            if job.returncode == -signal.SIGKILL:
+                kills += 1
+                left = left_after(partial(in_session, job.pid), GONE_WITHIN)
+                assert not left, f"{where}: the killed job left {left}"
+            rows = whole_rows(out)
+            ids = [r["id"] for r in rows]
+            assert len(ids) == len(set(ids)), f"a duplicate row after {where}"
+            assert len(rows) >= before, f"rows were lost in {where}"
+            for row in rows:
+                assert comparable([row]) == {row["id"]: expected[row["id"]]}, where
+            if job.returncode == -signal.SIGKILL:
+                torn_tails += out.exists() and not out.read_bytes().endswith(b"\n")
+                killed_mid_job += before < len(rows) < total
 
-    final = start(inputs, out)
-    assert final.wait(timeout=120) == 1, final.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
-    final.stderr.close()  # type: ignore[union-attr]
-    rows = whole_rows(out)
-    assert out.read_bytes().endswith(b"\n")
-    assert len(rows) == total, f"seed {seed}"
-    assert comparable(rows) == expected, f"seed {seed}"
-    quarantine = (tmp_path / "out.jsonl.quarantine.jsonl").read_text().splitlines()
-    assert sorted(Path(json.loads(q)["id"]).name for q in quarantine) == ["broken.jpg", "empty.jpg"]
-    # The kills did land inside the work, not only before or after it.
-    assert torn_tails >= tear_rounds >= 2, f"seed {seed}"
-    assert killed_mid_job >= 4, f"seed {seed}: only {killed_mid_job} kills landed mid-job"
+        final = start(inputs, out, *workers, **ENGINE)
+        assert final.wait(timeout=120) == 1, final.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        final.stderr.close()  # type: ignore[union-attr]
+        rows = whole_rows(out)
+        assert out.read_bytes().endswith(b"\n")
+        assert [row["id"] for row in rows] == input_order, f"cycle {cycle}, seed {seed}"
+        assert comparable(rows) == expected, f"cycle {cycle}, seed {seed}"
+        assert not list(tmp_path.glob(f".{out.name}*")), "a killed rewrite's file was left"
+        quarantine = Path(f"{out}.quarantine.jsonl").read_text().splitlines()
+        failed = sorted(Path(json.loads(q)["id"]).name for q in quarantine)
+        assert failed == ["broken.jpg", "empty.jpg"]
+    print("STATS", kills, engine_kills, torn_tails, killed_mid_job)
+    # The kills did land: on the job and on its engine, inside the work, not only around it.
+    assert kills + engine_kills >= 50, f"seed {seed}: {kills} + {engine_kills} kills"
+    assert engine_kills >= 10, f"seed {seed}: only {engine_kills} engine kills"
+    assert torn_tails >= 5, f"seed {seed}"
+    assert killed_mid_job >= 10, f"seed {seed}: only {killed_mid_job} kills landed mid-job"
+
+
+def test_a_job_killed_before_it_orders_its_rows_ends_in_input_order_when_run_again(
+    tmp_path: Path,
+) -> None:
+    """Killed between its last row and the rewrite in input order, a job leaves its rows in
+    the order they finished; run again, with nothing left to do, it puts them in order."""
+    inputs = tmp_path / "in"
+    make_inputs(inputs, items=12)
+    reference = tmp_path / "reference.jsonl"
+    timed_run(inputs, reference)
+    input_order = [row["id"] for row in whole_rows(reference)]
+
+    out = tmp_path / "out.jsonl"
+    job = start(inputs, out, FAKE_KILL_AT_ORDER="before")
+    assert job.wait(timeout=60) == -signal.SIGKILL
+    job.stderr.close()  # type: ignore[union-attr]
+    finished = [row["id"] for row in whole_rows(out)]
+    assert sorted(finished) == sorted(input_order)
+    assert finished != input_order  # the fake engine finishes newest first
+
+    again = start(inputs, out)
+    assert again.wait(timeout=60) == 1
+    stderr = again.stderr.read().decode()  # type: ignore[union-attr]
+    again.stderr.close()  # type: ignore[union-attr]
+    assert "0 items to do" in stderr
+    assert [row["id"] for row in whole_rows(out)] == input_order
 
 
 def openai_batch_file(folder: Path) -> Path:

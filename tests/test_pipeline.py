@@ -1,4 +1,7 @@
-"""The pipeline's bookkeeping, against a fake engine (the real one is in test_end_to_end)."""
+"""The pipeline's bookkeeping, against a fake engine (the real one is in test_end_to_end).
+
+Each test takes about a second: a pipeline that hangs (a row it waits for forever) fails
+here within a minute, not at the suite's fifteen."""
 
 from __future__ import annotations
 
@@ -8,12 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from mmbatch.errors import FatalEngineError
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.files import image_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Sampling
+
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
@@ -139,3 +145,24 @@ def test_summary_counts(corpus: Path, tmp_path: Path) -> None:
     assert "1 at load" in text
     assert "2 at decode" in text
     assert "failures by kind: 1 corrupt, 1 empty, 1 not_media" in text
+
+
+def test_a_request_the_engine_loses_stops_the_job_loudly_once_the_rest_are_out(
+    samples: Path, tmp_path: Path
+) -> None:
+    """An engine that forgets a request, no result ever, would leave the job waiting for its
+    row forever: the pipeline sees the engine hold fewer requests than it sent, sends no more,
+    lets those in flight finish (their rows are written), then stops the job saying which."""
+    path = str(samples / "sunset.jpg")
+    requests = [
+        Request(f"r{i}", "lose" if i == 5 else "keep", (MediaRef("image", path),))
+        for i in range(20)
+    ]
+    out = tmp_path / "o.jsonl"
+    with pytest.raises(FatalEngineError, match=r"got no result \(e\.g\. 'r5'\)"):
+        run(requests, out, capacity=8, per_step=1, drop_prompts=frozenset({"lose"}))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert "r5" not in {row["id"] for row in rows}
+    assert len(rows) == 19  # one picture, sent together: the others all finished
+    for row in rows:
+        assert row["text"] == expected_text([row["media_hash"]], "keep")

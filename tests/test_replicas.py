@@ -8,6 +8,8 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 from conftest import TINY_ENGINE_KWARGS
 from PIL import Image
+from processes import alive, children, group_leaders, in_session, left_after
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import GIB, Gpu, choose_layout, model_bytes, parameters
@@ -227,16 +230,21 @@ def test_two_replicas_share_the_work_and_keep_an_images_requests_together(
 
 
 def test_a_replica_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path) -> None:
+    """Killed alone, an engine process leaves its engine core (vLLM's is a child that does
+    not watch it): the job ends that with it at once, and starts another replica."""
     requests = caption(pictures(tmp_path / "p", 40), ["a", "b"])
-    engine = fakes(2)
+    engine = fakes(2, engine_core=True)
     done = threading.Event()
+    left: list[list[str]] = []
 
     def kill_one() -> None:
         while not done.is_set() and sum(len(r.held) for r in engine._replicas) < 10:
             time.sleep(0.01)
         victim = engine._replicas[0].process
         if victim is not None:
+            group = [victim.pid, *children(victim.pid)]
             os.kill(victim.pid, signal.SIGKILL)
+            left.append(left_after(lambda: [pid for pid in group if alive(pid)], 2.0))
 
     killer = threading.Thread(target=kill_one)
     killer.start()
@@ -252,6 +260,44 @@ def test_a_replica_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path) -> No
         assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
     retried = [where for where in engine.sent.values() if len(where) == 2]
     assert retried  # the killed replica's requests went again, once
+    assert left == [[]], f"the killed replica's group lived on: {left}"
+
+
+def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> None:
+    """SIGKILL of the job while its engines load their models (the worst case: nothing
+    stops them, and the GPU stays full): each replica ends its whole group (here the
+    stand-in for vLLM's engine core) within two seconds."""
+    script = (
+        "from functools import partial\n"
+        "from mmbatch.engine.replicas import ReplicaEngine\n"
+        "from mmbatch.testing.fake_engine import FakeEngine\n"
+        "if __name__ == '__main__':\n"
+        "    ReplicaEngine(partial(FakeEngine, engine_core=True, start_seconds=60), [None, None])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    job = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    with job:
+        deadline = time.monotonic() + 60
+        while len([c for r in group_leaders(children(job.pid)) for c in children(r)]) < 2:
+            assert job.poll() is None
+            assert time.monotonic() < deadline, "the replicas did not start"
+            time.sleep(0.02)
+        job.kill()
+    assert not left_after(partial(in_session, job.pid), 2.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_an_engine_process_loses_stops_the_job_loudly(tmp_path: Path) -> None:
+    """A replica whose engine forgets a request (it holds nothing, yet never returned it)
+    says so, and the pipeline stops the job saying which, instead of waiting forever."""
+    requests = caption(pictures(tmp_path / "p", 12), ["fine"])
+    lost = Request("lost", "lose", (MediaRef("image", requests[3].media[0].source),))
+    engine = fakes(2, drop_prompts=frozenset({"lose"}))
+    try:
+        with pytest.raises(FatalEngineError, match=r"got no result \(e\.g\. 'lost'\)"):
+            run([*requests, lost], engine)
+    finally:
+        engine.close()
 
 
 def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Path) -> None:
@@ -468,17 +514,19 @@ def running(pid: int) -> bool:
 
 def fake_with_a_child(pids: Any) -> FakeEngine:
     """A fake engine that, as vLLM's does, starts a process of its own (in the replica's
-    process group) that would outlive it, and takes long to close."""
+    process group) that would outlive it, and takes 3 s to close."""
     import subprocess
 
     child = subprocess.Popen(["sleep", "600"])
     pids.put(child.pid)
     engine = FakeEngine(per_step=2, step_seconds=0.01, capacity=8)
-    engine.close = lambda: time.sleep(30)  # type: ignore[method-assign]
+    engine.close = lambda: time.sleep(3)  # type: ignore[method-assign]
     return engine
 
 
-def test_closing_ends_every_replica_and_what_it_started_at_once(tmp_path: Path) -> None:
+def test_closing_stops_every_replica_together_and_leaves_nothing_they_started(
+    tmp_path: Path,
+) -> None:
     pids = multiprocessing.get_context("spawn").Queue()
     engine = ReplicaEngine(partial(fake_with_a_child, pids), [None, None])
     children = [pids.get(timeout=30), pids.get(timeout=30)]
@@ -487,7 +535,7 @@ def test_closing_ends_every_replica_and_what_it_started_at_once(tmp_path: Path) 
     assert len(rows) == 4
     began = time.monotonic()
     engine.close()
-    assert time.monotonic() - began < 5  # not the engines' 30 s close
+    assert time.monotonic() - began < 5.5  # both engines closed at once: 3 s, not 6
     assert not [pid for pid in [*children, *replicas] if running(pid)]
     pids.close()
     pids.join_thread()

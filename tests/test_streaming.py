@@ -1,6 +1,9 @@
 """The streaming pipeline against the fake engine: the plan's grouping as the engine sees it,
 the first request's latency, a saturated engine, the byte budget, overlapping submissions,
-and decoding in worker processes."""
+and decoding in worker processes (which end with a killed job).
+
+Each test takes seconds: one that hangs fails within two minutes, not at the suite's
+fifteen."""
 
 from __future__ import annotations
 
@@ -9,11 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 from crashing_decoder import CrashingJob
 from PIL import Image
+from processes import children, in_session, left_after
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.media import decode as decode_module
@@ -27,6 +32,8 @@ from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampling
 
 REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(120)
 
 
 def pictures(folder: Path, count: int, size: int = 32) -> list[Path]:
@@ -220,14 +227,41 @@ def test_a_host_without_pyav_still_decodes_pictures_in_worker_processes(
         "from mmbatch.media.options import ImageOptions\n"
         f"data = open({str(samples / 'sunset.jpg')!r}, 'rb').read()\n"
         "job = ImageJob('k', data, ImageOptions())\n"
-        "print(type(decode_pool(2).submit(decode, job).result(timeout=120)['k']).__name__)\n"
+        "print(type(decode_pool(2).submit(decode, job).result(timeout=60)['k']).__name__)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(REPO)])}
     out = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=180
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=90
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() != "ItemError"
+
+
+def test_the_decode_workers_of_a_killed_job_end_with_it(samples: Path) -> None:
+    """A job killed by SIGKILL shuts nothing down: its decode workers (and multiprocessing's
+    resource tracker, once they are gone) must end by themselves, within two seconds."""
+    script = (
+        "from mmbatch.media.decode import ImageJob, decode\n"
+        "from mmbatch.media.decoders import decode_pool, start_decoders\n"
+        "from mmbatch.media.options import ImageOptions\n"
+        "start_decoders(2)\n"
+        f"data = open({str(samples / 'sunset.jpg')!r}, 'rb').read()\n"
+        "decode_pool(2).submit(decode, ImageJob('k', data, ImageOptions())).result(timeout=60)\n"
+        "print('decoded', flush=True)\n"
+        "import time; time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    job = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
+    )
+    with job:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"decoded\n"
+        workers = children(job.pid)
+        assert len(workers) >= 3  # two workers and the resource tracker
+        job.kill()
+        job.wait()
+    assert not left_after(partial(in_session, job.pid), 2.0)
 
 
 def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waiting() -> None:

@@ -23,6 +23,11 @@ A replica is a spawned process running ``serve``: a thread receives the parent's
 (so that sending a picture never waits for an engine step), the main loop adds them to its
 engine and steps it, and results go back with the replica's capacity, cache counters and
 queue depths. Pictures travel pickled: about a millisecond for a 448x448 image.
+
+Each replica leads a process group of its own, which vLLM's engine core and workers join; no
+engine outlives its job: a replica whose job is gone ends its group at once, however the job
+ended (``mmbatch.lifetime``), and the group of a replica that dies alone is ended by the job
+as it starts another.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.errors import FatalEngineError, RequestRejected
+from mmbatch.lifetime import end_own_group, end_with_parent
 from mmbatch.media.limits import PromptLimits
 from mmbatch.out.clock import milestone
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
@@ -57,8 +63,9 @@ STEP_WAIT = 0.05
 """Seconds ``step`` waits for some replica's results before it returns empty-handed."""
 AFFINITY_KEYS = 4096
 """Media keys remembered with the replica that last took them."""
-STOP_WAIT = 10.0
-"""Seconds to wait for the processes of replicas that were ended to be gone."""
+STOP_WAIT = 30.0
+"""Seconds a replica has to close its engine and exit, before it is ended by signal: more
+than vLLM's engine core is given to stop (``mmbatch.engine.vllm.ENGINE_STOP_SECONDS``)."""
 STATS_SECONDS = 0.5
 """How often a replica reads its engine's counters (cache hits, queue depths) for the
 results it sends, and whenever it runs out of work, so that a job's final counts are
@@ -200,11 +207,19 @@ class ReplicaEngine:
         return self._make_limits(*self._context_limits)
 
     def close(self) -> None:
-        """End every replica with everything it started, at once. Nothing in a replica is
-        worth waiting for: every result it sent is already the parent's, and vLLM's own
-        shut-down (its engine core's, its CUDA context's) took 4-6 s of every job's exit on
-        an H200, after the last row was safe. The GPU's memory is free when this returns."""
-        _end_all([self._let_go(replica) for replica in self._replicas])
+        """Stop every replica, all at once, and return when none of their processes is left
+        (so the GPU's memory is free). A ready replica closes its engine, so that vLLM
+        releases the shared memory its engine core and workers hold (killed, they leave it to
+        Python's resource tracker, which warns of it as the job exits); one still starting
+        has nothing to save and is ended at once."""
+        told = []
+        for replica in self._replicas:
+            ready, process = replica.ready, self._tell_to_stop(replica)
+            if ready:
+                told.append(process)
+            else:
+                _end_all([process], wait=0.0)
+        _end_all(told, wait=STOP_WAIT)
 
     @property
     def replicas(self) -> int:
@@ -272,7 +287,19 @@ class ReplicaEngine:
             return []
         if kind == "fatal":
             return self._died(replica, message[1])
+        if kind == "lost":
+            self._forget(replica, message[1])
+            return []
         raise RuntimeError(f"bug: a replica sent {kind!r}")
+
+    def _forget(self, replica: _Replica, request_ids: Sequence[str]) -> None:
+        """Requests the replica's engine lost (it holds none, yet returned none of these): no
+        longer held here either, so that the pipeline sees them lost and says so."""
+        for request_id in request_ids:
+            if self._in_flight.pop(request_id, None) is not None:
+                replica.held.discard(request_id)
+                replica.trial.discard(request_id)
+                self._where.pop(request_id, None)
 
     def _died(self, replica: _Replica, why: str) -> list[Result]:
         """Restart ``replica``; its requests become suspects, and a suspect that kills a
@@ -332,8 +359,8 @@ class ReplicaEngine:
             args=(self._make_engine, replica.devices, child),
             name=f"mmbatch-replica-{replica.index}",
             # Not daemonic: vLLM starts processes of its own (its engine core, tensor-parallel
-            # workers), which a daemonic process may not. A replica whose parent is gone
-            # stops by itself (its receiver sees the pipe close).
+            # workers), which a daemonic process may not. A replica whose job is gone ends
+            # its group by itself (``serve``).
         )
         process.start()
         child.close()
@@ -354,32 +381,38 @@ class ReplicaEngine:
             self._receive(replica, message)
 
     def _stop(self, replica: _Replica) -> None:
-        _end_all([self._let_go(replica)])
+        """End a replica that died or sent a fatal error: nothing in it is worth waiting for."""
+        _end_all([self._tell_to_stop(replica)], wait=0.0)
 
     def _abandon(self) -> None:
         """End every replica now, with whatever it started (none is ready to save anything)."""
-        self.close()
+        _end_all([self._tell_to_stop(replica) for replica in self._replicas], wait=0.0)
 
-    def _let_go(self, replica: _Replica) -> Any:
-        """Forget the replica's pipe and process; its process, for the caller to end."""
+    def _tell_to_stop(self, replica: _Replica) -> Any:
+        """Ask the replica to stop (it closes its engine) and let go of it; its process."""
         if replica.conn is not None:
+            with contextlib.suppress(OSError):
+                replica.conn.send(("stop",))
             replica.conn.close()
         process = replica.process
         replica.conn, replica.process, replica.ready = None, None, False
         return process
 
 
-def _end_all(processes: Sequence[Any]) -> None:
-    """SIGKILL each replica's process group (the replica, vLLM's engine core and workers,
-    which all joined it) and wait, at most ``STOP_WAIT``, until none of them is left."""
+def _end_all(processes: Sequence[Any], wait: float) -> None:
+    """Give the replicas told to stop ``wait`` seconds to exit, together; then end each one
+    left, and what is left of every one's process group (the replica, vLLM's engine core and
+    workers, which all joined it), by SIGKILL, and wait until none of them runs."""
     live = [process for process in processes if process is not None]
-    for process in live:
-        process.kill()  # itself first: it may not have made its group yet
-        _end_group(process.pid)
-    deadline = time.monotonic() + STOP_WAIT
+    deadline = time.monotonic() + wait
     for process in live:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
-    while any(_group_alive(p.pid) for p in live) and time.monotonic() < deadline:
+    for process in live:
+        process.kill()  # if alive; itself first: it may not have made its group yet
+        _end_group(process.pid)
+        process.join()
+    gone = time.monotonic() + STOP_WAIT
+    while any(_group_alive(p.pid) for p in live) and time.monotonic() < gone:
         time.sleep(0.02)
 
 
@@ -428,20 +461,23 @@ def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> 
     # a terminal reaches the job's group only, so the parent alone decides when an engine
     # stops, and stops it cleanly, instead of every engine dying under it at once.
     os.setpgid(0, 0)
+    # The job gone (killed, even by SIGKILL, even while this engine still loads) ends this
+    # group at once: an engine that outlives its job holds its GPU for nobody.
+    end_with_parent(end_own_group)
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
     try:
         engine = make_engine()
         limits = getattr(engine, "context_limits", lambda: (0, None))()
-        conn.send(("ready", engine.capacity(), limits))
     except FatalEngineError as exc:  # says why already
-        conn.send(("fatal", str(exc)))
+        _reply(conn, ("fatal", str(exc)))
         return
     except Exception as exc:
-        conn.send(("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
+        _reply(conn, ("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
         return
     try:
-        _serve_engine(engine, conn)
+        if _reply(conn, ("ready", engine.capacity(), limits)):  # else stopped while starting
+            _serve_engine(engine, conn)
     finally:
         # vLLM's own engine-core process is not ours to leave behind: closed here, whatever
         # ended the loop (a stop, the parent gone, the engine dead).
@@ -452,6 +488,7 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
     inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
     threading.Thread(target=_receive_into, args=(conn, inbox), daemon=True).start()
     rejected: list[Result] = []
+    held: set[str] = set()  # added to the engine, no result yet
     last_report = stats_read = 0.0
     stats: tuple[int, CacheStats, tuple[int, int]] | None = None
     while True:
@@ -467,10 +504,12 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
                 _, request, media, sampling = message
                 try:
                     engine.add(request, media, sampling)
+                    held.add(request.id)
                 except RequestRejected as exc:
                     rejected.append(Result.failure(request.id, exc.stage, str(exc), exc.kind))
             elif message[0] == "abort":
                 engine.abort(message[1])
+                held.difference_update(message[1])
             try:
                 message = inbox.get_nowait()
             except queue.Empty:
@@ -484,6 +523,11 @@ def _serve_engine(engine: Engine, conn: Connection) -> None:
             _reply(conn, ("fatal", f"its step raised {type(exc).__name__}: {exc}"))
             return
         rejected = []
+        held.difference_update(r.request_id for r in results)
+        if held and not engine.num_unfinished():
+            lost, held = sorted(held), set()
+            if not _reply(conn, ("lost", lost)):
+                return
         now = time.monotonic()
         if results or now - last_report > 1.0:
             last_report = now

@@ -52,6 +52,12 @@ DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 
 PROMPT_TOKENS_GUESS = 256
 """The prompt length assumed until the first requests finish (an image and a question)."""
+ENGINE_STOP_SECONDS = 20.0
+"""How long vLLM's engine-core process may take to stop before it is killed. vLLM's own 5 s
+is too short: the engine core first waits for its workers to exit (Python's teardown of
+torch and vLLM: 3-8 s on a busy 2-core host), and only then unlinks the shared memory it
+made; killed before that, it leaves the segment to multiprocessing's resource tracker, which
+warns of it on the user's terminal as the job exits."""
 
 
 @dataclass
@@ -248,7 +254,7 @@ class VLLMEngine:
         self._pending.clear()
         shutdown = getattr(getattr(self._engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
-            shutdown()
+            shutdown(timeout=ENGINE_STOP_SECONDS)
         del self.llm, self._engine
         _free_memory()
 

@@ -23,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 
 from mmbatch.errors import DecodersFailed
+from mmbatch.lifetime import end_with_parent, exit_now
 from mmbatch.media.decode import Decoded, DecodeJob, decode
 from mmbatch.types import ItemError
 
@@ -35,6 +36,8 @@ Done = Callable[[DecodeJob, Decoded], None]
 
 _POOLS: dict[int, Executor] = {}
 _POOLS_LOCK = threading.Lock()
+_watching = False
+"""Whether this worker already watches for its job's end (``_warm`` runs more than once)."""
 
 
 class Decoders:
@@ -171,7 +174,11 @@ def _warm() -> None:
     """Import the decoders once per worker, before its first job needs them, and decode on
     one FFmpeg thread (``set_decoder_threads``: the workers are the parallelism). It is the
     pool's initializer, and one that raises breaks the pool for every item, so a host
-    without PyAV still decodes pictures (a video there fails as its own error row)."""
+    without PyAV still decodes pictures (a video there fails as its own error row). A worker
+    ends as soon as its job is gone (killed, it leaves no one to shut the pool down)."""
+    global _watching
+    if not _watching:
+        _watching = end_with_parent(exit_now)
     import PIL.Image  # noqa: F401
 
     from mmbatch.media.container import set_decoder_threads

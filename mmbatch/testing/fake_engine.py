@@ -9,6 +9,8 @@ first, a few per step) to catch any code that matches results by position.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 
@@ -22,7 +24,9 @@ def expected_text(media_keys: Sequence[str], prompt: str) -> str:
 
 class FakeEngine:
     """``step_seconds`` makes each step take that long (so a job lasts long enough to be
-    killed mid-way); ``die_after_steps`` raises ``FatalEngineError`` on that step."""
+    killed mid-way); ``die_after_steps`` raises ``FatalEngineError`` on that step;
+    ``engine_core`` starts a child process, as vLLM's engine does, and ``start_seconds``
+    makes the start take that long after it."""
 
     def __init__(
         self,
@@ -34,6 +38,9 @@ class FakeEngine:
         capacity: int = 64,
         crash_on_prompt: str | None = None,
         raise_on_prompt: str | None = None,
+        drop_prompts: frozenset[str] = frozenset(),
+        engine_core: bool = False,
+        start_seconds: float = 0.0,
     ) -> None:
         self.per_step = per_step
         self.reject_prompts = reject_prompts
@@ -45,6 +52,12 @@ class FakeEngine:
         """A prompt that kills the whole process on arrival, as a segfault in a kernel would."""
         self.raise_on_prompt = raise_on_prompt
         """A prompt that makes every ``step`` raise while it is queued, as a vLLM bug would."""
+        self.drop_prompts = drop_prompts
+        """Prompts whose requests are forgotten on arrival, no result ever (a lost row)."""
+        self._core = _start_engine_core() if engine_core else None
+        """A process standing in for vLLM's engine core: started with the engine, in its
+        process group, watching nothing, ended by ``close`` (as vLLM's shutdown ends its own)."""
+        time.sleep(start_seconds)  # loading a model
         self._poisoned: set[str] = set()
         self.steps = 0
         self.added: list[str] = []
@@ -63,6 +76,8 @@ class FakeEngine:
             self._queue.append(Result.failure(request.id, "validate", message))
             return
         self.added.append(request.id)
+        if request.request.prompt in self.drop_prompts:
+            return
         if request.request.prompt == self.raise_on_prompt:
             self._poisoned.add(request.id)
         text = expected_text(request.media_keys, request.request.prompt)
@@ -103,3 +118,14 @@ class FakeEngine:
 
     def prompt_limits(self) -> None:
         """The fake engine has no model, hence no limits."""
+
+    def close(self) -> None:
+        """End the stand-in for vLLM's engine core, if there is one."""
+        core, self._core = self._core, None
+        if core is not None:
+            core.kill()
+            core.wait()
+
+
+def _start_engine_core() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])

@@ -1,0 +1,67 @@
+"""Helper processes end with the job that started them, however it ends.
+
+A job's helper processes (its engine replicas, with the processes vLLM starts under each,
+and its decode workers) hold memory, and an engine holds a GPU: one that outlives a killed
+job holds them for nobody, and the resumed job then finds the GPU full. Each helper is
+spawned by ``multiprocessing``, so it holds the read end of a pipe whose write end only the
+job holds (``multiprocessing.parent_process().sentinel``), and the kernel closes that end
+however the job ends, ``kill -9`` included. ``end_with_parent`` starts a thread that waits
+for that and then ends the helper at once (a replica: its whole process group, with vLLM's
+engine core and workers; ``end_own_group``).
+
+Not ``prctl(PR_SET_PDEATHSIG)``: it fires when the *thread* that started the child ends,
+and a job restarts a dead replica from its pipeline's driver thread, which ends with its
+pipeline. Not the message pipe of a replica either: the job closes that one to stop it
+cleanly while it lives on. Only a process the job forked (never done: every helper is
+spawned) would hold a copy of the job's end, and keep this from firing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+ORPHANED_EXIT = 70
+"""The exit code of a helper that ended because its job was gone (``os.EX_SOFTWARE``)."""
+
+
+def end_with_parent(end: Callable[[], object]) -> bool:
+    """Call ``end`` (on a thread of its own) as soon as this process's parent is gone; False,
+    doing nothing, where this process was not started by ``multiprocessing``."""
+    parent = multiprocessing.parent_process()
+    sentinel = getattr(parent, "sentinel", None)
+    if not isinstance(sentinel, int):
+        return False
+    watch = threading.Thread(
+        target=_wait_for_end_of, args=(sentinel, end), name="mmbatch-end-with-parent", daemon=True
+    )
+    watch.start()
+    return True
+
+
+def _wait_for_end_of(sentinel: int, end: Callable[[], object]) -> None:
+    """Block until the parent's end of ``sentinel`` is closed (a read returns nothing), then
+    ``end``. The read sleeps in the kernel, without the GIL: it costs nothing meanwhile."""
+    try:
+        while os.read(sentinel, 4096):
+            pass  # nothing is written on it after start-up; only its end matters
+    except OSError:
+        pass
+    end()
+
+
+def end_own_group() -> None:
+    """SIGKILL this process's group (this process and what it started: vLLM's engine core
+    and workers), where this process leads one (``os.setpgid(0, 0)``); else this process
+    alone. Nothing is left to save: the rows are the job's, and the job is gone."""
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
+    os._exit(ORPHANED_EXIT)
+
+
+def exit_now() -> None:
+    """End this process at once (a decode worker: nothing of its own to clean up)."""
+    os._exit(ORPHANED_EXIT)

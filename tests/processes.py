@@ -1,0 +1,80 @@
+"""The processes a job leaves, found the ways that do not miss one.
+
+A job the tests start gets a session of its own (``start_new_session=True``); every process
+it starts stays in that session, whatever process group it moves to (an engine replica
+leads a group of its own, which vLLM's engine core and workers join). vLLM renames its
+processes (``VLLM::EngineCore``), which overwrites what ``/proc/PID/environ`` shows, so a
+mark in the environment alone would not find them; the session does. A zombie (ended, not
+yet reaped by its new parent) holds nothing and does not count.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name: state, ppid, pgrp, session..."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2 :].split()
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def alive(pid: int) -> bool:
+    """``pid`` runs (exists, and is not a zombie)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def in_session(session: int) -> list[int]:
+    """The live processes of ``session`` (a job started in a session of its own: its pid)."""
+    return [pid for pid in _pids() if (f := _stat(pid)) and f[0] != "Z" and int(f[3]) == session]
+
+
+def marked(mark: str) -> list[int]:
+    """The live processes whose environment holds ``MMBATCH_TEST_MARK=mark``."""
+    needle = f"MMBATCH_TEST_MARK={mark}".encode()
+    found = []
+    for pid in _pids():
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") and alive(pid):
+                found.append(pid)
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
+def children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``."""
+    return [p for p in _pids() if (f := _stat(p)) and f[0] != "Z" and int(f[1]) == pid]
+
+
+def group_leaders(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that lead a process group of their own (an engine replica does)."""
+    return [pid for pid in pids if (f := _stat(pid)) and int(f[2]) == pid]
+
+
+def command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+    except OSError:
+        return "(gone)"
+
+
+def left_after(find: Callable[[], list[int]], seconds: float) -> list[str]:
+    """What ``find`` still finds once ``seconds`` have passed (at once if nothing is left),
+    as ``pid command`` lines for a failure message."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = find()
+        if not left or time.monotonic() >= deadline:
+            return [f"{pid} {command(pid)}" for pid in left]
+        time.sleep(0.02)

@@ -1,0 +1,84 @@
+"""The real command's processes on vLLM's CPU build, as a user runs it: with vLLM's
+multiprocessing on (its default, which the other tests turn off for speed), the engine
+process mmbatch starts has vLLM's engine core under it, and a worker under that.
+
+* A job killed while they start (the worst case: nothing stops them, and on a GPU they hold
+  it for good) leaves none of them two seconds later.
+* A job that ends normally leaves nothing behind and prints no warning of leaked shared
+  memory or semaphores (vLLM's engine core unlinks its shared memory only if it is given the
+  time to stop).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+from processes import command, in_session, left_after
+from test_end_to_end import TINY_ENGINE_ARGS
+
+pytestmark = pytest.mark.slow
+
+MULTIPROCESSING = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+
+
+def caption_command(model: Path, inputs: Path, out: Path) -> list[str]:
+    argv = [sys.executable, "-m", "mmbatch", "caption", str(inputs), "--model", str(model)]
+    return [*argv, "--out", str(out), "--max-tokens", "8", *TINY_ENGINE_ARGS, "--no-progress"]
+
+
+def pictures(samples: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for name in ("sunset.jpg", "checkerboard.png", "shapes_alpha.png"):
+        shutil.copyfile(samples / name, folder / name)
+    return folder
+
+
+def test_a_job_killed_while_vllm_starts_its_processes_leaves_none(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    argv = caption_command(tiny_vl_model, pictures(samples, tmp_path / "in"), tmp_path / "o.jsonl")
+    job = subprocess.Popen(
+        argv,
+        env=os.environ | MULTIPROCESSING,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # what it starts stays in its session, whatever its group
+    )
+    with job:
+        deadline = time.monotonic() + 300
+        while not any(command(pid).startswith("VLLM::Worker") for pid in in_session(job.pid)):
+            assert job.poll() is None, "the job ended before vLLM started its worker"
+            assert time.monotonic() < deadline, "vLLM started no worker within 300 s"
+            time.sleep(0.05)
+        started = [command(pid) for pid in in_session(job.pid)]
+        job.kill()
+    left = left_after(partial(in_session, job.pid), 2.0)
+    assert not left, f"left two seconds after the job was killed: {left} (of {started})"
+
+
+def test_a_finished_job_leaves_nothing_and_warns_of_no_leaked_resources(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    argv = caption_command(tiny_vl_model, pictures(samples, tmp_path / "in"), tmp_path / "o.jsonl")
+    argv += ["--decode-workers", "1"]  # multiprocessing's queues and locks, released too
+    job = subprocess.Popen(
+        argv,
+        env=os.environ | MULTIPROCESSING,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    with job:
+        _, stderr = job.communicate(timeout=600)  # until every process holding it closed it
+    assert job.returncode == 0, stderr[-3000:]
+    assert "resource_tracker" not in stderr, stderr[-3000:]
+    assert "leaked" not in stderr, stderr[-3000:]
+    assert not left_after(partial(in_session, job.pid), 2.0)  # the last may still be exiting
