@@ -109,7 +109,6 @@ class VLLMEngine:
             self.llm: LLM = LLM(**kwargs)
         self._engine = self.llm.llm_engine
         self._template = ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
-        self._tokenizer = self.llm.get_tokenizer()
         self._ids = itertools.count()
         self._prompt_tokens = [0, 0]  # finished requests' prompt tokens, and their count
         self._rendering: deque[_Rendering] = deque()
@@ -146,7 +145,7 @@ class VLLMEngine:
             if not output.finished:
                 continue
             request_id = self._pending.pop(output.request_id)
-            result = _result(request_id, output, self._tokenizer)
+            result = _result(request_id, output)
             if result.ok:
                 self._prompt_tokens[0] += result.usage.prompt_tokens
                 self._prompt_tokens[1] += 1
@@ -374,18 +373,18 @@ def _sampling_params(sampling: Sampling, model_defaults: Mapping[str, Any]) -> S
             structured_outputs=StructuredOutputsParams(json=json.loads(schema))
             if schema is not None
             else None,
-            # Only the finished output: the pipeline never looks at partial text. And no
-            # incremental detokenising on every engine step for every running request,
-            # which costs the driving process more than decoding each finished output once;
-            # except that vLLM finds stop strings only in the text it detokenises itself.
+            # Only the finished output: the pipeline never looks at partial text. vLLM
+            # detokenises as it generates (its default), so the text is exactly its own: a
+            # cut inside a character is held back, not decoded as U+FFFD, and stop strings
+            # are found. It costs about 1.3 us a token in the engine's driving process
+            # (this project's 2-core CPU; 0.2 us decoding each finished output once).
             output_kind=RequestOutputKind.FINAL_ONLY,
-            detokenize=bool(stop),
         )
     except (ValueError, TypeError) as exc:  # vLLM's own checks, on the settings merged
         raise RequestRejected(f"vLLM refuses the sampling settings: {exc}") from exc
 
 
-def _result(request_id: str, output: Any, tokenizer: Any) -> Result:
+def _result(request_id: str, output: Any) -> Result:
     """A finished vLLM ``RequestOutput`` as our ``Result``: its completion, or all ``n`` of
     them as ``choices``; a request vLLM failed is an engine error."""
     failed = [c.finish_reason for c in output.outputs if c.finish_reason in _FAILED_FINISH_REASONS]
@@ -396,15 +395,7 @@ def _result(request_id: str, output: Any, tokenizer: Any) -> Result:
         message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
         return Result.failure(request_id, "engine", message, "engine")
     choices = tuple(
-        Choice(
-            # Stopped by a stop string (its stop_reason): vLLM detokenised the text itself
-            # and cut the string off; else its tokens are decoded here, once.
-            c.text
-            if isinstance(c.stop_reason, str)
-            else tokenizer.decode(c.token_ids, skip_special_tokens=True),
-            c.finish_reason,
-            len(c.token_ids),
-        )
+        Choice(c.text, c.finish_reason, len(c.token_ids))
         for c in sorted(output.outputs, key=lambda c: c.index)
     )
     first = choices[0]
