@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import itertools
 import json
+import math
 import re
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +41,7 @@ from mmbatch.types import (
     Modality,
     Result,
     Sampling,
+    TokenLogprob,
     Usage,
 )
 
@@ -109,6 +111,7 @@ class VLLMEngine:
             self.llm: LLM = LLM(**kwargs)
         self._engine = self.llm.llm_engine
         self._template = ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
+        self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left
         self._ids = itertools.count()
         self._prompt_tokens = [0, 0]  # finished requests' prompt tokens, and their count
         self._rendering: deque[_Rendering] = deque()
@@ -145,7 +148,7 @@ class VLLMEngine:
             if not output.finished:
                 continue
             request_id = self._pending.pop(output.request_id)
-            result = _result(request_id, output)
+            result = _result(request_id, output, self._tokenizer)
             if result.ok:
                 self._prompt_tokens[0] += result.usage.prompt_tokens
                 self._prompt_tokens[1] += 1
@@ -384,7 +387,7 @@ def _sampling_params(sampling: Sampling, model_defaults: Mapping[str, Any]) -> S
         raise RequestRejected(f"vLLM refuses the sampling settings: {exc}") from exc
 
 
-def _result(request_id: str, output: Any) -> Result:
+def _result(request_id: str, output: Any, tokenizer: Any) -> Result:
     """A finished vLLM ``RequestOutput`` as our ``Result``: its completion, or all ``n`` of
     them as ``choices``; a request vLLM failed is an engine error."""
     failed = [c.finish_reason for c in output.outputs if c.finish_reason in _FAILED_FINISH_REASONS]
@@ -395,7 +398,13 @@ def _result(request_id: str, output: Any) -> Result:
         message = f"vLLM failed this request (finish_reason {reason!r}; see its log)"
         return Result.failure(request_id, "engine", message, "engine")
     choices = tuple(
-        Choice(c.text, c.finish_reason, len(c.token_ids))
+        Choice(
+            c.text,
+            c.finish_reason,
+            len(c.token_ids),
+            c.stop_reason,
+            None if c.logprobs is None else _token_logprobs(c.token_ids, c.logprobs, tokenizer),
+        )
         for c in sorted(output.outputs, key=lambda c: c.index)
     )
     first = choices[0]
@@ -403,6 +412,8 @@ def _result(request_id: str, output: Any) -> Result:
         request_id=request_id,
         text=first.text,
         finish_reason=first.finish_reason,
+        stop_reason=first.stop_reason,
+        logprobs=first.logprobs,
         usage=Usage(
             prompt_tokens=len(output.prompt_token_ids or ()),
             output_tokens=sum(c.output_tokens for c in choices),
@@ -410,6 +421,41 @@ def _result(request_id: str, output: Any) -> Result:
         ),
         choices=choices if len(choices) > 1 else (),
     )
+
+
+def _token_logprobs(
+    token_ids: Sequence[int], logprobs: Any, tokenizer: Any
+) -> tuple[TokenLogprob, ...]:
+    """vLLM's ``logprobs`` of a completion (one ``{token id: Logprob}`` per generated token,
+    the chosen token first, then the likeliest by rank) as ``TokenLogprob``s. A token is
+    its text as vLLM decoded it, else as its OpenAI server decodes it (the token alone); a
+    chosen token missing from its step (vLLM always sends it) has no log probability (-inf)
+    and no candidates."""
+    tokens = []
+    for i, token_id in enumerate(token_ids):
+        step = logprobs[i] or {}
+        candidates = tuple(
+            _token_logprob(t, lp.logprob, lp.decoded_token, tokenizer) for t, lp in step.items()
+        )
+        chosen = step.get(token_id)
+        if chosen is None:
+            text = tokenizer.decode([token_id])
+            tokens.append(TokenLogprob(text, -math.inf, _utf8(text)))
+        else:
+            found = _token_logprob(token_id, chosen.logprob, chosen.decoded_token, tokenizer)
+            tokens.append(dataclasses.replace(found, candidates=candidates))
+    return tuple(tokens)
+
+
+def _token_logprob(
+    token_id: int, logprob: float, decoded: str | None, tokenizer: Any
+) -> TokenLogprob:
+    text = decoded if decoded is not None else tokenizer.decode([token_id])
+    return TokenLogprob(text, float(logprob), None if decoded is None else _utf8(decoded))
+
+
+def _utf8(text: str) -> tuple[int, ...]:
+    return tuple(text.encode("utf-8", errors="replace"))
 
 
 def cpu_build() -> bool:

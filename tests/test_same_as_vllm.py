@@ -1,5 +1,7 @@
-"""The texts are vLLM's own: a caption or a batch line cut at any length reads exactly as
-vLLM's ``LLM.chat`` answers the same request, on the same tiny model.
+"""What vLLM itself gives: a caption or a batch line cut at any length reads exactly as
+vLLM's ``LLM.chat`` answers the same request, and a batch file's output lines are
+``vllm run-batch``'s, field for field (log probabilities, ``stop_reason``), on the same tiny
+model.
 
 A cut can fall inside a character that the tokenizer spreads over several byte tokens. vLLM's
 detokenizer holds such an incomplete tail back; decoding the token ids ourselves gave a
@@ -142,3 +144,99 @@ def test_batch_lines_cut_at_any_length_are_vllms_text(  # type: ignore[no-untype
         if text != vllm_texts[name, int(k)]:
             differ.append((row["custom_id"], text, vllm_texts[name, int(k)]))
     assert differ == []
+
+
+def run_batch_module() -> str:
+    """``vllm run-batch``'s module (the ``vllm`` command itself needs the package's metadata,
+    which vLLM's CPU build names otherwise); 0.26 kept it under ``entrypoints.openai``."""
+    import importlib.util
+
+    new = "vllm.entrypoints.launchers.run_batch"
+    return new if importlib.util.find_spec(new) else "vllm.entrypoints.openai.run_batch"
+
+
+def test_batch_lines_are_vllm_run_batchs_lines(  # type: ignore[no-untyped-def]
+    uncached_vl_engine, tiny_vl_model: Path, pictures: list[Path], tmp_path: Path
+) -> None:
+    """One batch file through ``vllm run-batch`` and through ``mmbatch run-openai-batch``:
+    each line's body is the same, key for key (log probabilities within float rounding),
+    but for the ids, the time, vLLM's server fingerprint and the cached prompt tokens,
+    which only mmbatch counts."""
+    import os
+    import subprocess
+    import sys
+
+    from mmbatch.cli import build_parser, openai_batch
+
+    def entry(custom_id: str, picture: Path, **body: Any) -> dict[str, Any]:
+        return {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": str(tiny_vl_model), "messages": user_message(picture), **body},
+        }
+
+    first, second = pictures
+    requests = tmp_path / "requests.jsonl"
+    lines = [
+        entry("top3", first, max_completion_tokens=6, temperature=0, logprobs=True, top_logprobs=3),
+        entry("chosen", second, max_tokens=4, temperature=0, logprobs=True),
+        entry("cut", first, max_completion_tokens=5, temperature=0),
+        entry("stop", first, max_completion_tokens=20, temperature=0, stop=["ship"]),
+    ]
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    theirs = tmp_path / "run_batch.jsonl"
+    log = tmp_path / "run_batch.log"
+    argv = [sys.executable, "-m", run_batch_module(), "-i", str(requests), "-o", str(theirs)]
+    engine = ["--model", str(tiny_vl_model), "--dtype", "float32", "--max-model-len", "1024"]
+    with log.open("w") as out:
+        done = subprocess.run(
+            [*argv, *engine, "--enforce-eager", "--block-size", "32"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1"},
+            timeout=600,
+            check=False,
+        )
+    assert done.returncode == 0, log.read_text()[-3000:]
+    ours = tmp_path / "results.jsonl"
+    mmbatch = ["run-openai-batch", str(requests), "--model", str(tiny_vl_model), "--out", str(ours)]
+    assert openai_batch.run(build_parser().parse_args(mmbatch), uncached_vl_engine) == 0
+
+    def bodies(path: Path) -> dict[str, dict[str, Any]]:
+        found = {}
+        for row in map(json.loads, path.read_text().splitlines()):
+            assert (row["error"], row["response"]["status_code"]) == (None, 200)
+            body = row["response"]["body"]
+            for key in ("id", "created", "system_fingerprint"):
+                body.pop(key)
+            body["usage"].pop("prompt_tokens_details")
+            found[row["custom_id"]] = body
+        return found
+
+    theirs_bodies, our_bodies = bodies(theirs), bodies(ours)
+    assert (
+        sorted(our_bodies) == sorted(theirs_bodies) == sorted(line["custom_id"] for line in lines)
+    )
+    for custom_id, body in our_bodies.items():
+        assert body == approx_logprobs(theirs_bodies[custom_id]), custom_id
+    # What this compares is there: tokens with their alternatives, and a stop string.
+    top3 = our_bodies["top3"]["choices"][0]["logprobs"]["content"]
+    assert len(top3) == 6
+    assert all(len(token["top_logprobs"]) == 3 for token in top3)
+    assert our_bodies["chosen"]["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == []
+    assert our_bodies["stop"]["choices"][0]["stop_reason"] == "ship"
+    assert our_bodies["cut"]["choices"][0]["logprobs"] is None
+
+
+def approx_logprobs(value: Any) -> Any:
+    """``value`` with its log probabilities compared within float rounding (the two engines
+    batch the same requests differently)."""
+    if isinstance(value, dict):
+        return {
+            k: pytest.approx(v, abs=1e-4) if k == "logprob" else approx_logprobs(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [approx_logprobs(v) for v in value]
+    return value
