@@ -49,6 +49,8 @@ class Problem:
     message: str
     """pydantic's words, first letter lower case (``field required``)."""
     value: Any
+    context: Mapping[str, Any]
+    """What the check compared with: ``{"gt": 0}``, ``{"expected": "'text' or 'json'"}``."""
 
 
 def problems(errors: Sequence[Mapping[str, Any]]) -> list[Problem]:
@@ -65,6 +67,7 @@ def problems(errors: Sequence[Mapping[str, Any]]) -> list[Problem]:
                 str(error.get("type", "")),
                 message[:1].lower() + message[1:],
                 error.get("input"),
+                dict(error.get("ctx") or {}),
             )
         )
     return found
