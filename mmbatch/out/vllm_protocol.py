@@ -83,14 +83,24 @@ def check_chat_body(body: Mapping[str, Any]) -> CheckedBody:
         request = model.model_validate({**body, "messages": []})
     except Exception as exc:  # pydantic's ValidationError, or vLLM's own checks' error
         raise InvalidBody(_problem(exc, model, body)) from None
-    values = dict(request)  # by field, without touching the deprecated ``max_tokens``
-    fields = model.model_fields
+    values = vars(request)  # by field, without touching the deprecated ``max_tokens``
+    defaults = _defaults(model)
     changed = frozenset(
         name
         for name in request.model_fields_set & body.keys()  # not those vLLM's checks set
-        if name in fields and values[name] != fields[name].get_default(call_default_factory=True)
+        if name in defaults and values[name] != defaults[name]
     )
     return CheckedBody(values, changed, tuple(request.model_extra or ()))
+
+
+@functools.cache
+def _defaults(model: type[Any]) -> dict[str, Any]:
+    """What ``model`` holds for each field left out (a default made by a factory, made once:
+    a random ``request_id`` is then never the default, which is as good as any)."""
+    return {
+        name: field.get_default(call_default_factory=True)
+        for name, field in model.model_fields.items()
+    }
 
 
 def _problem(exc: Exception, model: Any, body: Mapping[str, Any]) -> str:
