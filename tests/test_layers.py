@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
 
 LAYERS = [
-    {"types", "errors", "jsonl", "planner", "schema"},
+    {"types", "errors", "jsonl", "planner", "validation"},
     {"media"},
     {"out"},
     {"sources", "engine"},

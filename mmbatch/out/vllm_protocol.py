@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from mmbatch.schema import TYPE_ERRORS, expected, problems
 from mmbatch.types import Choice, Result, TokenLogprob
+from mmbatch.validation import TYPE_ERRORS, expected, problems
 
 PROTOCOL_MODULES = (
     "vllm.entrypoints.openai.chat_completion.protocol",

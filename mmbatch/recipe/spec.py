@@ -45,8 +45,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from mmbatch.errors import ConfigError
 from mmbatch.recipe.engine_table import engine_problems
-from mmbatch.schema import TYPE_ERRORS, Problem, expected, problems
 from mmbatch.types import InvalidSetting, Modality, Sampling
+from mmbatch.validation import TYPE_ERRORS, Problem, expected, problems
 
 if sys.version_info >= (3, 11):
     import tomllib
