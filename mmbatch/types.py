@@ -133,6 +133,11 @@ class Sampling:
     json_schema: str | None = None
     """A JSON schema (as canonical JSON text) the output must follow, enforced while decoding
     through the engine's structured outputs; None: free text."""
+    logprobs: int | None = None
+    """Return each generated token's log probability, with the ``logprobs`` likeliest tokens
+    at its step (0: the chosen token's alone; -1: the whole vocabulary, within the engine's
+    ``max_logprobs``); None: none. OpenAI batch lines ask for them (``logprobs``,
+    ``top_logprobs``)."""
 
     def __post_init__(self) -> None:
         _check(self.max_tokens, "max_tokens", "an integer >= 1", lambda v: v >= 1)
@@ -144,6 +149,9 @@ class Sampling:
         for name in ("presence_penalty", "frequency_penalty"):
             _check(getattr(self, name), name, "in [-2, 2]", lambda v: -2 <= v <= 2)
         _check(self.n, "n", "an integer >= 1", lambda v: v >= 1)
+        _check(
+            self.logprobs, "logprobs", "an integer >= 0, or -1 for every token", lambda v: v >= -1
+        )
         if self.n > 1 and self.temperature == 0:
             # Greedy decoding gives one answer however often it is asked (vLLM refuses it).
             raise InvalidSetting("n", self.n, "1 at temperature 0 (greedy): set a temperature")
@@ -244,12 +252,28 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log probability, as the engine reported it: the token's text as
+    the engine decoded it, its UTF-8 ``bytes`` (None: the engine decoded none), and the
+    ``candidates`` at its step, the chosen token first, then the likeliest by rank."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] | None = None
+    candidates: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class Choice:
     """One completion of a request that asked for several (``Sampling.n`` > 1)."""
 
     text: str
     finish_reason: str | None = None
     output_tokens: int = 0
+    stop_reason: int | str | None = None
+    """What stopped it, when a stop string (the string) or stop token (its id) did."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Each generated token's log probability, when ``Sampling.logprobs`` asked for them."""
 
 
 @dataclass(frozen=True)
@@ -262,8 +286,13 @@ class Result:
     usage: Usage = Usage()
     error: ItemError | None = None
     choices: tuple[Choice, ...] = ()
-    """Every completion, when the request asked for more than one (``text`` and
-    ``finish_reason`` are then the first's, ``usage.output_tokens`` their sum); empty for one."""
+    """Every completion, when the request asked for more than one (``text``,
+    ``finish_reason``, ``stop_reason`` and ``logprobs`` are then the first's,
+    ``usage.output_tokens`` their sum); empty for one."""
+    stop_reason: int | str | None = None
+    """The stop string (or stop token id) that ended the text, if one did."""
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """Each generated token's log probability, when the request's sampling asked for them."""
 
     @property
     def ok(self) -> bool:

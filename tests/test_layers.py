@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
 
 LAYERS = [
-    {"types", "errors", "jsonl", "planner", "lifetime"},
+    {"types", "errors", "jsonl", "planner", "lifetime", "validation"},
     {"media"},
     {"out"},
     {"sources", "engine"},
@@ -27,12 +27,15 @@ LAYERS = [
 """From the bottom up. ``mmbatch/__init__.py`` (the public API) and ``__main__`` sit apart."""
 
 ONLY_HERE = {
-    "vllm": {"engine/vllm.py", "bench/worker.py", "bench/naive_job.py"},
+    "vllm": {"engine/vllm.py", "out/vllm_protocol.py", "bench/worker.py", "bench/naive_job.py"},
     "ray": {"integrations/ray_data.py"},
 }
-"""Third-party packages that only these modules may import (the benchmark's naive sides, a
-worker's and a whole job's, are what a user writes with vLLM directly, so they import vllm
-too)."""
+"""Third-party packages that only these modules may import. Besides the engine adapter, vllm
+is imported by ``out/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat
+completions alone (no engine): they describe the OpenAI batch format, whose reader
+(``sources``) and writer (``out``, a layer below the engine) both need them, and the module
+finds them wherever the installed vLLM keeps them. The benchmark's naive sides, a worker's
+and a whole job's, are what a user writes with vLLM directly, so they import vllm too."""
 
 
 def layer_of(name: str) -> int | None:

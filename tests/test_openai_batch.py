@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from mmbatch.pipeline import RunConfig
 from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.types import Request, Result, Sampling, Turn
+from mmbatch.types import Request, Result, Sampling, TokenLogprob, Turn, Usage
 
 
 def refused_line(request: Request) -> dict[str, Any]:
@@ -109,7 +110,18 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
         (line("x", "hi", stop=[1]), "stop must be a string or a list of strings"),
         (line("x", "hi", top_p=0), "top_p must be in (0, 1], got 0"),
         (line("x", "hi", stream=True), "streaming"),
-        (line("x", "hi", tools=[], logprobs=True), "unsupported parameter(s): 'logprobs', 'tools'"),
+        (
+            line(
+                "x",
+                "hi",
+                tools=[{"type": "function", "function": {"name": "f"}}],
+                logit_bias={"7": 1.0},
+            ),
+            "unsupported parameter(s): 'logit_bias', 'tools'",
+        ),
+        (line("x", "hi", frobnicate=1), "unsupported parameter(s): 'frobnicate'"),
+        (line("x", "hi", top_logprobs=2), "`logprobs` must be set to true"),
+        (line("x", "hi", top_logprobs=-2, logprobs=True), "`top_logprobs` must be a positive"),
         (line("x", "hi", temperature="warm"), "temperature must be a number"),
         (line("x", "hi", max_tokens=1.5), "max_tokens must be an integer"),
         (line("x", "hi", max_tokens=0), "max_tokens must be an integer >= 1, got 0"),
@@ -173,6 +185,47 @@ def test_sampling_extras_and_several_choices_are_served(tmp_path: Path) -> None:
     texts = [c["message"]["content"] for c in body["choices"]]
     assert texts == [f"{expected_text([], 'hi')}#{i}" for i in range(3)]
     assert body["usage"]["completion_tokens"] == sum(map(len, texts))
+
+
+def test_logprobs_lines_ask_the_engine_for_them(tmp_path: Path) -> None:
+    """As vLLM's request asks its engine: ``top_logprobs`` alternatives with ``logprobs``
+    on (none given: the chosen token alone), nothing with it off; parameters vLLM's model
+    reads leniently (``"0.5"``) are its values."""
+    lines = [
+        line("top", "hi", logprobs=True, top_logprobs=3),
+        line("chosen", "hi", logprobs=True),
+        line("off", "hi", logprobs=False, top_logprobs=0),
+        line("null", "hi", logprobs=True, top_logprobs=None, temperature="0.5"),
+    ]
+    batch = read_batch(write(tmp_path, *lines))
+    assert batch.refused == 0
+    samplings = [r.sampling for r in batch.requests]
+    assert [s.logprobs if s else "?" for s in samplings] == [3, 0, None, 0]
+    assert samplings[3] is not None
+    assert samplings[3].temperature == 0.5
+
+
+def test_log_probabilities_are_written_as_vllms_server_writes_them() -> None:
+    """Each token with the first ``top_logprobs`` of its step's candidates (the chosen
+    first; -1: all), no log probability below -9999, the chosen token's bytes as decoded."""
+    candidates = (TokenLogprob(" a", -0.1), TokenLogprob(" b", -2.0), TokenLogprob("", -math.inf))
+    tokens = (
+        TokenLogprob(" a", -0.1, (32, 97), candidates),
+        TokenLogprob("\ufffd", -math.inf, None),  # a chosen token vLLM sent no step for
+    )
+    result = Result("r", " a", "length", Usage(3, 2), stop_reason=None, logprobs=tokens)
+    for top, kept in ((0, []), (2, [" a", " b"]), (-1, [" a", " b", ""])):
+        request = Request("r", "p", sampling=Sampling(logprobs=top))
+        body = OpenAIBatchShape("m").add(request, (), result).data["response"]["body"]
+        (choice,) = body["choices"]
+        first, second = choice["logprobs"]["content"]
+        assert (first["token"], first["logprob"], first["bytes"]) == (" a", -0.1, [32, 97])
+        assert [t["token"] for t in first["top_logprobs"]] == kept
+        assert [t["bytes"] for t in first["top_logprobs"]] == [list(t.encode()) for t in kept]
+        assert (second["logprob"], second["bytes"], second["top_logprobs"]) == (-9999.0, None, [])
+        assert (choice["finish_reason"], choice["stop_reason"]) == ("length", None)
+    unasked = OpenAIBatchShape("m").add(Request("r", "p", sampling=Sampling()), (), result)
+    assert unasked.data["response"]["body"]["choices"][0]["logprobs"] is None
 
 
 def test_a_conversation_keeps_its_turns_and_their_images(tmp_path: Path, samples: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -296,6 +298,52 @@ def test_video_and_audio_options_are_checked(tmp_path: Path) -> None:
     assert "overlap_s must be below window_s" in problems(
         tmp_path, '[prompt]\ntext = "x"\n[media]\nkind = "audio"\nwindow_s = 5.0\noverlap_s = 5'
     )
+
+
+def test_every_problem_is_said_with_its_table_and_key(tmp_path: Path) -> None:
+    """pydantic's problems (types, unknown keys, choices, bounds) and the rules that tie keys
+    together, all in one check, each naming where it is."""
+    message = problems(
+        tmp_path,
+        """
+        name = 4
+        [prompt]
+        [[prompt.questions]]
+        name = "a"
+        text = "x"
+        [[prompt.questions]]
+        name = 5
+        text = "y"
+        [sampling]
+        stop = ["a", 1]
+        [media]
+        kind = "video"
+        sampling = "fps"
+        fps = 0
+        timestamps = [1.0, -2.0]
+        [output]
+        format = "yaml"
+        """,
+    )
+    assert "8 problems" in message
+    assert "the recipe's top level: 'name' must be a string, got 4" in message
+    assert "[[prompt.questions]] #2: 'name' must be a string, got 5" in message
+    assert "[[prompt.questions]] #2 needs a 'name' and a non-empty 'text'" in message
+    assert "[sampling]: 'stop' must be a list of strings, got ['a', 1]" in message
+    assert "[media] fps must be > 0, got 0" in message
+    assert "[media] timestamps must each be >= 0, got [1.0, -2.0]" in message
+    assert "[media] 'timestamps' is set but sampling is 'fps'" in message
+    assert "[output] format must be 'text' or 'json', got 'yaml'" in message
+
+
+def test_reading_a_recipe_imports_no_vllm() -> None:
+    code = (
+        "import glob, sys\nfrom mmbatch.recipe.spec import load_recipe\n"
+        f"for path in glob.glob({str(RECIPES / '*.toml')!r}):\n    load_recipe(path)\n"
+        "print(' '.join(m for m in ('torch', 'vllm') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []
 
 
 def test_missing_recipe_file(tmp_path: Path) -> None:

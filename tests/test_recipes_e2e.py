@@ -335,7 +335,7 @@ def test_run_openai_batch_command(tiny_vl_model: Path, samples: Path, tmp_path: 
                     },
                 ),
                 entry("broken", str(samples / "truncated.jpg"), "Describe.", max_tokens=8),
-                entry("refused", sunset, "Describe.", logprobs=True),
+                entry("refused", sunset, "Describe.", logit_bias={"7": 5.0}),
             ]
         )
         + "\n"
@@ -372,5 +372,5 @@ def test_run_openai_batch_command(tiny_vl_model: Path, samples: Path, tmp_path: 
     assert rows["broken"]["response"]["body"]["error"]["stage"] == "decode"
     assert rows["broken"]["response"]["body"]["error"]["code"] == "corrupt"
     refused = rows["refused"]["response"]["body"]["error"]["message"]
-    assert "unsupported parameter(s): 'logprobs'" in refused
+    assert "unsupported parameter(s): 'logit_bias'" in refused
     assert "5 of 5 items: 3 ok, 2 failed" in proc.stderr

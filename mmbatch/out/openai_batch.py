@@ -1,11 +1,14 @@
 """OpenAI batch output lines: the row shape of ``mmbatch run-openai-batch``.
 
 Each line is ``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
-"error": null}``, the body a ``chat.completion`` (choices, usage with cached prompt tokens)
-or, for a request that failed, ``{"error": {...}}`` with status 400 (the request or its
-media were bad) or 500 (the engine failed it). The error object is OpenAI's (``message``,
-``type``, ``param``, ``code``: the failure's kind) plus the ``stage`` that failed, so that
-reading a line back (resume, the summary, the gallery) loses nothing.
+"error": null}``, the body a ``chat.completion`` written by vLLM's own response model
+(``mmbatch.out.vllm_protocol``), with every field of ``vllm run-batch``'s: choices with
+``finish_reason``, ``stop_reason`` and, when the line asked, ``logprobs``; usage with cached
+prompt tokens. For a request that failed, the body is ``{"error": {...}}`` with status 400
+(the request or its media were bad) or 500 (the engine failed it), as the hosted batch API
+writes it. The error object is OpenAI's (``message``, ``type``, ``param``, ``code``: the
+failure's kind) plus the ``stage`` that failed, so that reading a line back (resume, the
+summary, the gallery) loses nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, cast
 import xxhash
 
 from mmbatch.out.rows import Asked, Row
-from mmbatch.types import Choice, FailureKind, ItemError, Request, Result, Stage, Usage
+from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
 
 _CLIENT_ERROR_STAGES: frozenset[Stage] = frozenset({"source", "load", "decode", "validate"})
 
@@ -64,30 +67,12 @@ class OpenAIBatchShape:
     def add(self, request: Request, media_keys: tuple[str, ...], result: Result) -> Row:
         if result.error is not None:
             return Row(result, error_line(request.id, result))
-        usage = result.usage
-        body = {
-            "id": f"chatcmpl-{_digest(request.id)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model,
-            "choices": [
-                {
-                    "index": index,
-                    "message": {"role": "assistant", "content": choice.text, "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": choice.finish_reason,
-                }
-                for index, choice in enumerate(
-                    result.choices or (Choice(result.text or "", result.finish_reason),)
-                )
-            ],
-            "usage": {
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.output_tokens,
-                "total_tokens": usage.prompt_tokens + usage.output_tokens,
-                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-            },
-        }
+        from mmbatch.out.vllm_protocol import chat_completion
+
+        logprobs = request.sampling.logprobs if request.sampling is not None else None
+        body = chat_completion(
+            f"chatcmpl-{_digest(request.id)}", int(time.time()), self.model, result, logprobs
+        )
         return Row(result, _line(request.id, 200, body))
 
 

@@ -15,9 +15,12 @@ A recipe has five tables, each read by one stage::
     [media]     kind = "image" | "video" | "audio", and that kind's decode options
     [output]    format = "text" | "json"; json needs  schema = {...}  (a JSON Schema)
 
-Every key is checked: a key a table does not know is an error that names it and lists the
-keys it does know, so a typo (``max_token``) fails at ``mmbatch check`` rather than being
-ignored for a whole job.
+Every key is checked, by pydantic models of the tables (``RecipeFile``: strict types, no
+key a table does not have): a key a table does not know is an error that names it and lists
+the keys it does know, so a typo (``max_token``) fails at ``mmbatch check`` rather than being
+ignored for a whole job. What pydantic finds, and the rules that tie keys together (one of
+``text`` or questions, a sampling mode and its setting), are said one line per problem,
+every problem at once.
 
 Recipes are data: TOML only, nothing is evaluated, and a recipe cannot make anything else run
 code or read files either. Recipes are shared like documents, so the person running one
@@ -31,15 +34,19 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
 
 from mmbatch.errors import ConfigError
 from mmbatch.recipe.engine_table import engine_problems
 from mmbatch.types import InvalidSetting, Modality, Sampling
+from mmbatch.validation import TYPE_ERRORS, Problem, expected, problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,44 +58,112 @@ AnswerFormat = Literal["text", "json"]
 DEFAULT_ANSWER_NAME = "answer"
 """The name of a single-prompt recipe's answer in the output row, unless [prompt] names it."""
 
-_TOP_KEYS = ("name", "description", "prompt", "sampling", "engine", "media", "output")
-_PROMPT_KEYS = ("system", "text", "name", "questions")
-_QUESTION_KEYS = ("name", "text")
-_SAMPLING_KEYS = {
-    "max_tokens": int,
-    "temperature": float,
-    "top_p": float,
-    "top_k": int,
-    "min_p": float,
-    "repetition_penalty": float,
-    "presence_penalty": float,
-    "frequency_penalty": float,
-    "stop": list,
-    "n": int,
-    "seed": int,
-}
-"""``Sampling``'s settings a recipe may set; the others take the model's generation_config."""
-_OUTPUT_KEYS = ("format", "schema")
-_MEDIA_KEYS: dict[str, dict[str, Any]] = {
-    # kind -> option -> expected type. Video and audio options follow issue 3's loaders
-    # (VideoOptions, AudioOptions); ``as_clip`` hands the sampled frames over as one video.
-    "image": {"max_pixels": int, "max_source_pixels": int},
-    "video": {
-        "sampling": str,
-        "num_frames": int,
-        "fps": float,
-        "timestamps": list,
-        "max_frames": int,
-        "max_pixels": int,
-        "min_frames": int,
-        "min_pixels": int,
-        "max_source_pixels": int,
-        "as_clip": bool,
-    },
-    "audio": {"sample_rate": int, "window_s": float, "overlap_s": float},
-}
-_VIDEO_SAMPLINGS = ("fps", "num_frames", "keyframes", "timestamps")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+Positive = Annotated[int, Field(gt=0)]
+PositiveNumber = Annotated[float, Field(gt=0)]
+
+
+class _Table(BaseModel):
+    """A TOML table: each key typed, strictly (``"64"`` is no integer, ``true`` no number),
+    and no key the table does not have."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class QuestionTable(_Table):
+    name: str | None = None
+    text: str | None = None
+
+
+class PromptTable(_Table):
+    system: str | None = None
+    text: str | None = None
+    name: str | None = None
+    questions: list[QuestionTable] | None = None
+
+
+class SamplingTable(_Table):
+    """``Sampling``'s settings a recipe may set (the others take the model's
+    generation_config); their ranges are ``Sampling``'s own checks."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    stop: list[str] | None = None
+    n: int | None = None
+    seed: int | None = None
+
+
+class ImageMedia(_Table):
+    kind: Literal["image"] = "image"
+    max_pixels: Positive | None = None
+    max_source_pixels: Positive | None = None
+
+
+VideoSampling = Literal["fps", "num_frames", "keyframes", "timestamps"]
+VIDEO_SAMPLINGS: tuple[str, ...] = typing.get_args(VideoSampling)
+VIDEO_SETTINGS = ("fps", "num_frames", "timestamps")
+"""A video's sampling settings, each read by the sampling mode of its name alone."""
+
+
+class VideoMedia(_Table):
+    """Issue 3's video loader options (``VideoOptions``); ``as_clip`` hands the sampled
+    frames over as one video."""
+
+    kind: Literal["video"]
+    sampling: VideoSampling | None = None
+    num_frames: Positive | None = None
+    fps: PositiveNumber | None = None
+    timestamps: list[Annotated[float, Field(ge=0)]] | None = None
+    max_frames: Positive | None = None
+    max_pixels: Positive | None = None
+    min_frames: Positive | None = None
+    min_pixels: Positive | None = None
+    max_source_pixels: Positive | None = None
+    as_clip: bool | None = None
+
+
+class AudioMedia(_Table):
+    kind: Literal["audio"]
+    sample_rate: Positive | None = None
+    window_s: PositiveNumber | None = None
+    overlap_s: Annotated[float, Field(ge=0)] | None = None
+
+
+def _media_kind(table: Any) -> str | None:
+    return table.get("kind", "image") if isinstance(table, dict) else None
+
+
+MediaTable = Annotated[
+    Annotated[ImageMedia, Tag("image")]
+    | Annotated[VideoMedia, Tag("video")]
+    | Annotated[AudioMedia, Tag("audio")],
+    Discriminator(_media_kind),
+]
+MEDIA_KINDS = ("image", "video", "audio")
+
+
+class OutputTable(_Table):
+    format: AnswerFormat = "text"
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+
+
+class RecipeFile(_Table):
+    """A recipe's TOML, as read: the tables and their keys, typed."""
+
+    name: str | None = None
+    description: str | None = None
+    prompt: PromptTable
+    sampling: SamplingTable = SamplingTable()
+    engine: dict[str, Any] = Field(default_factory=dict)
+    media: MediaTable = ImageMedia()
+    output: OutputTable = OutputTable()
 
 
 @dataclass(frozen=True)
@@ -132,10 +207,7 @@ class Recipe:
     def __post_init__(self) -> None:
         # However a Recipe is made (read from TOML, or built in Python and handed to a Ray
         # job), its [engine] holds only what a recipe may set.
-        problems = _Problems(self.path or "recipe")
-        for problem in engine_problems(self.engine):
-            problems.add(problem)
-        problems.raise_if_any()
+        raise_problems(self.path or "recipe", engine_problems(self.engine))
 
     @property
     def model(self) -> str | None:
@@ -162,219 +234,279 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def parse_recipe(data: Mapping[str, Any], where: str, default_name: str = "recipe") -> Recipe:
-    """Validate a recipe's parsed TOML ``data``; ``where`` names it in error messages."""
-    problems = _Problems(where)
-    problems.unknown_keys("the recipe's top level", data, _TOP_KEYS)
-    name = problems.typed(data, "name", str, "the recipe's top level") or default_name
-    description = problems.typed(data, "description", str, "the recipe's top level") or ""
-    prompt = problems.table(data, "prompt", required=True)
-    system, questions = _prompt(prompt, problems)
-    sampling = _sampling(problems.table(data, "sampling"), problems)
-    engine = problems.table(data, "engine")
-    for problem in engine_problems(engine):
-        problems.add(problem)
-    media = _media(problems.table(data, "media"), problems)
-    output = _output(problems.table(data, "output"), problems)
-    problems.raise_if_any()
-    if output.schema is not None:
-        sampling = replace(sampling, json_schema=output.schema)
+    """Validate a recipe's parsed TOML ``data``; ``where`` names it in error messages, which
+    list every problem found."""
+    found: list[str] = []
+    try:
+        file: RecipeFile | None = RecipeFile.model_validate(data)
+    except ValidationError as exc:
+        file = None
+        found += _in_words(problems(exc.errors()), data)
+    found += _prompt_rules(data.get("prompt"))
+    found += _sampling_rules(data.get("sampling"))
+    engine = data.get("engine")
+    found += engine_problems(engine) if isinstance(engine, Mapping) else []
+    found += _media_rules(data.get("media"))
+    schema, problem = _output_schema(data.get("output"))
+    found += [problem] if problem else []
+    raise_problems(where, found)
+    assert file is not None  # pydantic found nothing, or the lines above would say what
     return Recipe(
-        name=name,
-        description=description,
-        system=system,
-        questions=questions,
-        sampling=sampling,
-        engine=MappingProxyType(dict(engine)),
-        media=media,
-        output=output,
+        name=file.name or default_name,
+        description=file.description or "",
+        system=file.prompt.system,
+        questions=_questions(file.prompt),
+        sampling=replace(_sampling(file.sampling), json_schema=schema),
+        engine=MappingProxyType(dict(file.engine)),
+        media=MediaSpec(
+            file.media.kind,
+            MappingProxyType(file.media.model_dump(exclude_none=True, exclude={"kind"})),
+        ),
+        output=OutputSpec("json", schema) if schema is not None else OutputSpec(),
         path=where,
     )
 
 
-class _Problems:
-    """Collects every problem in a recipe, so one ``check`` reports them all at once."""
+def raise_problems(where: str, found: Sequence[str]) -> None:
+    """``ConfigError`` listing ``found``, one line each (a single one: the command's one
+    line), if there is any."""
+    if len(found) == 1:
+        raise ConfigError(f"{where}: {found[0]}")
+    if found:
+        lines = "\n  ".join(found)
+        raise ConfigError(f"{where}: {len(found)} problems:\n  {lines}")
 
-    def __init__(self, where: str) -> None:
-        self.where = where
-        self.found: list[str] = []
 
-    def add(self, message: str) -> None:
-        self.found.append(message)
+def _questions(prompt: PromptTable) -> tuple[Question, ...]:
+    if prompt.text is not None:
+        return (Question(prompt.name or DEFAULT_ANSWER_NAME, prompt.text),)
+    return tuple(Question(str(q.name), str(q.text)) for q in prompt.questions or ())
 
-    def unknown_keys(self, table: str, data: Mapping[str, Any], known: Any) -> None:
-        unknown = [k for k in data if k not in known]
-        if unknown:
-            self.add(
-                f"unknown key{'s' if len(unknown) > 1 else ''} in {table}: "
-                f"{', '.join(map(repr, unknown))} (known: {', '.join(known)})"
-            )
 
-    def table(self, data: Mapping[str, Any], key: str, required: bool = False) -> dict[str, Any]:
+def _sampling(table: SamplingTable) -> Sampling:
+    """``Sampling``'s own checks of the ranges (``InvalidSetting``)."""
+    values = table.model_dump(exclude_none=True)
+    if "stop" in values:
+        values["stop"] = tuple(values["stop"])
+    return Sampling(**values)
+
+
+# What pydantic found, in a recipe's words ------------------------------------------------
+
+
+def _in_words(found: Sequence[Problem], data: Mapping[str, Any]) -> list[str]:
+    """One line per problem pydantic found; the unknown keys of a table on one line."""
+    lines: list[str] = []
+    unknown: dict[tuple[str | int, ...], list[str]] = {}
+    for problem in found:
+        if problem.kind == "extra_forbidden":
+            unknown.setdefault(problem.loc[:-1], []).append(str(problem.loc[-1]))
+        else:
+            lines.append(_said(problem, data))
+    for table, keys in unknown.items():
+        known = ", ".join(f.alias or name for name, f in _model_at(table).model_fields.items())
+        plural = "s" if len(keys) > 1 else ""
+        where = _table_name(table, kind=True)
+        lines.append(
+            f"unknown key{plural} in {where}: {', '.join(map(repr, keys))} (known: {known})"
+        )
+    return lines
+
+
+def _said(problem: Problem, data: Mapping[str, Any]) -> str:
+    loc = problem.loc
+    path = _key_path(loc)
+    if len(path) == 1 and path[0] in _TABLES:  # a whole table
+        key = str(path[0])
         value = data.get(key)
-        if value is None:
-            if required:
-                self.add(f"missing the [{key}] table")
-            return {}
-        if not isinstance(value, dict):
-            self.add(f"{key!r} must be a table ([{key}]), got {value!r}")
-            return {}
-        return value
+        if problem.kind == "missing":
+            return f"missing the [{key}] table"
+        if isinstance(value, Mapping) and key == "media":  # a table, of a kind not known
+            return f"[media] kind must be one of {', '.join(MEDIA_KINDS)}, got {value['kind']!r}"
+        return f"{key!r} must be a table ([{key}]), got {value!r}"
+    if path[:2] == ("prompt", "questions") and len(path) <= 3:
+        value = _raw(data, path)
+        if len(path) == 2:
+            return f"[[prompt.questions]] must be a non-empty array of tables, got {value!r}"
+        return f"{_table_name(loc)} must be a table, got {value!r}"
+    at = max(i for i, step in enumerate(path) if isinstance(step, str))  # the key, not an item
+    key = str(path[at])
+    table_loc = loc[: at + len(loc) - len(path)]
+    table = _table_name(table_loc)
+    value = _raw(data, path[: at + 1])
+    each = " each" if at < len(path) - 1 else ""
+    if problem.kind == "literal_error":
+        return f"{table} {key} must be {problem.context.get('expected')}, got {value!r}"
+    if problem.kind in _BOUNDS:
+        sign, name = _BOUNDS[problem.kind]
+        return f"{table} {key} must{each} be {sign} {problem.context.get(name):g}, got {value!r}"
+    if problem.kind in TYPE_ERRORS:
+        model = _model_at(table_loc)
+        field = model.model_fields.get(_field_name(model, key))
+        kind = expected(field.annotation, "a table") if field is not None else "another value"
+        return f"{table}: {key!r} must be {kind}, got {value!r}"
+    return f"{table}: {key!r}: {problem.message}"
 
-    def typed(self, data: Mapping[str, Any], key: str, kind: type, table: str) -> Any:
-        value = data.get(key)
-        if value is None:
+
+_TABLES = ("prompt", "sampling", "engine", "media", "output")
+_BOUNDS = {
+    "greater_than": (">", "gt"),
+    "greater_than_equal": (">=", "ge"),
+    "less_than": ("<", "lt"),
+    "less_than_equal": ("<=", "le"),
+}
+"""pydantic's bound errors: the sign, and the key of the bound in the error's context."""
+
+
+def _key_path(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """``loc`` as keys of the TOML: without the media kind pydantic's union adds."""
+    return (loc[0], *loc[2:]) if loc[:1] == ("media",) and len(loc) > 1 else loc
+
+
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel]:
+    """The model of the table at pydantic's ``loc``."""
+    models: dict[Any, type[BaseModel]] = {
+        (): RecipeFile,
+        ("prompt",): PromptTable,
+        ("sampling",): SamplingTable,
+        ("output",): OutputTable,
+        ("media", "image"): ImageMedia,
+        ("media", "video"): VideoMedia,
+        ("media", "audio"): AudioMedia,
+    }
+    if loc[:2] == ("prompt", "questions"):
+        return QuestionTable
+    return models.get(tuple(loc), RecipeFile)
+
+
+def _field_name(model: type[BaseModel], key: str) -> str:
+    return next((n for n, f in model.model_fields.items() if (f.alias or n) == key), key)
+
+
+def _table_name(loc: tuple[str | int, ...], kind: bool = False) -> str:
+    """How a recipe's messages name the table at pydantic's ``loc``: ``[sampling]``,
+    ``[[prompt.questions]] #2``; ``[media] (kind 'video')`` when ``kind``."""
+    if not loc:
+        return "the recipe's top level"
+    if loc[:2] == ("prompt", "questions") and len(loc) > 2 and isinstance(loc[2], int):
+        return f"[[prompt.questions]] #{loc[2] + 1}"
+    if loc[0] == "media" and kind and len(loc) > 1:
+        return f"[media] (kind {loc[1]!r})"
+    return f"[{loc[0]}]"
+
+
+def _raw(data: Any, path: Sequence[str | int]) -> Any:
+    """The value the recipe wrote at ``path`` (None where there is none)."""
+    for step in path:
+        if isinstance(step, int) and isinstance(data, list) and step < len(data):
+            data = data[step]
+        elif isinstance(step, str) and isinstance(data, Mapping):
+            data = data.get(step)
+        else:
             return None
-        if not _is(value, kind):
-            self.add(f"{table}: {key!r} must be {_kind_name(kind)}, got {value!r}")
-            return None
-        return value
-
-    def raise_if_any(self) -> None:
-        if len(self.found) == 1:  # the command's one line
-            raise ConfigError(f"{self.where}: {self.found[0]}")
-        if self.found:
-            lines = "\n  ".join(self.found)
-            raise ConfigError(f"{self.where}: {len(self.found)} problems:\n  {lines}")
+    return data
 
 
-def _is(value: Any, kind: type) -> bool:
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, kind)
+# The rules that tie keys together ----------------------------------------------------------
+# They read the recipe as written, whatever pydantic found, so that one check reports
+# everything; a value of the wrong type is pydantic's to report, and passed over here.
 
 
-def _kind_name(kind: type) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
-        kind, f"a {kind.__name__}"
-    )
-
-
-def _prompt(prompt: dict[str, Any], problems: _Problems) -> tuple[str | None, tuple[Question, ...]]:
-    problems.unknown_keys("[prompt]", prompt, _PROMPT_KEYS)
-    system = problems.typed(prompt, "system", str, "[prompt]")
-    text = problems.typed(prompt, "text", str, "[prompt]")
-    raw_questions = prompt.get("questions")
-    if prompt and (text is None) == (raw_questions is None):
-        problems.add("[prompt] needs exactly one of 'text' or [[prompt.questions]]")
-        return system, ()
-    if text is not None:
-        name = problems.typed(prompt, "name", str, "[prompt]") or DEFAULT_ANSWER_NAME
-        _check_name(name, "[prompt] name", problems)
+def _prompt_rules(prompt: Any) -> list[str]:
+    if not isinstance(prompt, Mapping):
+        return []
+    text, questions = prompt.get("text"), prompt.get("questions")
+    if (text is None) == (questions is None):
+        return ["[prompt] needs exactly one of 'text' or [[prompt.questions]]"]
+    found = []
+    if isinstance(text, str):
+        name = prompt.get("name", DEFAULT_ANSWER_NAME)
+        found += _name_rule(name, "[prompt] name")
         if not text.strip():
-            problems.add("[prompt] text is empty")
-        return system, (Question(name, text),)
+            found.append("[prompt] text is empty")
+        return found
     if "name" in prompt:
-        problems.add("[prompt] 'name' names a single answer; each question has its own name")
-    if not isinstance(raw_questions, list) or not raw_questions:
-        problems.add(
-            f"[[prompt.questions]] must be a non-empty array of tables, got {raw_questions!r}"
-        )
-        return system, ()
-    questions: list[Question] = []
-    for i, raw in enumerate(raw_questions, start=1):
+        found.append("[prompt] 'name' names a single answer; each question has its own name")
+    if questions == []:
+        found.append("[[prompt.questions]] must be a non-empty array of tables, got []")
+    names: set[str] = set()
+    for i, question in enumerate(questions if isinstance(questions, list) else [], start=1):
+        if not isinstance(question, Mapping):
+            continue
         where = f"[[prompt.questions]] #{i}"
-        if not isinstance(raw, dict):
-            problems.add(f"{where} must be a table, got {raw!r}")
+        name, q_text = question.get("name"), question.get("text")
+        if not isinstance(name, str) or not isinstance(q_text, str) or not q_text.strip():
+            found.append(f"{where} needs a 'name' and a non-empty 'text'")
             continue
-        problems.unknown_keys(where, raw, _QUESTION_KEYS)
-        name = problems.typed(raw, "name", str, where)
-        q_text = problems.typed(raw, "text", str, where)
-        if name is None or q_text is None or not q_text.strip():
-            problems.add(f"{where} needs a 'name' and a non-empty 'text'")
-            continue
-        _check_name(name, f"{where} name", problems)
-        if any(q.name == name for q in questions):
-            problems.add(f"{where}: the name {name!r} is used twice")
-        questions.append(Question(name, q_text))
-    return system, tuple(questions)
+        found += _name_rule(name, f"{where} name")
+        if name in names:
+            found.append(f"{where}: the name {name!r} is used twice")
+        names.add(name)
+    return found
 
 
-def _check_name(name: str, where: str, problems: _Problems) -> None:
-    if not _NAME.match(name):
-        problems.add(f"{where} {name!r} must be letters, digits, '_' or '-'")
+def _name_rule(name: Any, where: str) -> list[str]:
+    if isinstance(name, str) and not _NAME.match(name):
+        return [f"{where} {name!r} must be letters, digits, '_' or '-'"]
+    return []
 
 
-def _sampling(table: dict[str, Any], problems: _Problems) -> Sampling:
-    problems.unknown_keys("[sampling]", table, tuple(_SAMPLING_KEYS))
-    values: dict[str, Any] = {}
-    for key, kind in _SAMPLING_KEYS.items():
-        value = problems.typed(table, key, kind, "[sampling]")
-        if value is not None:
-            values[key] = tuple(value) if key == "stop" else value
+def _sampling_rules(table: Any) -> list[str]:
+    """``Sampling``'s range checks, once the table's types are right."""
     try:
-        return Sampling(**values)
+        _sampling(SamplingTable.model_validate(table if table is not None else {}))
+    except ValidationError:
+        return []  # pydantic's problems, said already
     except InvalidSetting as exc:
-        problems.add(f"[sampling] {exc.field} = {exc.value!r}: must be {exc.rule}")
-        return Sampling()
+        return [f"[sampling] {exc.field} = {exc.value!r}: must be {exc.rule}"]
+    return []
 
 
-def _media(table: dict[str, Any], problems: _Problems) -> MediaSpec:
+def _media_rules(table: Any) -> list[str]:
+    if not isinstance(table, Mapping):
+        return []
+    found = []
     kind = table.get("kind", "image")
-    if kind not in _MEDIA_KEYS:
-        problems.add(f"[media] kind must be one of {', '.join(_MEDIA_KEYS)}, got {kind!r}")
-        return MediaSpec()
-    known = _MEDIA_KEYS[kind]
-    problems.unknown_keys(f"[media] (kind {kind!r})", table, ("kind", *known))
-    options: dict[str, Any] = {}
-    for key, expected in known.items():
-        value = problems.typed(table, key, expected, "[media]")
-        if value is not None:
-            options[key] = value
-    for key, value in options.items():
-        if _is(value, float):
-            at_least = ">= 0" if key == "overlap_s" else "> 0"
-            if (value < 0) if key == "overlap_s" else (value <= 0):
-                problems.add(f"[media] {key} must be {at_least}, got {value!r}")
     if kind == "video":
-        _video_options(options, problems)
-    if kind == "audio" and "overlap_s" in options:
-        window = options.get("window_s", 30.0)
-        if options["overlap_s"] >= window:
-            problems.add(
-                f"[media] overlap_s must be below window_s ({window}), got {options['overlap_s']}"
+        sampling = table.get("sampling", "num_frames")
+        if sampling == "timestamps" and not table.get("timestamps"):
+            found.append("[media] sampling = 'timestamps' needs a non-empty 'timestamps' list")
+        if sampling in VIDEO_SAMPLINGS:
+            for key in VIDEO_SETTINGS:
+                if key in table and sampling != key:
+                    found.append(
+                        f"[media] {key!r} is set but sampling is {sampling!r} "
+                        f"(set sampling = {key!r})"
+                    )
+    if kind == "audio" and _is_number(table.get("overlap_s")):
+        window = table.get("window_s", 30.0)
+        if _is_number(window) and table["overlap_s"] >= window:
+            found.append(
+                f"[media] overlap_s must be below window_s ({window}), got {table['overlap_s']}"
             )
-    return MediaSpec(kind, MappingProxyType(options))
+    return found
 
 
-def _video_options(options: dict[str, Any], problems: _Problems) -> None:
-    sampling = options.get("sampling", "num_frames")
-    if sampling not in _VIDEO_SAMPLINGS:
-        problems.add(
-            f"[media] sampling must be one of {', '.join(_VIDEO_SAMPLINGS)}, got {sampling!r}"
-        )
-        return
-    timestamps = options.get("timestamps")
-    if sampling == "timestamps" and not timestamps:
-        problems.add("[media] sampling = 'timestamps' needs a non-empty 'timestamps' list")
-    if timestamps is not None and not all(_is(t, float) and t >= 0 for t in timestamps):
-        problems.add(f"[media] timestamps must be seconds >= 0, got {timestamps!r}")
-    for key, needs in (("fps", "fps"), ("num_frames", "num_frames"), ("timestamps", "timestamps")):
-        if key in options and sampling != needs:
-            problems.add(
-                f"[media] {key!r} is set but sampling is {sampling!r} (set sampling = {needs!r})"
-            )
-
-
-def _output(table: dict[str, Any], problems: _Problems) -> OutputSpec:
+def _output_schema(table: Any) -> tuple[str | None, str | None]:
+    """[output]'s schema as canonical JSON text, or what is wrong with it."""
     from mmbatch.out.answers import canonical_schema
 
-    problems.unknown_keys("[output]", table, _OUTPUT_KEYS)
-    fmt = table.get("format", "text")
-    if fmt not in ("text", "json"):
-        problems.add(f"[output] format must be 'text' or 'json', got {fmt!r}")
-        return OutputSpec()
-    schema = table.get("schema")
-    if fmt == "text":
-        if schema is not None:
-            problems.add("[output] schema is set but format is 'text' (set format = 'json')")
-        return OutputSpec()
+    if not isinstance(table, Mapping):
+        return None, None
+    fmt, schema = table.get("format", "text"), table.get("schema")
+    if fmt == "text" and schema is not None:
+        return None, "[output] schema is set but format is 'text' (set format = 'json')"
+    if fmt != "json":
+        return None, None
     if schema is None:
-        problems.add("[output] format = 'json' needs a schema ([output.schema])")
-        return OutputSpec()
+        return None, "[output] format = 'json' needs a schema ([output.schema])"
+    if not isinstance(schema, Mapping):
+        return None, None  # pydantic's problem, said already
     try:
-        return OutputSpec("json", canonical_schema(schema, "[output] schema"))
+        return canonical_schema(schema, "[output] schema"), None
     except ConfigError as exc:
-        problems.add(str(exc))
-        return OutputSpec()
+        return None, str(exc)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

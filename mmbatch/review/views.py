@@ -98,7 +98,8 @@ def _batch_requests(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     folder = job_folder(summary)
     path = Path(located(str(inputs[0]), [folder] if folder else []))
     try:
-        batch = read_batch(path, paths=LocalPaths.recorded(job))  # where the job could read
+        # Where the job could read; the prompts and pictures only (no vLLM to import).
+        batch = read_batch(path, paths=LocalPaths.recorded(job), bodies=False)
     except (MmbatchError, OSError):
         return {}
     return {request.id: request for request in batch.requests}

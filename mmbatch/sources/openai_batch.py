@@ -1,18 +1,20 @@
-"""OpenAI batch input files read as requests, so a job written for a hosted batch API runs
-here unchanged (the output lines are ``mmbatch.out.openai_batch``'s).
+"""OpenAI batch input files read as requests, so a job written for a hosted batch API, or for
+``vllm run-batch``, runs here unchanged (the output lines are ``mmbatch.out.openai_batch``'s).
 
 Input: one JSON object per line, ``{"custom_id", "method": "POST", "url":
-"/v1/chat/completions", "body": {"messages": [...], "max_tokens" | "max_completion_tokens",
-"temperature", "top_p", "seed", "n", "stop", "presence_penalty", "frequency_penalty",
-"response_format"}}``, plus vLLM's own sampling extras ``top_k``, ``min_p`` and
-``repetition_penalty``, as vLLM's ``run-batch`` takes them. Messages are optional system (or
-developer) messages, then user and assistant turns ending with a user message, whose content
-is a string or a list of ``text`` and ``image_url`` parts; image URLs are ``data:`` URIs
-(decoded in memory) or local paths (``file://`` or plain, relative to the requests file),
-which must lead inside the requests file's folder or a folder the person running the job
-allowed (``mmbatch.sources.paths``).
-What a line leaves out takes the model's ``generation_config``, else vLLM's default
-(temperature 1.0, as the hosted API).
+"/v1/chat/completions", "body": {"messages": [...], ...}}``. The body is read by vLLM's own
+``ChatCompletionRequest`` (``mmbatch.out.vllm_protocol``), so its parameters have the types,
+defaults and rules ``vllm run-batch`` gives them; those served are the token limit
+(``max_tokens`` or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``n``,
+``stop``, the penalties, vLLM's sampling extras ``top_k``, ``min_p``,
+``repetition_penalty`` and ``ignore_eos``, ``response_format``, and ``logprobs`` with
+``top_logprobs``. Messages are optional system (or developer) messages, then user and
+assistant turns ending with a user message, whose content is a string or a list of
+``text`` and ``image_url`` parts; image URLs are ``data:`` URIs (decoded in memory) or local
+paths (``file://`` or plain, relative to the requests file), which must lead inside the
+requests file's folder or a folder the person running the job allowed
+(``mmbatch.sources.paths``). What a line leaves out takes the model's ``generation_config``,
+else vLLM's default (temperature 1.0, as the hosted API).
 
 Output: one line per request, ``{"id", "custom_id", "response": {"status_code",
 "request_id", "body"}, "error": null}``, the body a ``chat.completion`` (choices, usage with
@@ -23,12 +25,13 @@ The requests go through the same loader, planner and engine windows as every oth
 lines sharing an image share its decode, its encoder output and their common prefix.
 
 What is refused, per line (a 400 row, the other lines go on): other URLs or methods,
-streaming, tools, tool or function messages, remote image URLs, local paths outside the
-allowed folders (``not_allowed``), and any body parameter not
-listed above; they would change the answer, and silently dropping them would return a
-different answer than the hosted API would. A file that cannot be read as a batch (a line
-that is not JSON, no ``custom_id``, a ``custom_id`` used twice) is refused whole, before any
-work, as the hosted API refuses it.
+streaming, tool or function messages, remote image URLs, local paths outside the allowed
+folders (``not_allowed``), a body vLLM's model refuses, and any other parameter of vLLM's
+set to other than its default (``tools``, ``logit_bias``, ``echo``, ...) or that vLLM does
+not know: they would change the answer, and dropping them would return another answer than
+the hosted API or ``run-batch`` would. A file that cannot be read as a batch (a line that is
+not JSON, no ``custom_id``, a ``custom_id`` used twice) is refused whole, before any work,
+as the hosted API refuses it.
 """
 
 from __future__ import annotations
@@ -50,16 +53,17 @@ DEFAULT_MAX_TOKENS = 1024
 """For lines that set neither ``max_tokens`` nor ``max_completion_tokens``: the hosted API
 then stops only at the context length, which a batch job should not run into by default."""
 
-_BODY_KEYS = frozenset(
+SERVED = frozenset(
     {
-        "model",
         "messages",
+        "model",
+        "user",
+        "stream",
         "max_tokens",
         "max_completion_tokens",
         "temperature",
         "top_p",
         "seed",
-        "response_format",
         "n",
         "stop",
         "presence_penalty",
@@ -67,12 +71,17 @@ _BODY_KEYS = frozenset(
         "top_k",
         "min_p",
         "repetition_penalty",
-        "stream",
-        "user",
-        "metadata",
-        "store",
+        "ignore_eos",
+        "response_format",
+        "logprobs",
+        "top_logprobs",
     }
 )
+"""The body parameters of vLLM's ``ChatCompletionRequest`` a line may set to any value: the
+others only to vLLM's default (``tool_choice: "none"``, ``echo: false``...)."""
+
+UNUSED_KEYS = frozenset({"metadata", "store"})
+"""OpenAI's parameters that vLLM's model lacks and that change no answer."""
 
 
 class InvalidLine(ValueError):
@@ -81,10 +90,12 @@ class InvalidLine(ValueError):
 
 @dataclass(frozen=True)
 class _Place:
-    """Where a batch file's local image paths start from, and where they may lead."""
+    """Where a batch file's local image paths start from, and where they may lead; whether
+    the lines' parameters are read too."""
 
     folder: str
     paths: LocalPaths
+    bodies: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,11 +114,15 @@ def read_batch(
     path: str | Path,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     paths: LocalPaths | None = None,
+    *,
+    bodies: bool = True,
 ) -> BatchInput:
     """Read an OpenAI batch input file into requests (ids are the lines' ``custom_id``);
-    ``paths`` says where its local image paths may lead besides the file's own folder."""
+    ``paths`` says where its local image paths may lead besides the file's own folder.
+    ``bodies=False`` reads each line's messages alone (its prompt and pictures, for the
+    gallery), leaving its parameters unchecked and vLLM unimported."""
     path = Path(path)
-    place = _Place(str(path.parent), paths or LocalPaths())
+    place = _Place(str(path.parent), paths or LocalPaths(), bodies)
     requests: list[Request] = []
     seen: set[str] = set()
     max_images = 0
@@ -150,18 +165,13 @@ def _request(custom_id: str, entry: Mapping[str, Any], place: _Place, max_tokens
     body = entry.get("body")
     if not isinstance(body, dict):
         raise InvalidLine("'body' must be an object")
-    unknown = sorted(set(body) - _BODY_KEYS)
-    if unknown:
-        raise InvalidLine(f"unsupported parameter(s): {', '.join(map(repr, unknown))}")
-    if body.get("stream", False):
-        raise InvalidLine("streaming is not supported in a batch")
     system, history, prompt, media = _messages(body.get("messages"), custom_id, place)
     return Request(
         id=custom_id,
         prompt=prompt,
         media=media,
         system=system,
-        sampling=_sampling(body, max_tokens),
+        sampling=_sampling(body, max_tokens) if place.bodies else None,
         history=history,
     )
 
@@ -250,47 +260,47 @@ def _image_ref(url: str, label: str, place: _Place) -> MediaRef:
 
 
 def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:
-    """The line's sampling; what it leaves out is the model's (``None``), as in vLLM's
-    ``run-batch``, except the token limit (``default_max_tokens``)."""
-    max_tokens = _number(body, "max_completion_tokens", _number(body, "max_tokens", None, int), int)
-    floats = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty")
-    values: dict[str, Any] = {k: _number(body, k, None, float) for k in floats}
-    values["repetition_penalty"] = _number(body, "repetition_penalty", None, float)
-    values["top_k"] = _number(body, "top_k", None, int)
+    """The line's sampling, its parameters read by vLLM's ``ChatCompletionRequest``; what it
+    leaves out is the model's (``None``), as in vLLM's ``run-batch``, except the token limit
+    (``default_max_tokens``)."""
+    from mmbatch.out.vllm_protocol import InvalidBody, check_chat_body
+
+    schema = _json_schema(body.get("response_format"))  # its own words for a bad schema
+    try:
+        checked = check_chat_body(body)
+    except InvalidBody as exc:
+        raise InvalidLine(str(exc)) from None
+    if checked.values["stream"]:
+        raise InvalidLine("streaming is not supported in a batch")
+    unsupported = (checked.changed - SERVED) | (set(checked.unknown) - UNUSED_KEYS)
+    if unsupported:
+        listed = ", ".join(map(repr, sorted(unsupported)))
+        raise InvalidLine(f"unsupported parameter(s): {listed}")
+    values = checked.values
+    max_tokens = values["max_completion_tokens"]
+    if max_tokens is None:
+        max_tokens = values["max_tokens"]
+    stop = values["stop"] or ()
     try:
         return Sampling(
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
-            seed=_number(body, "seed", None, int),
-            n=_number(body, "n", 1, int),
-            stop=_stop(body.get("stop")),
-            json_schema=_json_schema(body.get("response_format")),
-            **values,
+            temperature=values["temperature"],
+            top_p=values["top_p"],
+            top_k=values["top_k"],
+            min_p=values["min_p"],
+            repetition_penalty=values["repetition_penalty"],
+            presence_penalty=values["presence_penalty"],
+            frequency_penalty=values["frequency_penalty"],
+            seed=values["seed"],
+            n=1 if values["n"] is None else values["n"],
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            ignore_eos=values["ignore_eos"],
+            json_schema=schema,
+            # As vLLM's request asks its engine: top_logprobs only with logprobs on.
+            logprobs=(values["top_logprobs"] or 0) if values["logprobs"] else None,
         )
     except InvalidSetting as exc:
         raise InvalidLine(f"{exc.field} must be {exc.rule}, got {exc.value!r}") from None
-
-
-def _stop(stop: Any) -> tuple[str, ...]:
-    """``stop``: absent, one string, or a list of strings (the API allows up to 4)."""
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
-    raise InvalidLine(f"stop must be a string or a list of strings, got {stop!r}")
-
-
-def _number(body: Mapping[str, Any], key: str, default: Any, kind: type) -> Any:
-    """``body[key]`` checked to be a number of ``kind`` (an int passes as a float); absent or
-    null gives ``default``, as in the hosted API."""
-    value = body.get(key)
-    if value is None:
-        return default
-    kinds = (int, float) if kind is float else (int,)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise InvalidLine(f"{key} must be {'a number' if kind is float else 'an integer'}")
-    return value
 
 
 def _json_schema(response_format: Any) -> str | None:
