@@ -90,10 +90,15 @@ def test_a_changed_job_is_refused_with_the_reason_unless_forced(
     before = out.read_bytes()
     assert caption(good, out, "--max-tokens", "32") == EXIT_JOB_FAILED
     err = capsys.readouterr().err
-    assert "was written by a different job" in err
-    assert '"max_tokens": 16' in err
-    assert '"max_tokens": 32' in err
+    assert "was written by a different job (sampling.max_tokens 16 -> 32)" in err
     assert "--force" in err
+    # A changed setting is named with its two values, not the whole tables that hold it.
+    fps = tmp_path / "fps.jsonl"
+    assert caption(good, fps, "--fps", "1") == EXIT_OK
+    assert caption(good, fps, "--fps", "2") == EXIT_JOB_FAILED
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "different job (video_options.fps 1.0 -> 2.0); use another --out" in line
+    assert "{" not in line
     assert out.read_bytes() == before
     assert caption(good, out, "--max-tokens", "32", "--force") == EXIT_OK
 
