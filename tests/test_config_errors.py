@@ -4,6 +4,7 @@ is started) and the tiny model's real config; ``mmbatch check`` catches the same
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -30,6 +31,25 @@ def caption(samples: Path, out: Path, *extra: str) -> int:
         return main(["caption", str(samples / "sunset.jpg"), "--out", str(out), *extra])
     except SystemExit as exc:
         return int(exc.code or 0)
+
+
+@pytest.mark.parametrize("name", ["c.csv", "c.tsv", "c.json"])
+def test_an_output_named_for_a_format_not_written_is_refused(
+    samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """``--out c.csv`` once wrote JSON lines under the name of a CSV file."""
+    from fake_cli import main as fake_main
+
+    out = tmp_path / "out" / name
+    assert caption(samples, out, "--model", "m") == EXIT_JOB_FAILED
+    message = one_error(capsys)
+    assert message.startswith(f"--out {out}: mmbatch does not write ")
+    assert "name the output c.jsonl (JSON lines) or c.parquet" in message
+    assert not (tmp_path / "out").exists()
+    # Asked for by name, JSON lines it is.
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", "m", "--out", str(out)]
+    assert fake_main([*argv, "--out-format", "jsonl", "--no-progress"]) == EXIT_OK
+    assert json.loads(out.read_text().splitlines()[0])["error"] is None
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from mmbatch.cli.options import (
     audio_options_from,
     clip_split_from,
     engine_config_from,
+    file_output_from,
     keep_columns_from,
     local_paths_from,
     run_to_file,
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     clips = clip_split_from(args)
     if clips is not None and args.ray is not None:
         raise ConfigError("--clip-seconds and --scenes run on this machine, not on Ray")
+    if args.ray is None:
+        file_output_from(args)  # a bad --out is said before the inputs are read
     log = ListingLog()
     requests, info = _inputs(args, config, media, clips, log)
     sampling = sampling_from(args)
