@@ -134,6 +134,50 @@ def test_a_model_that_is_not_there_is_one_line(
     assert not (tmp_path / "out").exists()
 
 
+MISSING_MODEL_FACES = """
+import json, sys
+from mmbatch.cli import main
+from mmbatch.errors import ConfigError
+samples, missing, out = sys.argv[1:4]
+said = []
+for inputs in (["sunset.jpg"], ["clip.mp4", "--as-clip"]):
+    argv = ["caption", f"{samples}/{inputs[0]}", *inputs[1:], "--model", missing, "--out", out]
+    said.append(main(argv))
+import mmbatch
+for face in (
+    lambda: mmbatch.caption(f"{samples}/sunset.jpg", model=missing),
+    lambda: mmbatch.DatasetMap(missing, "p", allowed_paths=[samples])(
+        {"image": [f"{samples}/sunset.jpg"]}
+    ),
+):
+    try:
+        face()
+    except ConfigError as exc:
+        said.append(str(exc))
+print(json.dumps({"said": said, "vllm": "vllm" in sys.modules}))
+"""
+
+
+def test_a_missing_model_folder_is_said_before_vllm_is_imported(
+    samples: Path, tmp_path: Path
+) -> None:
+    """It took 21 s and more to say, the time it takes to import vLLM: the command, a
+    notebook's ``caption`` and a ``DatasetMap`` now say it at once."""
+    import subprocess
+    import sys
+
+    missing, out = tmp_path / "no-model", tmp_path / "out" / "c.jsonl"
+    probe = [sys.executable, "-c", MISSING_MODEL_FACES, str(samples), str(missing), str(out)]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["vllm"] is False, done.stderr[-2000:]
+    said = f"model {str(missing)!r}: no such model folder"
+    assert result["said"][:2] == [EXIT_JOB_FAILED, EXIT_JOB_FAILED]
+    assert [message.startswith(said) for message in result["said"][2:]] == [True, True]
+    assert done.stderr.count(f"mmbatch: error: {said}") == 2
+    assert not out.parent.exists()
+
+
 def recipe(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "r.toml"
     path.write_text(textwrap.dedent(body))

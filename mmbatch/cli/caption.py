@@ -169,8 +169,10 @@ def _inputs(
         if found <= pictures or args.ray is not None:
             take = pictures
         else:
+            from mmbatch.engine.config import check_model_name
             from mmbatch.engine.processor import model_modalities
 
+            check_model_name(config.model)  # said as such, not as a processor that fails
             take = model_modalities(config)
         requests = caption_requests(
             files,
