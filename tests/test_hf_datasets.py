@@ -128,6 +128,32 @@ def test_num_proc_workers_get_a_gpu_each_and_an_in_process_engine(
     assert run({"tensor_parallel_size": 2}, num_proc=None) == ["None/4,6"] * 4
 
 
+def test_the_plain_and_the_pipelined_map_share_one_datasets_cache(tmp_path: Path) -> None:
+    """Switching between ``ds.map(captioner)`` and ``ds.map(captioner.pipelined)`` recomputed
+    everything: datasets hashed them differently. Rows that fail before any engine work
+    need no engine, so a real map runs here."""
+    import inspect
+
+    captioner = DatasetMap(str(tmp_path), PROMPT)
+    assert inspect.iscoroutinefunction(captioner.pipelined)  # datasets runs it as one
+    assert Hasher.hash(captioner.pipelined) == Hasher.hash(captioner)
+    assert not inspect.iscoroutinefunction(captioner)
+    assert DatasetMap.__name__ == "DatasetMap"
+    clone = pickle.loads(pickle.dumps(captioner.pipelined))  # as worker processes get it
+    assert inspect.iscoroutinefunction(clone)
+    assert clone.fingerprint == captioner.fingerprint
+    datasets.Dataset.from_dict({"image": [None, None]}).save_to_disk(str(tmp_path / "ds"))
+    ds = datasets.load_from_disk(str(tmp_path / "ds"))  # on disk: datasets caches maps
+    plain = ds.map(captioner, batched=True)
+    [cache] = plain.cache_files
+    written = os.stat(cache["filename"]).st_mtime_ns
+    pipelined = ds.map(captioner.pipelined, batched=True)
+    assert pipelined._fingerprint == plain._fingerprint
+    assert pipelined.cache_files == plain.cache_files
+    assert os.stat(cache["filename"]).st_mtime_ns == written  # read, not computed again
+    assert pipelined["error"] == ["source: this row: no image (the cell is empty)"] * 2
+
+
 def test_a_missing_column_is_a_job_error(tmp_path: Path) -> None:
     from mmbatch.errors import ConfigError
 
