@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
 
 LAYERS = [
-    {"types", "errors", "jsonl", "planner"},
+    {"types", "errors", "jsonl", "planner", "mainguard"},
     {"media"},
     {"out"},
     {"sources", "engine"},

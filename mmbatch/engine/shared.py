@@ -89,6 +89,9 @@ def build_engine(
         return start_engine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
+    from mmbatch.mainguard import check_main_guard
+
+    check_main_guard()  # the engine processes are spawned: a script must be guarded
 
     trust = bool(config.engine_kwargs.get("trust_remote_code", False))
     template: list[ChatTemplate] = []
