@@ -167,7 +167,11 @@ def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
     with engine_log(None if log is None else os.devnull):  # a mistake leaves no log file
         preflight(config, media_per_prompt)
     if log is not None:
-        print(f"mmbatch: starting vLLM; its log goes to {log} (-v: here)", file=sys.stderr)
+        print(
+            f"mmbatch: starting vLLM; its log goes to {log} (to see it here: -v, or "
+            "vllm_log=None from Python)",
+            file=sys.stderr,
+        )
 
 
 def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:

@@ -40,13 +40,14 @@ import json
 import os
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.identity import model_identity
+from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.engine.shared import may_start_processes
 from mmbatch.errors import ConfigError, ItemFailure
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
@@ -90,8 +91,12 @@ class DatasetMap:
         error_column: str = "error",
         with_usage: bool = False,
         allowed_paths: Sequence[str] = (),
+        vllm_log: VllmLog = "auto",
     ) -> None:
         self.engine_config = EngineConfig(model, dict(engine_kwargs or {}))
+        self.vllm_log = vllm_log
+        """Where vLLM's log goes (``mmbatch.engine.logs.VllmLog``): a file of its own by
+        default, decided in the process that builds the engine."""
         self.paths = LocalPaths(
             tuple(str(p) for p in allowed_paths), widen="DatasetMap(allowed_paths=[DIR])"
         )
@@ -241,7 +246,8 @@ class DatasetMap:
         # The engine is built on this process's first batch, so the GPU is chosen before CUDA
         # starts; later calls narrow CUDA_VISIBLE_DEVICES to the device it already names.
         prepare_engine_process(rank, self.engine_config.engine_kwargs)
-        return shared_engine(self.engine_config, {self.modality: 1})
+        config = replace(self.engine_config, log_file=library_log_file(self.vllm_log))
+        return shared_engine(config, {self.modality: 1})
 
     def _settings(self) -> dict[str, Any]:
         return {
