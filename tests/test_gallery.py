@@ -310,6 +310,35 @@ def test_a_refused_batch_lines_card_shows_its_prompt_and_the_pictures_it_may(
     assert "data:image" not in cards["outside"]  # a file the job could not read
 
 
+def test_a_clips_card_shows_frames_of_that_clip_only(tiny_vl_model: Path, tmp_path: Path) -> None:
+    """A clip cut from a video previews as a strip of its own frames, not the whole
+    video's: each scene's card is that scene's colour."""
+    import base64
+    import io
+
+    import numpy as np
+    from fake_cli import main as fake_main
+    from media_files import scene_video
+    from PIL import Image
+
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200)]
+    video = scene_video(
+        tmp_path / "scenes.mp4", [(30, colours[0]), (20, colours[1]), (40, colours[2])]
+    )
+    out = tmp_path / "clips.jsonl"
+    argv = ["caption", str(video), "--scenes", "--model", str(tiny_vl_model), "--out", str(out)]
+    assert fake_main([*argv, "--no-progress"]) == 0
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "--html", str(page)]) == 0
+    strips = page.read_text().split('src="data:image/jpeg;base64,')[1:]
+    assert len(strips) == 3
+    for strip, colour in zip(strips, colours, strict=True):
+        data = base64.b64decode(strip.split('"', 1)[0])
+        pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=float)
+        median = np.median(pixels.reshape(-1, 3), axis=0)  # the flat colour, not the square
+        assert np.abs(median - colour).max() < 25, (median, colour)
+
+
 def test_relative_sources_preview_from_another_folder(
     samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -85,7 +85,7 @@ def _previews(
     from mmbatch.review.thumbnails import NoPreview, thumbnail_uri
     from mmbatch.review.views import located
     from mmbatch.sources.caption import modality_of
-    from mmbatch.types import MediaRef
+    from mmbatch.types import MediaRef, TimeSpan
 
     dataset = (summary or {}).get("job", {}).get("dataset")
     media: Mapping[str, MediaRef | str] = known
@@ -113,11 +113,18 @@ def _previews(
             source = located(source, folders)
             if row.get("frame_index") is not None and row.get("pts") is not None:
                 ref = MediaRef("image", source, part=_frame(row))  # a frame job's row
+            elif modality_of(source) == "video" and _numbers(row.get("start"), row.get("end")):
+                span = TimeSpan(float(row["start"]), float(row["end"]))  # a clip cut from it
+                ref = MediaRef("video", source, part=span)
             else:
                 ref = MediaRef(modality_of(source), source)
         return thumbnail_uri(ref)
 
     return preview
+
+
+def _numbers(*values: Any) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def _frame(row: Mapping[str, Any]) -> FrameAt:
