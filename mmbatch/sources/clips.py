@@ -36,7 +36,7 @@ from mmbatch.media.options import VideoOptions
 from mmbatch.media.scenes import DEFAULT_MIN_SCENE_SECONDS, DEFAULT_SCENE_THRESHOLD
 from mmbatch.sources.files import VIDEO_SUFFIXES, InputFile, SourcePolicy, list_inputs
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.paths import PathNotAllowed
+from mmbatch.sources.timeline import index_of_video
 from mmbatch.types import ClipSpan, FrameAt, ItemError, MediaRef, Modality, Request
 
 if TYPE_CHECKING:
@@ -123,14 +123,13 @@ def cut_videos(
 ) -> dict[str, CutVideo | ItemFailure]:
     """Each file's clips (or what made it unusable), by path; what was cut is said in
     ``log``."""
-    from mmbatch.sources.timeline import index_of_video
 
     def cut(file: InputFile) -> CutVideo | ItemFailure:
         try:
             file.check_allowed()
             index = index_of_video(file.path, options.max_source_pixels)
             return _cut(file.path, index, split)
-        except (ItemFailure, PathNotAllowed) as exc:
+        except ItemFailure as exc:  # a path refused, a file that is no video
             return exc
 
     found = {f.path: cut(f) for f in files}
