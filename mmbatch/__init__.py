@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory, run_job
     from mmbatch.notebook import caption, load_engine
     from mmbatch.pipeline import RunConfig
+    from mmbatch.sources.clips import ClipSplit, clip_requests
     from mmbatch.sources.files import image_requests
     from mmbatch.sources.timeline import audio_requests, frame_requests
 
@@ -55,6 +56,8 @@ _LAZY = {
     "load_engine": "mmbatch.notebook",
     "RunConfig": "mmbatch.pipeline",
     "image_requests": "mmbatch.sources.files",
+    "ClipSplit": "mmbatch.sources.clips",
+    "clip_requests": "mmbatch.sources.clips",
     "frame_requests": "mmbatch.sources.timeline",
     "audio_requests": "mmbatch.sources.timeline",
 }
@@ -62,6 +65,7 @@ _LAZY = {
 __all__ = [
     "AudioOptions",
     "CacheStats",
+    "ClipSplit",
     "ConfigError",
     "DatasetMap",
     "Engine",
@@ -90,6 +94,7 @@ __all__ = [
     "__version__",
     "audio_requests",
     "caption",
+    "clip_requests",
     "frame_requests",
     "image_requests",
     "load_engine",

@@ -49,7 +49,7 @@ from mmbatch.out.stats import (
     format_counts,
     quarantine_path,
 )
-from mmbatch.out.summary import summary_path, write_summary
+from mmbatch.out.summary import summary_path, with_last_measured, write_summary
 from mmbatch.out.tables import SPOOL_SUFFIX
 from mmbatch.out.writable import check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
@@ -414,6 +414,8 @@ def _report(
             "startup_phases": milestones(),
         }
     )
+    if not stats.total:  # nothing was run: the last run's speed stands
+        whole = with_last_measured(out.path, whole)
     # The folder the job ran in: relative sources in its rows are relative to it.
     info = {**info, "output_format": out.format, "cwd": os.getcwd()}
     summary = write_summary(out.path, whole, info)

@@ -18,6 +18,7 @@ from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.engine.vllm import VLLMEngine
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, media_per_prompt, run_in_memory
@@ -30,14 +31,20 @@ DEFAULT_PROMPT = "Describe this image in one sentence."
 
 
 def load_engine(
-    model: str, *, media: Mapping[Modality, int] | None = None, **engine_kwargs: Any
+    model: str,
+    *,
+    media: Mapping[Modality, int] | None = None,
+    vllm_log: VllmLog = "auto",
+    **engine_kwargs: Any,
 ) -> VLLMEngine:
     """The vLLM engine for ``model`` (``engine_kwargs`` go to ``vllm.LLM``), sized for
     ``media`` per prompt (one image by default; ``{"video": 1}`` for clips). Use it in a
-    ``with`` block, or ``close()`` it, to free the GPU."""
+    ``with`` block, or ``close()`` it, to free the GPU. vLLM's start-up log goes to a file
+    of its own (``vllm_log``, a path or ``"auto"``; None: printed)."""
     from mmbatch.engine.shared import start_engine
 
-    return start_engine(EngineConfig(model, engine_kwargs), dict(media or {"image": 1}))
+    config = EngineConfig(model, engine_kwargs, library_log_file(vllm_log))
+    return start_engine(config, dict(media or {"image": 1}))
 
 
 def caption(
@@ -51,6 +58,7 @@ def caption(
     max_pixels: int | None = None,
     engine_kwargs: Mapping[str, Any] | None = None,
     progress: bool = True,
+    vllm_log: VllmLog = "auto",
 ) -> list[dict[str, Any]]:
     """One row per item of ``inputs``, in input order: ``text`` and ``error`` (None, or
     what went wrong with that item), and the fields of ``mmbatch caption``'s rows.
@@ -58,7 +66,8 @@ def caption(
     ``inputs`` is one input or a list of them: a path (a file, a folder, a glob or a
     manifest; videos are captioned whole, audio in windows), a PIL image, or an image
     file's bytes. Run on ``engine``, or on a new engine for ``model`` (``engine_kwargs``
-    for ``vllm.LLM``), closed again before this returns."""
+    for ``vllm.LLM``, its log to ``vllm_log`` as ``load_engine`` says), closed again
+    before this returns."""
     if (engine is None) == (model is None):
         raise ConfigError("caption() takes a model or an engine (load_engine(model))")
     if engine is not None:
@@ -76,7 +85,7 @@ def caption(
         return rows
     assert model is not None
     media = media_per_prompt(requests)
-    with load_engine(model, media=media, **dict(engine_kwargs or {})) as own:
+    with load_engine(model, media=media, vllm_log=vllm_log, **dict(engine_kwargs or {})) as own:
         return run_in_memory(job, own, run)[0]
 
 

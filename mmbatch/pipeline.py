@@ -119,6 +119,9 @@ class Submission:
         self._callbacks_lock = threading.Lock()
         self._bar: tqdm[Any] | None = None
         self._shown = 0
+        self.answered = False
+        """Whether the engine has finished any of these requests yet."""
+        self._bar_timed = False
 
     @property
     def done(self) -> bool:
@@ -183,6 +186,13 @@ class Submission:
         if self._bar is None:
             self._bar = tqdm(total=self.stats.total, unit="item", dynamic_ncols=True)
         done = self.stats.done
+        if self.answered and not self._bar_timed:
+            # The engine's first answers come after its warm-up (compiling for the first
+            # batch, 40 s on a CPU), which says nothing of its pace: the bar's clock, and so
+            # its rate and ETA, start from here, with the rows done so far as its start.
+            self._bar_timed = True
+            self._bar.reset(total=self.stats.total)
+            self._bar.initial = self._bar.n = self._bar.last_print_n = self._shown = done
         if done == self._shown:
             return
         self._bar.update(done - self._shown)
@@ -353,6 +363,7 @@ class Pipeline:
     def _finish(self, result: Result) -> None:
         submission, loaded = self._in_flight.pop(result.request_id)
         submission.in_flight -= 1
+        submission.answered = True
         self.feeder.done(loaded)
         submission.emit(replace(result, request_id=loaded.id))
         self._close_if_complete(submission)

@@ -7,8 +7,8 @@ requests by *source identity*, over the whole job, whatever the input order: the
 each media reference names (a video's frames and an audio file's windows together), or, for
 media already in memory, the request itself. Groups keep the order in which their source
 first appeared; within a group, requests follow their place in the source (a frame's time, a
-window's start), then their system prompt and prompt, so that neighbours share the longest
-prefix. Nothing has been read yet, so two files with the same bytes are two groups here; the
+window's or a clip's start), then their system prompt and prompt, so that neighbours share the
+longest prefix. Nothing has been read yet, so two files with the same bytes are two groups here; the
 feeder merges them when their content keys turn out equal.
 
 The plan is two arrays of request positions, eight bytes a request, so a million-row job
@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
-from mmbatch.types import FrameAt, Request, TimeSpan
+from mmbatch.types import ClipSpan, FrameAt, Request, TimeSpan
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,11 @@ def source_identity(request: Request, position: int) -> Hashable:
 
 
 def place(request: Request) -> float:
-    """Where in its source a request looks: a frame's time, a window's start, else 0."""
+    """Where in its source a request looks: a frame's time, a window's or a clip's start,
+    else 0."""
     part = request.media[0].part if request.media else None
     if isinstance(part, FrameAt):
         return part.pts
-    if isinstance(part, TimeSpan):
+    if isinstance(part, (TimeSpan, ClipSpan)):
         return part.start
     return 0.0

@@ -55,6 +55,19 @@ class TimeSpan:
 
 
 @dataclass(frozen=True)
+class ClipSpan:
+    """A stretch of a video cut out as a clip of its own (``--clip-seconds``, ``--scenes``):
+    the video's frames ``[first, stop)`` in presentation order, shown from ``start`` to
+    ``end`` seconds. The frame indices are what is decoded and keyed; the times are what
+    the row says."""
+
+    first: int
+    stop: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class MediaRef:
     """What a source row points at, nothing decoded yet: a file to read, or media already
     in memory, the way datasets stores media as ``{bytes, path}``.
@@ -65,15 +78,16 @@ class MediaRef:
     ``data`` may be a byte ``memoryview`` into a memory-mapped Arrow file, so that a dataset
     larger than memory is not copied into it.
 
-    ``part`` narrows a file: an image taken from one frame of a video (``FrameAt``), or a
-    window of an audio file (``TimeSpan``); ``None`` is the whole file.
+    ``part`` narrows a file: an image taken from one frame of a video (``FrameAt``), a
+    window of an audio file (``TimeSpan``), or a clip cut from a video (``ClipSpan``);
+    ``None`` is the whole file.
     """
 
     modality: Modality
     source: str
     data: bytes | memoryview | None = field(default=None, repr=False)
     image: Any = field(default=None, repr=False)
-    part: FrameAt | TimeSpan | None = None
+    part: FrameAt | TimeSpan | ClipSpan | None = None
 
     def __post_init__(self) -> None:
         if self.data is not None and self.image is not None:

@@ -8,7 +8,7 @@ enough that rounding recovers ``i`` exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from pathlib import Path
 
@@ -42,12 +42,14 @@ def write_video(
     faststart: bool = False,
     time_base: Fraction = Fraction(1, 1000),
     rate: int = 25,
+    picture: Callable[[int, int, int], np.ndarray] | None = None,
 ) -> Path:
     """An H.264 mp4 whose frame ``i`` shows ``frame_colour(i)`` from ``pts[i]`` on, in
     ``time_base`` units (milliseconds unless told).
 
     ``marker`` paints the top-left 8x8 corner white, to see where rotation puts it;
-    ``faststart`` puts the index (``moov``) before the data, as streaming sites do.
+    ``faststart`` puts the index (``moov``) before the data, as streaming sites do;
+    ``picture(i, width, height)`` paints frame ``i`` instead (an RGB array).
     """
     width, height = size
     options = {"movflags": "+faststart"} if faststart else {}
@@ -62,8 +64,11 @@ def write_video(
         if rotation is not None:
             stream.set_display_rotation(rotation)
         for i, stamp in enumerate(pts):
-            rgb = np.empty((height, width, 3), np.uint8)
-            rgb[:] = frame_colour(i)
+            if picture is not None:
+                rgb = picture(i, width, height)
+            else:
+                rgb = np.empty((height, width, 3), np.uint8)
+                rgb[:] = frame_colour(i)
             if marker:
                 rgb[:8, :8] = 255
             frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
@@ -86,6 +91,28 @@ def native_clock_video(path: Path, frames: int, fps: int = 25, **kwargs: object)
     time, ``i * 512 / 12800`` s, is rarely the float ``i * (1 / 25)``."""
     clock = Fraction(1, fps)
     return write_video(path, range(frames), time_base=clock, rate=fps, **kwargs)  # type: ignore[arg-type]
+
+
+def scene_video(
+    path: Path, scenes: Sequence[tuple[int, tuple[int, int, int]]], fps: int = 25, gop: int = 250
+) -> Path:
+    """Scenes of known lengths: ``(frames, colour)`` each, a flat colour with a small square
+    moving across it (motion within a scene, which must not count as a cut), at ``fps`` in
+    the encoder's own clock. Key frames only every ``gop`` frames, never at a cut (x264's
+    scene-cut key frames are off): a cut is found from the pictures, not from the codec."""
+    colours = [colour for frames, colour in scenes for _ in range(frames)]
+
+    def picture(i: int, width: int, height: int) -> np.ndarray:
+        rgb = np.empty((height, width, 3), np.uint8)
+        rgb[:] = colours[i]
+        x = (3 * i) % (width - 8)
+        rgb[height // 3 : height // 3 + 8, x : x + 8] = 255 - np.array(colours[i], np.uint8)
+        return rgb
+
+    clock = Fraction(1, fps)
+    return write_video(
+        path, range(len(colours)), gop=gop, time_base=clock, rate=fps, picture=picture
+    )
 
 
 VFR_PTS_MS = (0, 10, 200, 230, 900, 1000, 1500, 1510, 1520, 3000)

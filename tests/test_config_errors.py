@@ -4,6 +4,7 @@ is started) and the tiny model's real config; ``mmbatch check`` catches the same
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -30,6 +31,25 @@ def caption(samples: Path, out: Path, *extra: str) -> int:
         return main(["caption", str(samples / "sunset.jpg"), "--out", str(out), *extra])
     except SystemExit as exc:
         return int(exc.code or 0)
+
+
+@pytest.mark.parametrize("name", ["c.csv", "c.tsv", "c.json"])
+def test_an_output_named_for_a_format_not_written_is_refused(
+    samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """``--out c.csv`` once wrote JSON lines under the name of a CSV file."""
+    from fake_cli import main as fake_main
+
+    out = tmp_path / "out" / name
+    assert caption(samples, out, "--model", "m") == EXIT_JOB_FAILED
+    message = one_error(capsys)
+    assert message.startswith(f"--out {out}: mmbatch does not write ")
+    assert "name the output c.jsonl (JSON lines) or c.parquet" in message
+    assert not (tmp_path / "out").exists()
+    # Asked for by name, JSON lines it is.
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", "m", "--out", str(out)]
+    assert fake_main([*argv, "--out-format", "jsonl", "--no-progress"]) == EXIT_OK
+    assert json.loads(out.read_text().splitlines()[0])["error"] is None
 
 
 @pytest.mark.parametrize(
@@ -112,6 +132,50 @@ def test_a_model_that_is_not_there_is_one_line(
     assert caption(samples, out, "--model", model) == EXIT_JOB_FAILED
     assert message in one_error(capsys)
     assert not (tmp_path / "out").exists()
+
+
+MISSING_MODEL_FACES = """
+import json, sys
+from mmbatch.cli import main
+from mmbatch.errors import ConfigError
+samples, missing, out = sys.argv[1:4]
+said = []
+for inputs in (["sunset.jpg"], ["clip.mp4", "--as-clip"]):
+    argv = ["caption", f"{samples}/{inputs[0]}", *inputs[1:], "--model", missing, "--out", out]
+    said.append(main(argv))
+import mmbatch
+for face in (
+    lambda: mmbatch.caption(f"{samples}/sunset.jpg", model=missing),
+    lambda: mmbatch.DatasetMap(missing, "p", allowed_paths=[samples])(
+        {"image": [f"{samples}/sunset.jpg"]}
+    ),
+):
+    try:
+        face()
+    except ConfigError as exc:
+        said.append(str(exc))
+print(json.dumps({"said": said, "vllm": "vllm" in sys.modules}))
+"""
+
+
+def test_a_missing_model_folder_is_said_before_vllm_is_imported(
+    samples: Path, tmp_path: Path
+) -> None:
+    """It took 21 s and more to say, the time it takes to import vLLM: the command, a
+    notebook's ``caption`` and a ``DatasetMap`` now say it at once."""
+    import subprocess
+    import sys
+
+    missing, out = tmp_path / "no-model", tmp_path / "out" / "c.jsonl"
+    probe = [sys.executable, "-c", MISSING_MODEL_FACES, str(samples), str(missing), str(out)]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["vllm"] is False, done.stderr[-2000:]
+    said = f"model {str(missing)!r}: no such model folder"
+    assert result["said"][:2] == [EXIT_JOB_FAILED, EXIT_JOB_FAILED]
+    assert [message.startswith(said) for message in result["said"][2:]] == [True, True]
+    assert done.stderr.count(f"mmbatch: error: {said}") == 2
+    assert not out.parent.exists()
 
 
 def recipe(tmp_path: Path, body: str) -> Path:

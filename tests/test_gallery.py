@@ -247,11 +247,96 @@ def test_an_openai_batch_output_shows_its_errors_ids_and_pictures_from_anywhere(
     assert "batch_req_" not in dom.split('<main id="items">', 1)[1].split("</main>")[0]
     assert '<p class="prompt">Q?</p>' in dom  # read back from the batch input
     assert "unsupported parameter(s): 'tools'" in dom
-    # photo's (a relative path) and inline's (a data: URI) pictures; broken's is the
-    # truncated JPEG, and refused was refused before its pictures were listed.
-    assert dom.count('src="data:image/jpeg;base64,') == 2
+    # photo's (a relative path), inline's (a data: URI) and refused's pictures (read again
+    # from its line, as its prompt is); broken's is the truncated JPEG.
+    assert dom.count('src="data:image/jpeg;base64,') == 3
+    refused = dom.split('<h2 class="id">refused</h2>')[0].rsplit("<article", 1)[1]
+    refused += dom.split('<h2 class="id">refused</h2>')[1].split("</article>")[0]
+    assert 'src="data:image/jpeg;base64,' in refused
+    assert '<p class="prompt">Q?</p>' in refused
+    assert "names no source" not in refused
+    assert "pics/s.jpg</p>" in refused
     filtered = browse(page, tmp_path / "profile-2", "--dump-dom", fragment="#errors")
     assert "showing 2 of 4" in filtered
+
+
+def test_a_refused_batch_lines_card_shows_its_prompt_and_the_pictures_it_may(
+    samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line refused before it became a request said "the row names no source" and showed
+    no prompt: its card now shows both, read again from the line; never a remote picture
+    or a file outside where the job could read."""
+    import json as jsonlib
+
+    from fake_cli import main as fake_main
+
+    (tmp_path / "job" / "pics").mkdir(parents=True)
+    (tmp_path / "job" / "pics" / "s.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+    (tmp_path / "outside.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+
+    def line(custom_id: str, url: str, text: str, **body: object) -> str:
+        content = [{"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]
+        messages = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": content},
+        ]
+        body = {"messages": messages, **body}
+        return jsonlib.dumps({"custom_id": custom_id, "url": "/v1/chat/completions", "body": body})
+
+    lines = [
+        line("tools", "pics/s.jpg", "What is this?", tools=[]),
+        line("remote", "https://example.com/x.jpg", "And this?"),
+        line("outside", "../outside.jpg", "And that?"),
+    ]
+    (tmp_path / "job" / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.chdir(tmp_path / "job")
+    argv = ["run-openai-batch", "requests.jsonl", "--model", "m", "--out", "results.jsonl"]
+    assert fake_main([*argv, "--no-progress"]) == 1
+    page = tmp_path / "report.html"
+    assert main(["report", "results.jsonl", "--html", str(page)]) == 0
+    html = page.read_text()
+    cards = {
+        card.split('<h2 class="id">', 1)[1].split("</h2>", 1)[0]: card
+        for card in html.split("<article")[1:]
+    }
+    assert "names no source" not in html
+    for custom_id, prompt in (("tools", "What is this?"), ("remote", "And this?")):
+        assert f'<p class="prompt">{prompt}</p>' in cards[custom_id]
+    assert 'src="data:image/jpeg;base64,' in cards["tools"]
+    assert f'<p class="source">{tmp_path / "job" / "pics" / "s.jpg"}</p>' in cards["tools"]
+    assert "data:image" not in cards["remote"]  # never fetched
+    assert "example.com" not in cards["remote"].split('class="error"')[0]
+    assert '<p class="prompt">And that?</p>' in cards["outside"]
+    assert "data:image" not in cards["outside"]  # a file the job could not read
+
+
+def test_a_clips_card_shows_frames_of_that_clip_only(tiny_vl_model: Path, tmp_path: Path) -> None:
+    """A clip cut from a video previews as a strip of its own frames, not the whole
+    video's: each scene's card is that scene's colour."""
+    import base64
+    import io
+
+    import numpy as np
+    from fake_cli import main as fake_main
+    from media_files import scene_video
+    from PIL import Image
+
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200)]
+    video = scene_video(
+        tmp_path / "scenes.mp4", [(30, colours[0]), (20, colours[1]), (40, colours[2])]
+    )
+    out = tmp_path / "clips.jsonl"
+    argv = ["caption", str(video), "--scenes", "--model", str(tiny_vl_model), "--out", str(out)]
+    assert fake_main([*argv, "--no-progress"]) == 0
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "--html", str(page)]) == 0
+    strips = page.read_text().split('src="data:image/jpeg;base64,')[1:]
+    assert len(strips) == 3
+    for strip, colour in zip(strips, colours, strict=True):
+        data = base64.b64decode(strip.split('"', 1)[0])
+        pixels = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=float)
+        median = np.median(pixels.reshape(-1, 3), axis=0)  # the flat colour, not the square
+        assert np.abs(median - colour).max() < 25, (median, colour)
 
 
 def test_relative_sources_preview_from_another_folder(

@@ -8,8 +8,10 @@ picture captioned from its file.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -126,6 +128,32 @@ def test_num_proc_workers_get_a_gpu_each_and_an_in_process_engine(
     assert refusal.startswith("tensor_parallel_size > 1 needs worker processes")
     # In the main process nothing changes: vLLM may start its processes there.
     assert run({"tensor_parallel_size": 2}, num_proc=None) == ["None/4,6"] * 4
+
+
+def test_the_plain_and_the_pipelined_map_share_one_datasets_cache(tmp_path: Path) -> None:
+    """Switching between ``ds.map(captioner)`` and ``ds.map(captioner.pipelined)`` recomputed
+    everything: datasets hashed them differently. Rows that fail before any engine work
+    need no engine, so a real map runs here."""
+    import inspect
+
+    captioner = DatasetMap(str(tmp_path), PROMPT)
+    assert inspect.iscoroutinefunction(captioner.pipelined)  # datasets runs it as one
+    assert Hasher.hash(captioner.pipelined) == Hasher.hash(captioner)
+    assert not inspect.iscoroutinefunction(captioner)
+    assert DatasetMap.__name__ == "DatasetMap"
+    clone = pickle.loads(pickle.dumps(captioner.pipelined))  # as worker processes get it
+    assert inspect.iscoroutinefunction(clone)
+    assert clone.fingerprint == captioner.fingerprint
+    datasets.Dataset.from_dict({"image": [None, None]}).save_to_disk(str(tmp_path / "ds"))
+    ds = datasets.load_from_disk(str(tmp_path / "ds"))  # on disk: datasets caches maps
+    plain = ds.map(captioner, batched=True)
+    [cache] = plain.cache_files
+    written = os.stat(cache["filename"]).st_mtime_ns
+    pipelined = ds.map(captioner.pipelined, batched=True)
+    assert pipelined._fingerprint == plain._fingerprint
+    assert pipelined.cache_files == plain.cache_files
+    assert os.stat(cache["filename"]).st_mtime_ns == written  # read, not computed again
+    assert pipelined["error"] == ["source: this row: no image (the cell is empty)"] * 2
 
 
 def test_a_missing_column_is_a_job_error(tmp_path: Path) -> None:
@@ -310,3 +338,43 @@ def test_usage_columns_and_several_answers_per_row(
     failed = out[len(GOOD)]
     assert (failed["text"], failed["finish_reason"], failed["output_tokens"]) == ([], [], 0)
     assert failed["error"].startswith("source:")
+
+
+@pytest.mark.slow
+def test_a_dataset_map_prints_no_vllm_log(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    """A script mapping a ``DatasetMap`` printed about 120 lines of vLLM's log: they now go
+    to a file of their own, as the command's go to ``OUT.vllm.log``."""
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import json, sys\nimport datasets\nfrom mmbatch import DatasetMap, Sampling\n"
+        'if __name__ == "__main__":\n'
+        "    model, samples, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
+        "    ds = datasets.Dataset.from_dict({'image': [samples + '/sunset.jpg']})\n"
+        "    fn = DatasetMap(model, 'Describe.', engine_kwargs=kwargs, allowed_paths=[samples],\n"
+        "                    sampling=Sampling(max_tokens=4))\n"
+        "    out = ds.map(fn, batched=True)\n"
+        "    print(list(out['error']))\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            str(tiny_vl_model),
+            str(samples),
+            json.dumps(TINY_ENGINE_KWARGS),
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"MMBATCH_CACHE_DIR": str(tmp_path / "cache")},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["['']"]
+    vllm_line = re.compile(r"\b(INFO|WARNING|DEBUG) (\d{4}-)?\d\d-\d\d \d\d:\d\d")
+    assert not vllm_line.search(proc.stderr), proc.stderr[-3000:]
+    [said] = [line for line in proc.stderr.splitlines() if "its log goes to" in line]
+    [log] = list((tmp_path / "cache" / "logs").iterdir())
+    assert str(log) in said
+    assert len(vllm_line.findall(log.read_text())) > 20

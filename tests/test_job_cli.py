@@ -90,12 +90,34 @@ def test_a_changed_job_is_refused_with_the_reason_unless_forced(
     before = out.read_bytes()
     assert caption(good, out, "--max-tokens", "32") == EXIT_JOB_FAILED
     err = capsys.readouterr().err
-    assert "was written by a different job" in err
-    assert '"max_tokens": 16' in err
-    assert '"max_tokens": 32' in err
+    assert "was written by a different job (sampling.max_tokens 16 -> 32)" in err
     assert "--force" in err
+    # A changed setting is named with its two values, not the whole tables that hold it.
+    fps = tmp_path / "fps.jsonl"
+    assert caption(good, fps, "--fps", "1") == EXIT_OK
+    assert caption(good, fps, "--fps", "2") == EXIT_JOB_FAILED
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "different job (video_options.fps 1.0 -> 2.0); use another --out" in line
+    assert "{" not in line
     assert out.read_bytes() == before
     assert caption(good, out, "--max-tokens", "32", "--force") == EXIT_OK
+
+
+def test_a_rerun_with_nothing_to_do_keeps_the_last_runs_figures(good: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.jsonl"
+    summary = tmp_path / "o.jsonl.summary.json"
+    assert caption(good, out) == EXIT_OK
+    first = json.loads(summary.read_text())
+    assert first["stats"]["items_per_second"] > 0
+    assert caption(good, out) == EXIT_OK  # 0 items to do
+    again = json.loads(summary.read_text())
+    measured = ("items_per_second", "wall_seconds", "decodes", "startup_seconds")
+    for name in measured:
+        assert again["stats"][name] == first["stats"][name], name
+    assert again["stats"]["figures_from"] == first["finished_at"]
+    assert (again["stats"]["ok"], again["stats"]["total"]) == (4, 4)
+    assert caption(good, out) == EXIT_OK  # and again: still the first run's
+    assert json.loads(summary.read_text())["stats"]["figures_from"] == first["finished_at"]
 
 
 def test_a_fatal_engine_error_stops_the_job_saves_rows_and_says_how_to_resume(

@@ -13,7 +13,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
 
 LAYERS = [
-    {"types", "errors", "jsonl", "planner", "lifetime", "validation"},
+    {"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard"},
     {"media"},
     {"out"},
     {"sources", "engine"},

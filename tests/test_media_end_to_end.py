@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from media_files import cfr_video, write_audio
+from media_files import cfr_video, scene_video, write_audio
 from test_budget import budget_for
 
 from mmbatch.media.options import MediaOptions, VideoOptions, scaled_size
@@ -172,3 +172,34 @@ def test_a_clip_on_qwen2_5_vl_with_its_metadata(
     assert (width, height) == (68, 45)
     assert row["prompt_tokens"] == text + budget.video.tokens(width, height, 8)
     assert row["output_tokens"] > 0
+
+
+def test_scene_clips_reach_the_model_as_videos_and_resume(
+    tiny_vl_model: Path, tmp_path: Path
+) -> None:
+    """``--scenes`` end to end: a row per scene, each its own clip of 4 frames as vLLM
+    counts them, and a rerun that finds every clip done."""
+    red, green, blue = (200, 30, 30), (30, 200, 30), (30, 30, 200)
+    video = scene_video(tmp_path / "scenes.mp4", [(30, red), (20, green), (40, blue)])
+    out = tmp_path / "clips.jsonl"
+    argv = ["caption", str(video), "--scenes", "--num-frames", "4", "--prompt", "Describe."]
+    argv += ["--model", str(tiny_vl_model), "--out", str(out), "--engine-arg", "max_model_len=512"]
+    proc = cli(*argv, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = read_rows(out)
+    assert [(r["id"], r["start"], r["end"]) for r in rows.values()] == [
+        (f"{video}@0.000", 0.0, 1.2),
+        (f"{video}@1.200", 1.2, 2.0),
+        (f"{video}@2.000", 2.0, 3.6),
+    ]
+    budget = budget_for(tiny_vl_model, 512)
+    assert budget.video is not None
+    text = budget.text_tokens(None, "Describe.", ("video",))
+    for row in rows.values():
+        assert row["error"] is None, row
+        assert row["prompt_tokens"] == text + budget.video.tokens(64, 48, 4)
+        assert row["output_tokens"] > 0
+    assert len({r["media_hash"] for r in rows.values()}) == 3
+    again = cli(*argv, cwd=tmp_path)  # nothing left: no engine is started
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "3 items already have a row; 0 items to do" in again.stderr

@@ -72,7 +72,7 @@ def test_resuming_on_rebuilt_weights_is_refused(
     build(model, 2)
     capsys.readouterr()
     assert main(argv, FakeEngine()) == EXIT_JOB_FAILED
-    assert "written by a different job (model_content:" in capsys.readouterr().err
+    assert 'written by a different job (model_content "dir:' in capsys.readouterr().err
     assert main([*argv, "--force"], FakeEngine()) == EXIT_OK  # asked for: appended
 
 

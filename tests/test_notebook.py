@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ import mmbatch
 from mmbatch.errors import ConfigError
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "notebook_session.py"
+VLLM_LINE = re.compile(r"\b(INFO|WARNING|DEBUG) (\d{4}-)?\d\d-\d\d \d\d:\d\d")
+"""A line of vLLM's log, as it prints it (and as its log file has it, with the year)."""
 
 
 def test_caption_takes_paths_pictures_and_bytes_and_keeps_their_order(
@@ -106,12 +109,19 @@ def test_the_readme_notebook_example_runs(tiny_vl_model: Path, tmp_path: Path) -
         capture_output=True,
         text=True,
         cwd=root,
-        env=os.environ.copy(),
+        env=os.environ | {"MMBATCH_CACHE_DIR": str(tmp_path / "cache")},
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # vLLM's own log comes on stdout too: the example's line is the list of rows.
-    [printed] = [line for line in proc.stdout.splitlines() if line.startswith("[(")]
+    # The example's lines and none of vLLM's (235 lines of them): its log is in a file of
+    # its own, and stderr says where, once per engine.
+    printed = proc.stdout.splitlines()[0]
     assert printed.startswith("[('samples/sunset.jpg', ")
     assert "('#1', " in printed
     assert printed.endswith("None)]")
+    assert not VLLM_LINE.search(proc.stdout + proc.stderr), proc.stdout + proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "its log goes to" in line]
+    assert len(said) == 2, proc.stderr[-3000:]
+    logs = list((tmp_path / "cache" / "logs").iterdir())
+    assert all(str(log) in proc.stderr for log in logs)
+    assert len(VLLM_LINE.findall("".join(log.read_text() for log in logs))) > 20

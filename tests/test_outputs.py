@@ -85,6 +85,35 @@ def test_columns_null_in_early_rows_keep_their_later_type(
     }
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "datasets", "shards"])
+def test_outputs_with_and_without_errors_have_one_schema(
+    samples: Path, tmp_path: Path, fmt: str
+) -> None:
+    """An output in which no row failed types its ``error`` column as one with failures
+    does (not ``null``), so the two read and concatenate as one table."""
+    import pyarrow as pa
+
+    tables = []
+    for name, inputs in (("good", ["sunset.jpg", "checkerboard.png"]), ("bad", ["truncated.jpg"])):
+        job = Job(image_requests([str(samples / i) for i in inputs], "Describe."), Sampling())
+        target = tmp_path / (f"{name}.parquet" if fmt == "parquet" else name)
+        shards = 1 if fmt == "shards" else None
+        out = FileOutput.at(target, "parquet" if fmt == "shards" else fmt, shard_rows=shards)
+        run_job(job, FakeEngine(), out, RunConfig(progress=False))
+        if fmt == "datasets":
+            loaded = datasets.load_from_disk(str(target))
+            assert loaded.features["error"]["kind"] == datasets.Value("string")
+            tables.append(loaded.data.table)
+        else:  # a file, or a folder of shards
+            tables.append(pq.read_table(target))
+    good, bad = tables
+    assert good.schema == bad.schema
+    merged = pa.concat_tables([good, bad])
+    assert merged.column("error").to_pylist()[-1]["kind"] == "corrupt"
+    # Every row failed: the text column is still text.
+    assert pa.types.is_string(bad.schema.field("text").type)
+
+
 def test_a_columnar_output_replaces_an_older_one(tmp_path: Path) -> None:
     for text in ("first", "second"):
         with closing(TableSink(tmp_path / "out", "datasets")) as sink:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from mmbatch.out.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.files import image_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.types import MediaRef, Request, Sampling
+from mmbatch.types import MediaRef, Request, Result, Sampling
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,3 +167,55 @@ def test_a_request_the_engine_loses_stops_the_job_loudly_once_the_rest_are_out(
     assert len(rows) == 19  # one picture, sent together: the others all finished
     for row in rows:
         assert row["text"] == expected_text([row["media_hash"]], "keep")
+
+
+class WarmingEngine(FakeEngine):
+    """Answers nothing for ``warm_up`` seconds, and ``step`` does not block meanwhile: an
+    engine process compiling for its first batch, as the parent's ``ReplicaEngine`` sees it."""
+
+    def __init__(self, warm_up: float) -> None:
+        super().__init__(per_step=1)
+        self.ready_at = time.time() + warm_up
+        self.first_answer_at: float | None = None
+
+    def step(self) -> list[Result]:
+        if time.time() < self.ready_at:
+            time.sleep(0.02)
+            return []
+        time.sleep(0.02)
+        done = super().step()
+        if done and self.first_answer_at is None:
+            self.first_answer_at = time.time()
+        return done
+
+
+def test_the_progress_bar_times_the_work_from_the_engines_first_answer(
+    samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ETA counted the engine's warm-up as work (``2/300 [00:41<1:35:41]``): the bar's
+    clock now starts once the engine answers."""
+    import io
+
+    from tqdm import tqdm
+
+    from mmbatch import pipeline
+
+    bars: list[tqdm] = []  # type: ignore[type-arg]
+
+    class Recorded(tqdm):  # type: ignore[type-arg]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, file=io.StringIO(), **kwargs)  # type: ignore[arg-type]
+            bars.append(self)
+
+    monkeypatch.setattr(pipeline, "tqdm", Recorded)
+    engine = WarmingEngine(warm_up=2.5)  # the bar appears after 1 s, meanwhile
+    requests = [
+        Request(f"r{i}", "p", (MediaRef("image", str(samples / "sunset.jpg")),)) for i in range(30)
+    ]
+    with JsonlSink(tmp_path / "out.jsonl") as sink:
+        stats = run_requests(requests, engine, MediaOptions(), sink, Sampling(), RunConfig())
+    assert stats.ok == 30
+    [bar] = bars
+    assert engine.first_answer_at is not None
+    assert bar.start_t >= engine.first_answer_at
+    assert bar.n == 30

@@ -143,7 +143,7 @@ def test_another_fingerprint_is_refused_with_what_changed_unless_forced(tmp_path
     prepare(out, requests(2), FINGERPRINT, FLAT)
     write_rows(out, [row("item-0")])
     changed = {**FINGERPRINT, "prompt": "List tags."}
-    with pytest.raises(ConfigError, match=r'prompt: "Describe\." -> "List tags\.".*--force'):
+    with pytest.raises(ConfigError, match=r'\(prompt "Describe\." -> "List tags\."\).*--force'):
         prepare(out, requests(2), changed, FLAT)
     assert out.read_bytes() == (json.dumps(row("item-0")) + "\n").encode()  # untouched
     plan = prepare(out, requests(2), changed, FLAT, force=True)

@@ -1,8 +1,10 @@
 """``mmbatch caption``: one JSON row per image, video clip or audio window.
 
 The modality of each file is picked by its suffix. Videos are captioned whole with
-``--as-clip`` (the sampled frames go to the model as one video); audio files are cut into
-windows (rows carry ``start`` and ``end``). A local dataset's rows are images."""
+``--as-clip`` (the sampled frames go to the model as one video), or cut into clips, a row
+each (``--clip-seconds``, ``--stride``, ``--scenes``; rows carry ``start`` and ``end``);
+audio files are cut into windows (rows carry ``start`` and ``end``). A local dataset's rows
+are images."""
 
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from mmbatch.cli import ray
 from mmbatch.cli.options import (
     Commands,
     add_audio_options,
+    add_clip_options,
     add_input_options,
     add_model_options,
     add_prompt_options,
     add_video_options,
     audio_options_from,
+    clip_split_from,
     engine_config_from,
+    file_output_from,
     keep_columns_from,
     local_paths_from,
     run_to_file,
@@ -33,6 +38,7 @@ if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
     from mmbatch.media.options import MediaOptions
+    from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.log import ListingLog
     from mmbatch.types import Request
 
@@ -66,6 +72,7 @@ def register(commands: Commands) -> None:
         "--as-clip", action="store_true", help="caption each video whole, as one clip"
     )
     add_video_options(parser, sampling_required=False)
+    add_clip_options(parser)
     add_audio_options(parser)
     add_model_options(parser)
     ray.add_options(parser)
@@ -78,6 +85,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     ``--model`` and ``--engine-arg`` describe (the tests' fake engine comes in this way)."""
     from dataclasses import asdict
 
+    from mmbatch.errors import ConfigError
     from mmbatch.jobs import Job, fingerprint
     from mmbatch.media.options import ImageOptions, MediaOptions
     from mmbatch.sources.log import ListingLog
@@ -90,9 +98,16 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         audio=audio_options_from(args),
         urls=url_policy_from(args),
     )
+    clips = clip_split_from(args)
+    if clips is not None and args.ray is not None:
+        raise ConfigError("--clip-seconds and --scenes run on this machine, not on Ray")
+    if args.ray is None:
+        file_output_from(args)  # a bad --out is said before the inputs are read
     log = ListingLog()
-    requests, info = _inputs(args, config, media, log)
+    requests, info = _inputs(args, config, media, clips, log)
     sampling = sampling_from(args)
+    # Only a job that cuts clips records how: the outputs of earlier jobs resume as they were.
+    cutting = {"clips": asdict(clips)} if clips is not None else {}
     job = Job(
         requests,
         sampling,
@@ -108,6 +123,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             audio_options=asdict(media.audio),
             as_clip=args.as_clip,
             keep_columns=args.keep_columns,
+            **cutting,
         ),
         info=info | {"model": args.model, "prompt": args.prompt} | log.to_dict(),
         notes=log.lines(),
@@ -119,7 +135,11 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
 
 
 def _inputs(
-    args: argparse.Namespace, config: EngineConfig, media: MediaOptions, log: ListingLog
+    args: argparse.Namespace,
+    config: EngineConfig,
+    media: MediaOptions,
+    clips: ClipSplit | None,
+    log: ListingLog,
 ) -> tuple[list[Request], dict[str, Any]]:
     """The requests, and what the summary records about the inputs (the gallery reopens a
     dataset from it); what listing passed over goes to ``log``. Files are listed once; only
@@ -149,8 +169,10 @@ def _inputs(
         if found <= pictures or args.ray is not None:
             take = pictures
         else:
+            from mmbatch.engine.config import check_model_name
             from mmbatch.engine.processor import model_modalities
 
+            check_model_name(config.model)  # said as such, not as a processor that fails
             take = model_modalities(config)
         requests = caption_requests(
             files,
@@ -160,11 +182,15 @@ def _inputs(
             as_clip=args.as_clip,
             audio=media.audio,
             log=log,
+            clips=clips,
+            video=media.video,
         )
         clip_note = clip_cap_note(media.video)
         if clip_note and any(r.media and r.media[0].modality == "video" for r in requests):
             log.note(clip_note)
         return requests, {"inputs": list(args.inputs)}
+    if clips is not None:
+        raise ConfigError(f"a {fmt} dataset holds pictures: --clip-seconds and --scenes cut videos")
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
     spec = DatasetInput(args.inputs[0], fmt, args.image_column, args.split, args.id_column)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.pipeline import RunConfig
+    from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.files import KeepColumns, SourcePolicy
     from mmbatch.sources.paths import LocalPaths
     from mmbatch.types import Sampling
@@ -296,6 +297,90 @@ def add_video_options(parser: argparse.ArgumentParser, *, sampling_required: boo
         type=int,
         default=None,
         help="a clip too large for the model may have its frames shrunk down to this many pixels",
+    )
+
+
+def add_clip_options(parser: argparse.ArgumentParser) -> None:
+    """How videos are cut into clips, a row each (``mmbatch.sources.clips``)."""
+    from mmbatch.media.scenes import DEFAULT_MIN_SCENE_SECONDS, DEFAULT_SCENE_THRESHOLD
+
+    group = parser.add_argument_group(
+        "video clips",
+        "cut each video into clips, a row each (rows carry start and end, in seconds); each "
+        "clip goes to the model as a video, its frames sampled by --num-frames, --fps or "
+        "--keyframes, or as one picture (--clip-frame)",
+    )
+    group.add_argument(
+        "--clip-seconds", type=float, default=None, metavar="N", help="clips of N seconds"
+    )
+    group.add_argument(
+        "--stride",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a clip starts every S seconds (default: N, back to back)",
+    )
+    group.add_argument(
+        "--scenes",
+        action="store_true",
+        help="a clip per scene, cut where FFmpeg's scene score is above --scene-threshold "
+        "(with --clip-seconds, longer scenes are cut further)",
+    )
+    group.add_argument(
+        "--scene-threshold",
+        type=float,
+        default=DEFAULT_SCENE_THRESHOLD,
+        metavar="T",
+        help="FFmpeg's scene score, 0 to 1, above which a frame starts a scene "
+        "(default %(default)s: select='gt(scene,%(default)s)')",
+    )
+    group.add_argument(
+        "--min-scene-seconds",
+        type=float,
+        default=DEFAULT_MIN_SCENE_SECONDS,
+        metavar="SECONDS",
+        help="ignore a scene change this soon after the last (default %(default)s)",
+    )
+    group.add_argument(
+        "--clip-frame",
+        choices=("middle", "keyframe"),
+        default=None,
+        help="give each clip to the model as one picture: its middle frame, or its key "
+        "frame nearest the middle",
+    )
+
+
+def clip_split_from(args: argparse.Namespace) -> ClipSplit | None:
+    """The clip flags as a ``ClipSplit``, None when no video is to be cut; flags that cannot
+    go together are a ``ConfigError`` naming them."""
+    from mmbatch.errors import ConfigError
+    from mmbatch.sources.clips import ClipSplit
+
+    if args.clip_seconds is None and not args.scenes:
+        given = {"--stride": args.stride is not None, "--clip-frame": bool(args.clip_frame)}
+        cutting_only = [flag for flag, used in given.items() if used]
+        if cutting_only:
+            raise ConfigError(
+                f"{', '.join(cutting_only)} applies to clips: add --clip-seconds N or --scenes"
+            )
+        return None
+    if args.timestamps:
+        raise ConfigError(
+            "--timestamps picks frames of a whole video; sample clips with --num-frames, "
+            "--fps or --keyframes"
+        )
+    if args.clip_frame:
+        sampled = [f for f in ("fps", "num_frames", "keyframes") if getattr(args, f)]
+        if sampled:
+            flag = "--" + sampled[0].replace("_", "-")
+            raise ConfigError(f"{flag} samples a clip's frames; --clip-frame takes one frame")
+    return ClipSplit(
+        args.clip_seconds,
+        args.stride,
+        args.scenes,
+        args.scene_threshold,
+        args.min_scene_seconds,
+        args.clip_frame,
     )
 
 

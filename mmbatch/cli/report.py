@@ -76,18 +76,19 @@ def _select(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
 
 
 def _previews(
-    summary: Mapping[str, Any] | None, known: Mapping[str, MediaRef], folders: list[Path]
+    summary: Mapping[str, Any] | None, known: Mapping[str, MediaRef | str], folders: list[Path]
 ) -> Callable[[Mapping[str, Any]], str]:
-    """``preview(row)``: from the media ``known`` by the row's id, from the file the row
-    names (a relative one under the first of ``folders`` that holds it), or, for a job that
-    read a local dataset, from the dataset's row (reopened the way the job read it)."""
+    """``preview(row)``: from the media ``known`` by the row's id (or why it has none), from
+    the file the row names (a relative one under the first of ``folders`` that holds it), or,
+    for a job that read a local dataset, from the dataset's row (reopened the way the job
+    read it)."""
     from mmbatch.review.thumbnails import NoPreview, thumbnail_uri
     from mmbatch.review.views import located
     from mmbatch.sources.caption import modality_of
-    from mmbatch.types import MediaRef
+    from mmbatch.types import MediaRef, TimeSpan
 
     dataset = (summary or {}).get("job", {}).get("dataset")
-    media: dict[str, MediaRef] = dict(known)
+    media: Mapping[str, MediaRef | str] = known
     if dataset:
         from mmbatch.errors import SourceError
         from mmbatch.sources.local_datasets import DatasetInput, media_by_id
@@ -102,6 +103,8 @@ def _previews(
         if isinstance(error, Mapping) and error.get("kind") == "not_allowed":
             raise NoPreview("its path leads outside where its input may point")
         ref = media.get(str(row.get("id")))
+        if isinstance(ref, str):  # why the row's media are not shown
+            raise NoPreview(ref)
         if ref is None:
             source = row.get("source")
             source = source[0] if isinstance(source, list) and source else source
@@ -110,11 +113,18 @@ def _previews(
             source = located(source, folders)
             if row.get("frame_index") is not None and row.get("pts") is not None:
                 ref = MediaRef("image", source, part=_frame(row))  # a frame job's row
+            elif modality_of(source) == "video" and _numbers(row.get("start"), row.get("end")):
+                span = TimeSpan(float(row["start"]), float(row["end"]))  # a clip cut from it
+                ref = MediaRef("video", source, part=span)
             else:
                 ref = MediaRef(modality_of(source), source)
         return thumbnail_uri(ref)
 
     return preview
+
+
+def _numbers(*values: Any) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
 
 
 def _frame(row: Mapping[str, Any]) -> FrameAt:

@@ -18,11 +18,32 @@ import logging.config
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeAlias
 
 _ENV = ("VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH")
+
+VllmLog: TypeAlias = "str | os.PathLike[str] | None"
+"""Where a Python call (``caption``, ``load_engine``, ``DatasetMap``) sends vLLM's log:
+``"auto"``, a file of its own (``library_log_file``), as a command puts ``OUT.vllm.log``
+beside its output; a path: there; None: wherever vLLM prints it (the terminal)."""
+
+
+def library_log_file(setting: VllmLog = "auto") -> str | None:
+    """The file ``setting`` (a ``VllmLog``) names: for ``"auto"``,
+    ``$MMBATCH_CACHE_DIR/logs/vllm-<date>-<time>-<pid>.log`` (``~/.cache/mmbatch`` by
+    default), new for each process."""
+    if setting is None:
+        return None
+    if setting != "auto":
+        return os.fspath(setting)
+    from mmbatch.engine.identity import cache_path
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(cache_path().parent / "logs" / f"vllm-{stamp}-{os.getpid()}.log")
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmbatch.engine.base import Engine
-from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.layout import Layout, choose_layout, visible_gpus
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.types import Modality
@@ -68,8 +68,10 @@ def shared_engine_and_layout(
 
 def host_layout(config: EngineConfig, requests: int | None = None) -> Layout:
     """The layout of ``config`` on this host's visible GPUs for a job of ``requests``
-    (``ConfigError`` if it asks for more than there are): cheap, so a job checks it before
-    writing anything."""
+    (``ConfigError`` if it asks for more than there are, or names a model folder that is
+    not there): cheap, so a job checks it before writing anything, and before anything
+    imports vLLM (20 s and more) only to find the model missing."""
+    check_model_name(config.model)
     return choose_layout(config, visible_gpus(), requests)
 
 
@@ -87,6 +89,9 @@ def build_engine(
         return start_engine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
+    from mmbatch.mainguard import check_main_guard
+
+    check_main_guard()  # the engine processes are spawned: a script must be guarded
 
     trust = bool(config.engine_kwargs.get("trust_remote_code", False))
     template: list[ChatTemplate] = []
@@ -157,11 +162,16 @@ def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
     from mmbatch.engine.logs import engine_log
     from mmbatch.engine.vllm import preflight
 
+    check_model_name(config.model)  # before vLLM's import, which takes seconds
     log = config.log_file
     with engine_log(None if log is None else os.devnull):  # a mistake leaves no log file
         preflight(config, media_per_prompt)
     if log is not None:
-        print(f"mmbatch: starting vLLM; its log goes to {log} (-v: here)", file=sys.stderr)
+        print(
+            f"mmbatch: starting vLLM; its log goes to {log} (to see it here: -v, or "
+            "vllm_log=None from Python)",
+            file=sys.stderr,
+        )
 
 
 def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:

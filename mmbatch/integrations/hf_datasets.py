@@ -10,7 +10,9 @@ What datasets' ``map`` asks of a function, and how this one answers:
   way falls back to a random fingerprint and recomputes everything (datasets #5536).
   ``fingerprint`` is that identity as a string, covering the model directory's files by
   content (``mmbatch.engine.identity``: replaced weights of the same size are another
-  model), for ``new_fingerprint=`` or your own bookkeeping.
+  model), for ``new_fingerprint=`` or your own bookkeeping. datasets' own cache key hashes
+  exactly that string (the callable registers itself with datasets' hasher), so
+  ``DatasetMap.pipelined``, the same callable as a coroutine, shares the plain one's cache.
 * With ``with_rank=True`` each worker gets a rank, which picks its GPU (round robin over
   ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts. ``num_proc``
   workers are daemonic processes, which may not start processes of their own, so there the
@@ -33,16 +35,19 @@ What datasets' ``map`` asks of a function, and how this one answers:
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
+import types
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import xxhash
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.identity import model_identity
+from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.engine.shared import may_start_processes
 from mmbatch.errors import ConfigError, ItemFailure
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
@@ -86,8 +91,12 @@ class DatasetMap:
         error_column: str = "error",
         with_usage: bool = False,
         allowed_paths: Sequence[str] = (),
+        vllm_log: VllmLog = "auto",
     ) -> None:
         self.engine_config = EngineConfig(model, dict(engine_kwargs or {}))
+        self.vllm_log = vllm_log
+        """Where vLLM's log goes (``mmbatch.engine.logs.VllmLog``): a file of its own by
+        default, decided in the process that builds the engine."""
         self.paths = LocalPaths(
             tuple(str(p) for p in allowed_paths), widen="DatasetMap(allowed_paths=[DIR])"
         )
@@ -108,27 +117,57 @@ class DatasetMap:
         self.fingerprint = _fingerprint(
             self._settings(), model_identity(model, str(revision) if revision else None)
         )
+        _hash_by_fingerprint()
 
-    def __call__(
-        self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any
-    ) -> dict[str, list[Any]]:
-        """Caption one batch. datasets appends the rows' indices (``with_indices=True``, a
-        list) and the worker's rank (``with_rank=True``, an int or None), in that order."""
+    def __call__(self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any) -> Any:
+        """Caption one batch: its new columns (for the ``pipelined`` twin, a coroutine giving
+        them). datasets appends the rows' indices (``with_indices=True``, a list) and the
+        worker's rank (``with_rank=True``, an int or None), in that order."""
+        if self._coroutine:
+            return self._batch_coroutine(batch, indices_and_rank)
         job, engine, size = self._batch_job(batch, indices_and_rank)
         if engine is None:
             return self._columns(job, [], size)
         rows, _ = run_in_memory(job, engine)
         return self._columns(job, rows, size)
 
-    async def pipelined(
-        self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any
-    ) -> dict[str, list[Any]]:
-        """The same as calling this object, as a coroutine: ``Dataset.map`` then keeps many
-        batches in flight at once, all on this process's one engine, which therefore never
-        drains between batches (a plain call returns only once its batch is done)::
+    @property
+    def pipelined(self) -> DatasetMap:
+        """This callable as a coroutine function: ``Dataset.map`` then keeps many batches in
+        flight at once, all on this process's one engine, which therefore never drains
+        between batches (a plain call returns only once its batch is done)::
 
             ds.map(captioner.pipelined, batched=True, batch_size=256, with_rank=True)
+
+        Its rows are the plain call's, and so is its datasets cache: switching between the
+        two reuses it.
         """
+        twin = copy.copy(self)
+        twin._coroutine = True
+        return twin
+
+    # What ``inspect.iscoroutinefunction`` (which datasets asks) reads of a function: its
+    # code, name and defaults. The pipelined twin shows those of ``_batch_coroutine``, so
+    # that datasets awaits what its calls return; the plain callable shows none.
+    _coroutine = False
+    __defaults__ = None
+    __kwdefaults__ = None
+
+    @property
+    def __code__(self) -> types.CodeType:
+        if not self._coroutine:
+            raise AttributeError("__code__")
+        return DatasetMap._batch_coroutine.__code__
+
+    @property
+    def __name__(self) -> str:
+        if not self._coroutine:
+            raise AttributeError("__name__")
+        return "pipelined"
+
+    async def _batch_coroutine(
+        self, batch: Mapping[str, Sequence[Any]], indices_and_rank: Sequence[Any]
+    ) -> dict[str, list[Any]]:
         job, engine, size = self._batch_job(batch, indices_and_rank)
         if engine is None:
             return self._columns(job, [], size)
@@ -207,7 +246,8 @@ class DatasetMap:
         # The engine is built on this process's first batch, so the GPU is chosen before CUDA
         # starts; later calls narrow CUDA_VISIBLE_DEVICES to the device it already names.
         prepare_engine_process(rank, self.engine_config.engine_kwargs)
-        return shared_engine(self.engine_config, {self.modality: 1})
+        config = replace(self.engine_config, log_file=library_log_file(self.vllm_log))
+        return shared_engine(config, {self.modality: 1})
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -225,6 +265,25 @@ class DatasetMap:
 
     def __repr__(self) -> str:
         return f"DatasetMap({self.engine_config.model!r}, fingerprint={self.fingerprint!r})"
+
+
+def _hash_by_fingerprint() -> None:
+    """Have datasets' hasher write a ``DatasetMap`` as its ``fingerprint`` (its settings and
+    its model's content) and nothing else, so that the plain callable and its ``pipelined``
+    twin (which differ only in how datasets calls them) make one cache key. datasets hashes
+    a map's function by pickling it with a pickler of its own, whose types can be given their
+    own writer (``pklregister``); the pickle that carries the callable to worker processes
+    is the usual one, twin and all. A datasets without that hook hashes the whole state."""
+    try:
+        from datasets.utils._dill import Pickler, pklregister
+    except ImportError:
+        return
+    if DatasetMap not in Pickler.dispatch:
+        pklregister(DatasetMap)(_save_fingerprint)
+
+
+def _save_fingerprint(pickler: Any, captioner: DatasetMap) -> None:
+    pickler.save(("mmbatch.DatasetMap", FINGERPRINT_VERSION, captioner.fingerprint))
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -12,7 +12,8 @@ Each key token lists exactly what changes the decoded payload besides the source
 * an image: the decode options (``ImageOptions.cache_token``);
 * a frame of a video: which frame (index and time) and the frame size, *not* the sampling
   that picked it, so the same frame picked by ``--fps 1`` and by ``--keyframes`` is one item;
-* a clip: the sampling (how frames are picked, the cap) and the frame size;
+* a clip: the sampling (how frames are picked, the cap) and the frame size, and for a clip
+  cut from a video (``ClipSpan``) which of its frames it spans;
 * an audio window: the sample rate and the window's span.
 """
 
@@ -27,7 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 from mmbatch.errors import MediaError
 from mmbatch.media.options import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.media.video import VideoIndex
-from mmbatch.types import FrameAt, ItemError, MediaItem, TimeSpan
+from mmbatch.types import ClipSpan, FrameAt, ItemError, MediaItem, TimeSpan
 
 Decoded: TypeAlias = "dict[str, MediaItem | ItemError]"
 """What a job made: an item, or the reason it could not be made, by media key."""
@@ -112,12 +113,14 @@ class FramesJob(_ReadsItsFile):
 
 @dataclass(frozen=True)
 class ClipJob(_OneItem, _ReadsItsFile):
-    """The frames ``options`` samples from a video, as one clip."""
+    """The frames ``options`` samples from a video, or from the stretch of it ``span``
+    names, as one clip."""
 
     key: str
     source: str
     index: VideoIndex
     options: VideoOptions
+    span: ClipSpan | None = None
 
 
 @dataclass(frozen=True)
@@ -206,9 +209,10 @@ def frame_file_name(video: str, pts: float) -> str:
 def _clip(job: ClipJob) -> Decoded:
     from mmbatch.media.video import clip_from, select_frames
 
-    index, options = job.index, job.options
+    index, options, span = job.index, job.options, job.span
+    clip = index if span is None else index.between(span.first, span.stop)
     frames, metadata = clip_from(
-        job.source, index, select_frames(index, options), options.max_pixels
+        job.source, clip, select_frames(clip, options), options.max_pixels, whole=index
     )
     count, height, width = frames.shape[:3]
     meta = {"frames": count, "width": width, "height": height, "nbytes": frames.nbytes}
@@ -244,6 +248,15 @@ def frame_token(frame: FrameAt, max_pixels: int | None) -> str:
         {"frame": frame.index, "pts": round(frame.pts, 6), "max_pixels": max_pixels},
         sort_keys=True,
     )
+
+
+def clip_token(options: VideoOptions, span: ClipSpan | None) -> str:
+    """A whole video's clip: its options' token, as it always was; a stretch of it: the
+    frames it spans besides."""
+    if span is None:
+        return options.cache_token()
+    token = json.loads(options.cache_token())
+    return json.dumps({**token, "frames": [span.first, span.stop]}, sort_keys=True)
 
 
 def audio_token(span: TimeSpan | None, options: AudioOptions) -> str:

@@ -24,6 +24,7 @@ from functools import partial
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.lifetime import end_with_parent, exit_now
+from mmbatch.mainguard import check_main_guard
 from mmbatch.media.decode import Decoded, DecodeJob, decode
 from mmbatch.types import ItemError
 
@@ -164,7 +165,8 @@ def _new_pool(workers: int) -> Executor:
     if workers <= 0:
         return ThreadPoolExecutor(1, thread_name_prefix="mmbatch-decode")
     # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
-    # would copy in whatever state they are in.
+    # would copy in whatever state they are in. So a script must be guarded.
+    check_main_guard()
     return ProcessPoolExecutor(
         workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
     )

@@ -27,6 +27,7 @@ from mmbatch.media.decode import (
     FramesJob,
     ImageJob,
     audio_token,
+    clip_token,
     frame_token,
 )
 from mmbatch.media.fetch import read_source
@@ -34,7 +35,7 @@ from mmbatch.media.hashing import file_digest, media_key
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.limits import PromptLimits
 from mmbatch.media.options import MediaOptions
-from mmbatch.types import FrameAt, LoadedRequest, MediaRef, Request, Result, TimeSpan
+from mmbatch.types import ClipSpan, FrameAt, LoadedRequest, MediaRef, Request, Result, TimeSpan
 
 if TYPE_CHECKING:
     from mmbatch.media.video import VideoIndex
@@ -44,6 +45,9 @@ V = TypeVar("V")
 CACHE_ENTRIES = 4096
 """Sources whose digest or index is remembered: a job's requests on one source are planned
 together, so a small cache catches every repeat (a source also named by a later group)."""
+INDEX_ENTRIES = 16
+"""Video indices remembered (an hour's index is a few megabytes): a job's clips of one video
+are planned together, so the video being keyed is always among them."""
 
 
 @dataclass
@@ -66,6 +70,8 @@ class Keyer:
         self._lock = threading.Lock()
         self._digests: dict[str, tuple[bytes, int]] = {}
         """Streamed files' digests: a video's frames may be keyed in several units."""
+        self._indices: dict[str, VideoIndex] = {}
+        """Videos' indices: the clips cut from one video are keyed one request at a time."""
 
     def key(self, requests: Sequence[Request]) -> KeyedUnit:
         """Key every request of ``requests`` (a request already failed by its source is a
@@ -111,9 +117,9 @@ class Keyer:
                 return self._image(ref.source, unit, jobs)
             if ref.modality == "image" and isinstance(ref.part, FrameAt):
                 return self._frame(ref.source, ref.part, unit, frames)
-            if ref.modality == "video" and ref.part is None:
-                return self._clip(ref.source, request, unit, jobs)
-            if ref.modality == "audio" and not isinstance(ref.part, FrameAt):
+            if ref.modality == "video" and (ref.part is None or isinstance(ref.part, ClipSpan)):
+                return self._clip(ref.source, ref.part, request, unit, jobs)
+            if ref.modality == "audio" and (ref.part is None or isinstance(ref.part, TimeSpan)):
                 return self._audio(ref.source, ref.part, unit, jobs)
         except MediaError as exc:
             if exc.stage == "load":  # the file itself is unusable: so is every ref to it
@@ -170,6 +176,18 @@ class Keyer:
                 _remember(self._digests, source, known)
         return known[0]
 
+    def _index(self, source: str) -> VideoIndex:
+        """The video's index (demuxed once for all the clips cut from it)."""
+        from mmbatch.media.video import index_video
+
+        with self._lock:
+            known = self._indices.get(source)
+        if known is None:
+            known = index_video(source, self.options.video.max_source_pixels)
+            with self._lock:
+                _remember(self._indices, source, known, INDEX_ENTRIES)
+        return known
+
     def _frame(
         self,
         source: str,
@@ -177,27 +195,29 @@ class Keyer:
         unit: KeyedUnit,
         frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]],
     ) -> str:
-        from mmbatch.media.video import index_video
-
         token = frame_token(frame, self.options.frame_max_pixels)
         key = media_key("image", self._digest(source, unit), token)
         if source not in frames:
-            frames[source] = (index_video(source, self.options.video.max_source_pixels), {})
+            frames[source] = (self._index(source), {})
         frames[source][1][key] = frame
         return key
 
     def _clip(
-        self, source: str, request: Request, unit: KeyedUnit, jobs: dict[str, DecodeJob]
+        self,
+        source: str,
+        span: ClipSpan | None,
+        request: Request,
+        unit: KeyedUnit,
+        jobs: dict[str, DecodeJob],
     ) -> str:
-        from mmbatch.media.video import index_video
-
         digest = self._digest(source, unit)
         options = self.options.video
-        index = index_video(source, options.max_source_pixels)
+        index = self._index(source)
+        clip = index if span is None else index.between(span.first, span.stop)
         if self.limits is not None:
-            options = self.limits.fit_clip(request, index, options)
-        key = media_key("video", digest, options.cache_token())
-        jobs.setdefault(key, ClipJob(key, source, index, options))
+            options = self.limits.fit_clip(request, clip, options)
+        key = media_key("video", digest, clip_token(options, span))
+        jobs.setdefault(key, ClipJob(key, source, index, options, span))
         return key
 
     def _audio(
@@ -209,7 +229,7 @@ class Keyer:
         return key
 
 
-def _remember(cache: dict[str, V], source: str, value: V) -> None:
-    if len(cache) >= CACHE_ENTRIES:
+def _remember(cache: dict[str, V], source: str, value: V, most: int = CACHE_ENTRIES) -> None:
+    if len(cache) >= most:
         cache.pop(next(iter(cache)))
     cache[source] = value

@@ -54,10 +54,33 @@ class VideoIndex:
     """The stream duration the container's header declares (None: it declares none)."""
     damaged_at: float | None = None
     """Where demuxing met damaged data and stopped (seconds), if it did."""
+    offset: int = 0
+    """The index of this index's first frame in the whole video: 0, except for a stretch
+    cut out of it (``between``)."""
 
     def __post_init__(self) -> None:
         if not self.pts:
             raise MediaError("the video stream has no frames")
+
+    def between(self, first: int, stop: int) -> VideoIndex:
+        """Frames ``[first, stop)`` as a video of their own: a clip cut from this one, which
+        every sampling then treats as a whole video (``num_frames`` spread over the clip,
+        ``fps`` on a grid from its first frame, its own key frames). Its last frame shows
+        until the next frame of this video. What this video's header declares is left out:
+        a clip is not the file, and the file's truncation is said on its rows."""
+        if not 0 <= first < stop <= len(self.pts):
+            raise ValueError(f"frames [{first}, {stop}) are not within {len(self.pts)} frames")
+        shown = self.pts[stop] - self.pts[stop - 1] if stop < len(self.pts) else self.last_duration
+        return VideoIndex(
+            pts=self.pts[first:stop],
+            time_base=self.time_base,
+            keyframes=tuple(k - first for k in self.keyframes if first <= k < stop),
+            width=self.width,
+            height=self.height,
+            rotation=self.rotation,
+            last_duration=shown,
+            offset=self.offset + first,
+        )
 
     def seconds(self, i: int) -> float:
         return float(self.pts[i] * self.time_base)
@@ -237,6 +260,12 @@ def sample_frames(index: VideoIndex, options: VideoOptions) -> FrameSample:
     if options.sampling == "fps":
         return _rate_sample(index, options.fps)
     if options.sampling == "keyframes":
+        if not index.keyframes:  # a clip cut between two key frames
+            raise MediaError(
+                f"no key frame between {index.start:.3f} and {index.end:.3f} s to sample: "
+                "sample clips this short with num_frames or fps",
+                kind="other",
+            )
         return FrameSample(list(index.keyframes), len(index.keyframes))
     if options.sampling == "timestamps":
         late = [t for t in options.timestamps if t >= index.end]
@@ -381,18 +410,26 @@ def sample_clip(path: str, options: VideoOptions) -> tuple[np.ndarray, dict[str,
 
 
 def clip_from(
-    path: str, index: VideoIndex, indices: Sequence[int], max_pixels: int | None
+    path: str,
+    index: VideoIndex,
+    indices: Sequence[int],
+    max_pixels: int | None,
+    whole: VideoIndex | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """Decode ``indices`` of ``path`` into the ``(frames, metadata)`` clip vLLM takes. A file
-    that holds less than its header declares is refused: its clip would be the part that is
-    left, passed off as the whole video."""
+    """Decode ``indices`` of ``path`` into the ``(frames, metadata)`` clip vLLM takes.
+    ``index`` is the clip's: the video's own, or a stretch of ``whole`` (``between``), the
+    video's index, which the decoder seeks by. A file that holds less than its header
+    declares is refused as a whole clip: it would be the part that is left, passed off as
+    the whole video."""
     import numpy as np
 
     if index.truncation is not None:
         raise MediaError(f"{index.truncation}; a clip of it would miss the rest")
 
-    frames = decode_frames(path, index, indices, max_pixels).frames
-    missing = [i for i in indices if i not in frames]
+    video = whole or index
+    shift = index.offset - video.offset
+    frames = decode_frames(path, video, [shift + i for i in indices], max_pixels).frames
+    missing = [i for i in indices if shift + i not in frames]
     if missing:
         raise MediaError(
             f"{len(missing)} of {len(indices)} sampled frames could not be decoded "
@@ -406,4 +443,4 @@ def clip_from(
         "video_backend": "opencv",
         "do_sample_frames": False,
     }
-    return np.stack([frames[i] for i in indices]), metadata
+    return np.stack([frames[shift + i] for i in indices]), metadata

@@ -21,13 +21,36 @@ FileFormat = Literal["jsonl", "parquet", "datasets", "webdataset"]
 FILE_FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet", "datasets", "webdataset")
 
 
+OTHER_FORMATS = {
+    ".csv": "CSV",
+    ".tsv": "TSV",
+    ".json": "a JSON document",
+    ".xlsx": "a spreadsheet",
+    ".arrow": "an Arrow file",
+    ".feather": "a Feather file",
+}
+"""Names that promise a format mmbatch does not write: JSON lines there would be read as
+that format and fail (or, as CSV, be taken for one column of text)."""
+
+
 def output_format(out: str | Path, requested: str | None = None) -> FileFormat:
-    """The format ``requested``, else the one ``out``'s name implies."""
+    """The format ``requested``, else the one ``out``'s name implies; a name that implies
+    one mmbatch does not write (``x.csv``) is a ``ConfigError``, unless a format is asked
+    for."""
     if requested is not None:
         if requested not in FILE_FORMATS:
             raise ConfigError(f"unknown output format {requested!r}; expected {FILE_FORMATS}")
         return requested
-    return "parquet" if Path(out).suffix.lower() == ".parquet" else "jsonl"
+    path = Path(out)
+    suffix = path.suffix.lower()
+    if suffix in OTHER_FORMATS:
+        stem = path.with_suffix("").name
+        raise ConfigError(
+            f"--out {out}: mmbatch does not write {OTHER_FORMATS[suffix]}; name the output "
+            f"{stem}.jsonl (JSON lines) or {stem}.parquet, or pass --out-format jsonl to "
+            "write JSON lines under this name"
+        )
+    return "parquet" if suffix == ".parquet" else "jsonl"
 
 
 def open_sink(

@@ -282,16 +282,26 @@ def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> N
     # Compared as JSON, the way the record stores it: a tuple of timestamps read back is a
     # list, and must not be reported as a change.
     fingerprint = json.loads(json.dumps(fingerprint, default=str))
-    keys = before.keys() | fingerprint.keys()
-    changed = sorted(k for k in keys if before.get(k) != fingerprint.get(k))
     details = "; ".join(
-        f"{k}: {json.dumps(before.get(k), default=str)} -> "
-        f"{json.dumps(fingerprint.get(k), default=str)}"
-        for k in changed
+        f"{name} {json.dumps(old)} -> {json.dumps(new)}"
+        for name, old, new in _changes(before, fingerprint)
     )
     raise ConfigError(
         f"{out} was written by a different job ({details or 'settings differ'}); {how}"
     )
+
+
+def _changes(before: Any, after: Any, name: str = "") -> list[tuple[str, Any, Any]]:
+    """The settings that differ between two fingerprints, each named by its path
+    (``video_options.fps``) with its two values: the leaves that changed, not the whole
+    tables that hold them. A setting one side does not record reads as ``null``."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        changes = []
+        for key in sorted(before.keys() | after.keys()):
+            path = f"{name}.{key}" if name else str(key)
+            changes += _changes(before.get(key), after.get(key), path)
+        return changes
+    return [] if before == after else [(name, before, after)]
 
 
 def write_record(record: Path, fingerprint: Mapping[str, Any]) -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mmbatch.errors import SourceError
 from mmbatch.jsonl import encode_line, read_objects
 from mmbatch.out.order import RowOrder
-from mmbatch.out.tables import SpooledSink
+from mmbatch.out.tables import SpooledSink, typed
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,7 +87,7 @@ def _write_parquet_shards(spool: Path, folder: Path, size: int) -> None:
     schemas = [pa.Table.from_pylist(chunk).schema for chunk in _chunks(spool, size)]
     if not schemas:
         return
-    schema: pa.Schema = pa.unify_schemas(schemas, promote_options="permissive")
+    schema: pa.Schema = typed(pa.unify_schemas(schemas, promote_options="permissive"))
     for n, chunk in enumerate(_chunks(spool, size)):
         # Every shard in the one schema: a column a shard's rows lack is null there.
         table = pa.Table.from_pylist(chunk, schema=schema)

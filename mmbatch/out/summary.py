@@ -32,6 +32,40 @@ def write_summary(out: str | Path, stats: Mapping[str, Any], job: Mapping[str, A
     return target
 
 
+RUN_FIGURES = (
+    "decodes",
+    "wall_seconds",
+    "items_per_second",
+    "output_tokens_per_second",
+    "prefix_cache_hit_rate",
+    "mm_cache_hit_rate",
+    "engine_queue",
+    "engine_timeline",
+    "startup_seconds",
+    "process_seconds",
+    "startup_phases",
+)
+"""What a run measures of itself (speed, caches, start-up), as opposed to the counts over
+the whole output."""
+
+
+def with_last_measured(out: str | Path, stats: Mapping[str, Any]) -> dict[str, Any]:
+    """``stats`` of a run that had nothing to do (a resume with 0 items left) with the
+    figures of the last run that did, from the summary beside ``out``, and
+    ``figures_from``: when that run finished. A rerun that only confirms the job is done
+    would otherwise overwrite its speed with zeros."""
+    try:
+        previous = read_summary(out)
+    except (OSError, ValueError):
+        previous = None
+    if previous is None or not isinstance(previous.get("stats"), dict):
+        return dict(stats)
+    before = previous["stats"]
+    kept = {name: before[name] for name in RUN_FIGURES if name in before}
+    since = before.get("figures_from") or previous.get("finished_at")
+    return {**stats, **kept, "figures_from": since}
+
+
 def read_summary(out: str | Path) -> dict[str, Any] | None:
     """The summary written beside ``out``, or None if there is none."""
     path = summary_path(out)

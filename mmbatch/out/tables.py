@@ -184,4 +184,43 @@ def _unified_schema(tables: list[pa.Table]) -> pa.Schema:
 
     if not tables:
         return pa.schema([])
-    return pa.unify_schemas([t.schema for t in tables], promote_options="permissive")
+    return typed(pa.unify_schemas([t.schema for t in tables], promote_options="permissive"))
+
+
+_STRINGS = (
+    "id",
+    "source",
+    "media_hash",
+    "prompt",
+    "text",
+    "finish_reason",
+    "warning",
+    "video",
+    "frame_path",
+)
+_FLOATS = ("pts", "start", "end")
+_INTEGERS = ("frame_index", "prompt_tokens", "output_tokens", "cached_tokens")
+
+
+def typed(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with each column of the row shape that is null in every row (no row
+    failed: ``error``; every row failed: ``text``) given the type it has when it holds
+    values, also inside a recipe's ``outputs``: Arrow would type it ``null``, and two
+    outputs with and without errors could not be read or concatenated as one table."""
+    import pyarrow as pa
+
+    known: dict[str, pa.DataType] = {
+        "error": pa.struct([(name, pa.string()) for name in ("stage", "kind", "message")]),
+        **dict.fromkeys(_STRINGS, pa.string()),
+        **dict.fromkeys(_FLOATS, pa.float64()),
+        **dict.fromkeys(_INTEGERS, pa.int64()),
+    }
+
+    def field(f: pa.Field) -> pa.Field:
+        if pa.types.is_null(f.type) and f.name in known:
+            return f.with_type(known[f.name])
+        if pa.types.is_struct(f.type):
+            return f.with_type(pa.struct([field(child) for child in f.type]))
+        return f
+
+    return pa.schema([field(f) for f in schema], metadata=schema.metadata)

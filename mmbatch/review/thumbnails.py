@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mmbatch.media.image import decode_image, prepare_decoded
 from mmbatch.media.options import ImageOptions
-from mmbatch.types import FrameAt, MediaRef
+from mmbatch.types import FrameAt, MediaRef, TimeSpan
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -48,6 +48,8 @@ def thumbnail_uri(ref: MediaRef) -> str:
             return _to_uri(decode_image(ref.data, THUMBNAIL_OPTIONS))
         if isinstance(ref.part, FrameAt):
             return _to_uri(_video_frame(path, ref.part))
+        if isinstance(ref.part, TimeSpan):
+            return _to_uri(_clip_strip(path, ref.part))
         if ref.modality == "video" or path.suffix.lower() in VIDEO_SUFFIXES:
             return _to_uri(_video_strip(path))
         return _to_uri(decode_image(path.read_bytes(), THUMBNAIL_OPTIONS))
@@ -68,9 +70,24 @@ def _video_frame(path: Path, frame: FrameAt) -> Image.Image:
     return prepare_decoded(Image.fromarray(rgb), THUMBNAIL_OPTIONS)
 
 
+def _clip_strip(path: Path, span: TimeSpan) -> Image.Image:
+    """Up to ``VIDEO_FRAMES`` frames spread over a clip cut from the video (a row's
+    ``start`` to ``end``), side by side: the frames on screen at the middles of equal
+    slices of it, found by the video's index, so none is from before the clip."""
+    from PIL import Image
+
+    from mmbatch.media.video import decode_frames, index_video
+
+    index = index_video(str(path))
+    step = (span.end - span.start) / VIDEO_FRAMES
+    wanted = sorted({index.frame_at(span.start + (k + 0.5) * step) for k in range(VIDEO_FRAMES)})
+    decoded = decode_frames(str(path), index, wanted, THUMBNAIL_SIDE * THUMBNAIL_SIDE).frames
+    frames = [prepare_decoded(Image.fromarray(decoded[i]), THUMBNAIL_OPTIONS) for i in wanted]
+    return _side_by_side(frames, path)
+
+
 def _video_strip(path: Path) -> Image.Image:
     """Up to ``VIDEO_FRAMES`` frames spread over the video, side by side."""
-    from PIL import Image
 
     from mmbatch.media.container import open_media, threaded
     from mmbatch.media.options import DEFAULT_MAX_VIDEO_PIXELS
@@ -94,6 +111,12 @@ def _video_strip(path: Path) -> Image.Image:
             frame = next(container.decode(stream), None)
             if frame is not None:
                 frames.append(prepare_decoded(frame.to_image(), THUMBNAIL_OPTIONS))
+    return _side_by_side(frames, path)
+
+
+def _side_by_side(frames: list[Image.Image], path: Path) -> Image.Image:
+    from PIL import Image
+
     if not frames:
         raise ValueError(f"{path}: no frame decoded")
     strip = Image.new(

@@ -8,35 +8,49 @@ form (through the line's own row shape, so a 400 line is an error under its cust
 reads their prompts and pictures again from the batch input file the summary names, since
 the output holds neither.
 
+A line refused before it became a request (a parameter that cannot be served, a remote
+image URL, a path outside the allowed folders) is read again as far as its messages go, so
+that its card still shows what it asked and the pictures that may be shown; never a remote
+one, nor a file the job could not have read.
+
 Sources in rows are as the job named them; a relative one is relative to the folder the
 job ran in, which the summary records (``cwd``), not to wherever the report is made.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mmbatch.out.openai_batch import OpenAIBatchShape
-from mmbatch.types import MediaRef
+from mmbatch.sources.paths import LocalPaths
+from mmbatch.types import MediaRef, Request
 
 
 def is_batch_line(row: Mapping[str, Any]) -> bool:
     return "custom_id" in row and isinstance(row.get("response"), Mapping)
 
 
+NO_PICTURE = (
+    "no picture of this line is shown (it names none, or only remote URLs, which are never "
+    "fetched, or files where the job could not read)"
+)
+
+
 def card_rows(
     rows: Sequence[dict[str, Any]], summary: Mapping[str, Any] | None
-) -> tuple[list[dict[str, Any]], dict[str, MediaRef]]:
+) -> tuple[list[dict[str, Any]], dict[str, MediaRef | str]]:
     """``rows`` as the cards read them, and the media of rows whose output does not name
-    them (an OpenAI batch line's pictures, by custom_id)."""
+    them (an OpenAI batch line's first picture by custom_id, or why it shows none)."""
     if not any(is_batch_line(row) for row in rows):
         return list(rows), {}
     requests = _batch_requests(summary)
     shape = OpenAIBatchShape("")
     cards = []
-    media: dict[str, MediaRef] = {}
+    media: dict[str, MediaRef | str] = {}
     for row in rows:
         if not is_batch_line(row):
             cards.append(row)
@@ -48,8 +62,8 @@ def card_rows(
         texts = [str((c.get("message") or {}).get("content") or "") for c in choices]
         reasons = [c.get("finish_reason") for c in choices]
         request = requests.get(custom_id)
-        if request is not None and request.media:
-            media[custom_id] = request.media[0]
+        if request is not None:
+            media[custom_id] = request.media[0] if request.media else NO_PICTURE
         cards.append(
             {
                 "id": custom_id,
@@ -86,10 +100,11 @@ def located(source: str, folders: Sequence[Path]) -> str:
 
 def _batch_requests(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     """The batch input's requests by custom_id, read again from the file the job read (its
-    relative paths resolved where the job ran); none when it is gone or unreadable."""
+    relative paths resolved where the job ran; a refused line as far as ``_asked`` reads
+    it); none when it is gone or unreadable."""
     from mmbatch.errors import MmbatchError
+    from mmbatch.jsonl import read_objects
     from mmbatch.sources.openai_batch import read_batch
-    from mmbatch.sources.paths import LocalPaths
 
     job = (summary or {}).get("job", {})
     inputs = job.get("inputs") or []
@@ -97,9 +112,60 @@ def _batch_requests(summary: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     folder = job_folder(summary)
     path = Path(located(str(inputs[0]), [folder] if folder else []))
+    paths = LocalPaths.recorded(job)  # where the job could read
     try:
-        # Where the job could read; the prompts and pictures only (no vLLM to import).
-        batch = read_batch(path, paths=LocalPaths.recorded(job), bodies=False)
-    except (MmbatchError, OSError):
+        # The prompts and pictures only: no vLLM to import for its models of the bodies.
+        batch = read_batch(path, paths=paths, bodies=False)
+        requests = {request.id: request for request in batch.requests}
+        refused = {r.id for r in batch.requests if r.error is not None}
+        for _, entry in read_objects(path) if refused else ():
+            custom_id = entry.get("custom_id")
+            if custom_id in refused:
+                requests[custom_id] = _asked(entry, custom_id, str(path.parent), paths)
+    except (MmbatchError, OSError, ValueError):
         return {}
-    return {request.id: request for request in batch.requests}
+    return requests
+
+
+def _asked(entry: Mapping[str, Any], custom_id: str, folder: str, paths: LocalPaths) -> Request:
+    """What a refused line asked, for its card: the text of its last user message, and
+    those of its pictures that may be shown."""
+    body = entry.get("body")
+    messages = body.get("messages") if isinstance(body, Mapping) else None
+    messages = messages if isinstance(messages, list) else []
+    users = [m for m in messages if isinstance(m, Mapping) and m.get("role") == "user"]
+    content = users[-1].get("content") if users else None
+    parts = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    texts: list[str] = []
+    media: list[MediaRef] = []
+    for part in parts if isinstance(parts, list) else ():
+        if not isinstance(part, Mapping):
+            continue
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif part.get("type") == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, Mapping) else url
+            ref = _shown_picture(url, f"{custom_id}#image{len(media)}", folder, paths)
+            media += [ref] if ref is not None else []
+    return Request(custom_id, "\n".join(texts), tuple(media))
+
+
+def _shown_picture(url: Any, label: str, folder: str, paths: LocalPaths) -> MediaRef | None:
+    """The picture ``url`` names, if a card may show it: a ``data:`` URI, or a file where
+    the job could read (``LocalPaths``); never a remote URL."""
+    from mmbatch.sources.paths import PathNotAllowed
+
+    if not isinstance(url, str) or url.startswith(("http://", "https://")):
+        return None
+    if url.startswith("data:"):
+        try:
+            return MediaRef(
+                "image", label, data=base64.b64decode(url.partition(",")[2], validate=True)
+            )
+        except (binascii.Error, ValueError):
+            return None
+    try:
+        return MediaRef("image", paths.resolve(url, folder, label))
+    except PathNotAllowed:
+        return None

@@ -1,10 +1,10 @@
 """Requests for ``mmbatch caption``: each file's modality picked by its suffix.
 
 Images are one request each, audio files one per window, videos one clip each when asked to
-caption them whole. What the model takes decides what a walk collects: a folder or glob
-contributes only those files (a photo folder's stray wav is not the VL model's business),
-while a file named explicitly that the model cannot take, or a video without ``as_clip``,
-gets an error row saying so.
+caption them whole, or one per clip cut from them (``mmbatch.sources.clips``). What the
+model takes decides what a walk collects: a folder or glob contributes only those files (a
+photo folder's stray wav is not the VL model's business), while a file named explicitly that
+the model cannot take, or a video without ``as_clip``, gets an error row saying so.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from pathlib import Path
 
-from mmbatch.errors import SourceError
-from mmbatch.media.options import AudioOptions
+from mmbatch.errors import ItemFailure, SourceError
+from mmbatch.media.options import AudioOptions, VideoOptions
+from mmbatch.sources.clips import ClipSplit, CutVideo, cut_videos, video_clips
 from mmbatch.sources.files import (
     AUDIO_SUFFIXES,
     IMAGE_SUFFIXES,
@@ -47,14 +48,25 @@ def caption_requests(
     audio: AudioOptions | None = None,
     taker: str = "the model",
     log: ListingLog | None = None,
+    clips: ClipSplit | None = None,
+    video: VideoOptions | None = None,
 ) -> list[Request]:
     """The requests of ``files`` (from ``list_media``) for a job that takes ``take``;
     ``taker`` names what decided that in the error row of a file it cannot take ("the
     model", or a recipe reading one kind of media); walked files it does not take are
-    counted in ``log``."""
+    counted in ``log``. ``clips`` cuts each video into clips, a request each (``video``
+    gives the cap on their frames' pixels)."""
     audio = audio or AudioOptions()
     log = log if log is not None else ListingLog()
-    wanted = set(take) - ({"video"} if not as_clip else set())
+    # A clip given as its middle or key frame is a picture: a model that takes pictures
+    # takes it.
+    as_clip = as_clip or clips is not None
+    video_kind: Modality = "image" if clips is not None and clips.frame else "video"
+    wanted = set(take) - {"video"} | ({"video"} if as_clip and video_kind in take else set())
+    cuts: dict[str, CutVideo | ItemFailure] = {}
+    if clips is not None and "video" in wanted:
+        videos = [f for f in files if f.refused is None and modality_of(f.path) == "video"]
+        cuts = cut_videos(videos, clips, video or VideoOptions(), log) if videos else {}
     requests: list[Request] = []
     for file in files:
         text = file.prompt or prompt
@@ -87,6 +99,8 @@ def caption_requests(
             )
         elif kind == "audio":
             requests.extend(audio_windows(file, text, system, audio))
+        elif kind == "video" and clips is not None:
+            requests.extend(video_clips(file, cuts[file.path], text, system, clips))
         else:
             ref = MediaRef(kind, file.path)
             requests.append(Request(file.id, text, (ref,), system, columns=file.columns))

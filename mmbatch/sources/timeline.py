@@ -96,17 +96,9 @@ def _frames_taken(
     """The video's index and the frames taken from it: every one ``options`` samples, each
     once, unless ``options.max_frames`` cuts them. Noted in ``log``: fewer distinct frames
     than were asked for (a rate above the video's), a cut, a truncated file."""
-    from mmbatch.media.video import index_video, sample_frames, spread
+    from mmbatch.media.video import sample_frames, spread
 
-    if Path(path).suffix.lower() in IMAGE_SUFFIXES:
-        # PyAV opens a still image as a one-frame "video", whose frame then fails to decode
-        # by seeking: say what the file is instead.
-        raise MediaError(
-            "a still image, not a video: caption pictures with `mmbatch caption`",
-            stage="source",
-            kind="unsupported",
-        )
-    index = index_video(path, options.max_source_pixels)
+    index = index_of_video(path, options.max_source_pixels)
     sample = sample_frames(index, options)
     asked = sample.frames
     if sample.asked > len(asked):
@@ -123,6 +115,22 @@ def _frames_taken(
     if index.truncation:
         log.note(f"{printable(path)}: {index.truncation} (its rows carry this warning)")
     return index, frames
+
+
+def index_of_video(path: str, max_source_pixels: int) -> VideoIndex:
+    """The index of the video at ``path`` (``index_video``), which a source reads while
+    listing; a still image named as a video is refused as what it is."""
+    from mmbatch.media.video import index_video
+
+    if Path(path).suffix.lower() in IMAGE_SUFFIXES:
+        # PyAV opens a still image as a one-frame "video", whose frame then fails to decode
+        # by seeking: say what the file is instead.
+        raise MediaError(
+            "a still image, not a video: caption pictures with `mmbatch caption`",
+            stage="source",
+            kind="unsupported",
+        )
+    return index_video(path, max_source_pixels)
 
 
 def clip_cap_note(options: VideoOptions) -> str | None:
