@@ -152,6 +152,20 @@ def test_another_fingerprint_is_refused_with_what_changed_unless_forced(tmp_path
     assert prepare(out, requests(2), changed, FLAT).pending == plan.pending  # now the job's own
 
 
+def test_a_setting_a_newer_version_adds_unset_is_the_same_job(tmp_path: Path) -> None:
+    """An output written before a setting existed (``sampling.logprobs``) resumes under a
+    version that records it unset: the digests differ, the settings do not."""
+    out = tmp_path / "o.jsonl"
+    older = {**FINGERPRINT, "sampling": {"max_tokens": 16}}
+    prepare(out, requests(2), older, FLAT)
+    write_rows(out, [row("item-0")])
+    newer = {**FINGERPRINT, "sampling": {"max_tokens": 16, "logprobs": None}}
+    assert [r.id for r in prepare(out, requests(2), newer, FLAT).pending] == ["item-1"]
+    set_now = {**FINGERPRINT, "sampling": {"max_tokens": 16, "logprobs": 2}}
+    with pytest.raises(ConfigError, match=r"sampling\.logprobs null -> 2"):
+        prepare(out, requests(2), set_now, FLAT)
+
+
 def test_rows_without_a_job_record_are_not_appended_to(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
     write_rows(out, [row("item-0")])

@@ -282,13 +282,13 @@ def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> N
     # Compared as JSON, the way the record stores it: a tuple of timestamps read back is a
     # list, and must not be reported as a change.
     fingerprint = json.loads(json.dumps(fingerprint, default=str))
+    changes = _changes(before, fingerprint)
+    if not changes:
+        return  # only settings this version added, at their unset value: the same job
     details = "; ".join(
-        f"{name} {json.dumps(old)} -> {json.dumps(new)}"
-        for name, old, new in _changes(before, fingerprint)
+        f"{name} {json.dumps(old)} -> {json.dumps(new)}" for name, old, new in changes
     )
-    raise ConfigError(
-        f"{out} was written by a different job ({details or 'settings differ'}); {how}"
-    )
+    raise ConfigError(f"{out} was written by a different job ({details}); {how}")
 
 
 def _changes(before: Any, after: Any, name: str = "") -> list[tuple[str, Any, Any]]:
