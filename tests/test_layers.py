@@ -27,12 +27,13 @@ LAYERS = [
 """From the bottom up. ``mmbatch/__init__.py`` (the public API) and ``__main__`` sit apart."""
 
 ONLY_HERE = {
-    "vllm": {"engine/vllm.py", "bench/worker.py", "bench/naive_job.py"},
+    "vllm": {"engine/vllm.py", "engine/vllm_counts.py", "bench/worker.py", "bench/naive_job.py"},
     "ray": {"integrations/ray_data.py"},
 }
 """Third-party packages that only these modules may import (the benchmark's naive sides, a
 worker's and a whole job's, are what a user writes with vLLM directly, so they import vllm
-too)."""
+too; the pre-flight budget's token counts come from vLLM's per-model processing info, read
+in a module of their own beside the adapter)."""
 
 
 def layer_of(name: str) -> int | None:
