@@ -81,6 +81,31 @@ def test_the_engines_processor_settings_change_the_counts(tiny_vl_model: Path) -
     assert counts.image(56, 112) == ItemCount(2, 2)
 
 
+def test_a_text_only_model_has_no_media_to_count(tmp_path: Path) -> None:
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.vllm_counts import processing_counts
+    from mmbatch.testing.tiny_models._common import qwen2_text, write_json
+    from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
+    from mmbatch.testing.tiny_models.tokenizer import (
+        TINY_SPECIAL_TOKENS,
+        build_tokenizer,
+        wrap_tokenizer,
+    )
+
+    # A plain Qwen2 language model (an OpenAI batch of text lines): config and tokenizer.
+    write_json(
+        tmp_path / "config.json",
+        {**qwen2_text(0, 2, 0), "architectures": ["Qwen2ForCausalLM"]},
+    )
+    tokenizer = build_tokenizer(1024, TINY_SPECIAL_TOKENS)
+    wrap_tokenizer(
+        tokenizer, chat_template=QWEN_CHAT_TEMPLATE, model_max_length=4096
+    ).save_pretrained(str(tmp_path))
+    counts = processing_counts(EngineConfig(str(tmp_path)), lambda *parts: "")
+    assert counts.modalities == frozenset()
+    assert (counts.image(64, 64), counts.video(64, 64, 4), counts.audio(16000)) == (None,) * 3
+
+
 def test_audio_counts_are_25_tokens_a_second(tiny_audio_model: Path) -> None:
     budget = budget_for(tiny_audio_model, 1024)
     assert budget.audio_rate == 16000

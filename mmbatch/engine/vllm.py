@@ -475,6 +475,18 @@ def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Mo
     return ModelFacts(max_model_len=int(vllm_config.model_config.max_model_len))
 
 
+def model_config(config: EngineConfig) -> Any:
+    """vLLM's ``ModelConfig`` of ``config`` (its model as vLLM reads it, with the user's
+    settings), without starting an engine; a ``ConfigError`` of one line, as ``preflight``
+    gives, for a model or a setting vLLM does not take."""
+    check_model_name(config.model)
+    check_engine_arguments(config.engine_kwargs)
+    try:
+        return engine_args(config, None).create_model_config()
+    except Exception as exc:  # vLLM checks with pydantic, ValueError, OSError from the hub...
+        raise ConfigError(_config_problem(config, exc)) from exc
+
+
 def engine_args(config: EngineConfig, media_per_prompt: dict[Modality, int] | None) -> Any:
     """``vllm.EngineArgs`` as the engine for ``config`` gets them: the user's settings, the
     media a job sends (None: vLLM's own default), the CPU build's KV cache default."""

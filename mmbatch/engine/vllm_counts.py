@@ -5,8 +5,8 @@ engine, the number of tokens it will take. vLLM knows this for every model it se
 multimodal model registers a ``BaseProcessingInfo`` whose ``get_num_image_tokens`` /
 ``get_num_video_tokens`` compute it from the item's size alone. :class:`ProcessingCounts`
 reaches that object through vLLM's multimodal registry for the model's config, so a family
-vLLM adds is counted without a change here. This module and ``engine/vllm.py`` are the only
-ones that import vllm.
+vLLM adds is counted without a change here. Beside the adapter (``engine/vllm.py``), this is
+the only engine module that imports vllm.
 
 Three things the info's methods do not say are measured once, by running vLLM's own
 processor on a blank item inside the model's chat template:
@@ -90,14 +90,17 @@ class ProcessingCounts:
     def __init__(self, model_config: Any, render: Render) -> None:
         from vllm.multimodal import MULTIMODAL_REGISTRY
 
-        self._processor = MULTIMODAL_REGISTRY.create_processor(model_config)
-        self._info = self._processor.info
+        self._processor: Any = None
+        self._info: Any = None  # a text-only model: no media, nothing to count
+        if model_config.is_multimodal_model:
+            self._processor = MULTIMODAL_REGISTRY.create_processor(model_config)
+            self._info = self._processor.info
         self._render = render
         self._lock = threading.Lock()
         self._wrappers: dict[Modality, _Wrapper | None] = {}
         self._audio: OrderedDict[int, ItemCount | None] = OrderedDict()
         self._noted: set[str] = set()
-        supported = self._info.supported_mm_limits
+        supported = self._info.supported_mm_limits if self._info is not None else {}
         self.modalities = frozenset(m for m in ("image", "video", "audio") if m in supported)
         self._image_count = self._counter("get_num_image_tokens", "image")
         self._video_count = self._counter("get_num_video_tokens", "video")
@@ -315,7 +318,6 @@ def _clip_metadata(frames: int) -> dict[str, Any]:
 def processing_counts(config: EngineConfig, render: Render) -> ProcessingCounts:
     """The counts of the model ``config`` names, with its engine settings (a user's
     ``mm_processor_kwargs`` change the counts), without starting an engine."""
-    from mmbatch.engine.vllm import engine_args
+    from mmbatch.engine.vllm import model_config
 
-    model_config = engine_args(config, None).create_model_config()
-    return ProcessingCounts(model_config, render)
+    return ProcessingCounts(model_config(config), render)
