@@ -65,6 +65,15 @@ def test_flops_model_matches_the_7b_parameter_count() -> None:
     assert 1.5 * one < four < 3 * one
 
 
+def test_flops_model_matches_the_gemma3_4b_parameter_count() -> None:
+    config = real_shape_config("gemma3_4b")
+    # 34 layers of 94.4M weights (8 heads of 256 on a 2560-wide stream) plus the 671M tied
+    # embedding as lm_head: 3.88e9, 2 FLOPs each.
+    assert 7.6e9 < lm_flops_per_token(config, ctx=0) < 7.9e9
+    # Any picture: 4096 patches of 896x896 through 27 SigLIP blocks, 1152 wide: 5.5 TFLOP.
+    assert 5.3e12 < vision_flops_per_image(config, 448, 448) < 5.7e12
+
+
 @pytest.mark.slow
 def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"

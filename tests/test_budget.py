@@ -1,7 +1,8 @@
-"""The pre-flight token budget, with the tiny models' real processors and no engine.
+"""The pre-flight token budget, with the tiny models' real processors and vLLM's own token
+counts for them (its processing info, no engine).
 
 The slow tests check the same counts against the prompt lengths vLLM reports; here the
-rules, the shrinking and the error messages are checked where they are cheap.
+counts, the shrinking and the error messages are checked where they are cheap.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mmbatch.engine.budget import AudioRules, PromptBudget, VisionRules
+from mmbatch.engine.budget import ItemCount, PromptBudget
 from mmbatch.errors import RequestRejected
 from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import index_video, select_frames
@@ -19,18 +20,15 @@ from mmbatch.types import MediaItem, MediaRef, Request
 
 
 def budget_for(model: Path, max_model_len: int, max_item_tokens: int | None = None) -> Any:
-    from transformers import AutoProcessor
+    """The budget an engine on ``model`` with these limits measures with: its chat template,
+    vLLM's counts for it."""
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.processor import ChatTemplate
+    from mmbatch.engine.vllm_counts import processing_counts
 
-    processor = AutoProcessor.from_pretrained(str(model))
-
-    def render(system: str | None, prompt: str, modalities: tuple[str, ...]) -> str:
-        content = [{"type": m} for m in modalities] + [{"type": "text", "text": prompt}]
-        messages = [{"role": "user", "content": content}]
-        return str(
-            processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        )
-
-    return PromptBudget.from_processor(processor, render, max_model_len, max_item_tokens)
+    template = ChatTemplate(str(model), trust_remote_code=False)
+    counts = processing_counts(EngineConfig(str(model)), template.render)
+    return template.budget(counts, max_model_len, max_item_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -38,26 +36,84 @@ def vl_budget(tiny_vl_model: Path) -> PromptBudget:
     return budget_for(tiny_vl_model, 1024)
 
 
-def test_vision_rules_match_the_counts_seen_on_vllm(vl_budget: PromptBudget) -> None:
-    assert vl_budget.video is not None
-    assert vl_budget.image is not None
+def test_counts_match_the_counts_seen_on_vllm(vl_budget: PromptBudget) -> None:
+    counts = vl_budget.counts
+    assert counts is not None
+
+    def video(width: int, height: int, frames: int) -> int | None:
+        item = counts.video(width, height, frames)
+        return None if item is None else item.tokens
+
     # Seen on vLLM with the tiny Qwen2-VL: 4/8/16 frames of 112x112 -> 8/16/32 tokens.
-    assert [vl_budget.video.tokens(112, 112, n) for n in (4, 8, 16)] == [8, 16, 32]
-    assert vl_budget.video.tokens(112, 112, 3) == vl_budget.video.tokens(112, 112, 4)  # padded
-    # Images are scaled into [784, 6272] pixels of 28-pixel cells, 4 patches a token.
-    assert vl_budget.image.tokens(112, 112) == 4  # scaled down to 56x56
-    assert vl_budget.image.tokens(56, 112) == 8
-    assert vl_budget.image.tokens(20, 20) == 1  # scaled up to 28x28
-    rules = VisionRules(14, 2, 2, 56 * 56, 28 * 28 * 1280)  # Qwen2-VL-7B's defaults
-    assert rules.tokens(1280, 720) == 46 * 26
+    assert [video(112, 112, n) for n in (4, 8, 16)] == [8, 16, 32]
+    assert video(112, 112, 3) == video(112, 112, 4)  # padded to a whole temporal patch
+    # Images are scaled into [784, 6272] pixels of 28-pixel cells, 4 patches a token; on
+    # Qwen the count is the prompt's tokens and the encoder's outputs alike.
+    assert counts.image(112, 112) == ItemCount(4, 4)  # scaled down to 56x56
+    assert counts.image(56, 112) == ItemCount(8, 8)
+    assert counts.image(20, 20) == ItemCount(1, 1)  # scaled up to 28x28
+    # The processor's own caps: pictures and frames are decoded no larger.
+    assert (vl_budget.max_pixels("image"), vl_budget.max_pixels("video")) == (6272, 3136)
+    assert vl_budget.audio_rate is None
 
 
-def test_audio_rules_give_25_tokens_a_second(tiny_audio_model: Path) -> None:
-    audio = budget_for(tiny_audio_model, 1024).audio
-    assert audio == AudioRules(hop_length=160, max_frames=3000, sample_rate=16000)
-    assert audio.tokens(16000) == 25
-    assert audio.tokens(16000 * 30) == 750
-    assert audio.tokens(16000 * 60) == 750  # the feature extractor keeps 30 s
+def test_counts_follow_the_real_qwen2_vl_7b_config(tmp_path: Path) -> None:
+    from mmbatch.testing.tiny_models import write_real_shape
+
+    budget = budget_for(write_real_shape(tmp_path / "q7", "qwen2_vl_7b"), 32768)
+    assert budget.counts is not None
+    assert budget.counts.image(1280, 720) == ItemCount(46 * 26, 46 * 26)
+    assert budget.max_pixels("image") == 16384 * 28 * 28
+
+
+def test_the_engines_processor_settings_change_the_counts(tiny_vl_model: Path) -> None:
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.processor import ChatTemplate
+    from mmbatch.engine.vllm_counts import processing_counts
+
+    # vLLM hands mm_processor_kwargs to the model's processor: capped at 4 cells, the
+    # 56x112 picture (8 tokens by the processor's own cap) is resized to 28x56, 2 tokens,
+    # and the budget counts what vLLM will make of it.
+    template = ChatTemplate(str(tiny_vl_model), trust_remote_code=False)
+    size = {"longest_edge": 4 * 28 * 28, "shortest_edge": 28 * 28}
+    settings = {"mm_processor_kwargs": {"size": size}}
+    counts = processing_counts(EngineConfig(str(tiny_vl_model), settings), template.render)
+    assert counts.image(56, 112) == ItemCount(2, 2)
+
+
+def test_a_text_only_model_has_no_media_to_count(tmp_path: Path) -> None:
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.vllm_counts import processing_counts
+    from mmbatch.testing.tiny_models._common import qwen2_text, write_json
+    from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
+    from mmbatch.testing.tiny_models.tokenizer import (
+        TINY_SPECIAL_TOKENS,
+        build_tokenizer,
+        wrap_tokenizer,
+    )
+
+    # A plain Qwen2 language model (an OpenAI batch of text lines): config and tokenizer.
+    write_json(
+        tmp_path / "config.json",
+        {**qwen2_text(0, 2, 0), "architectures": ["Qwen2ForCausalLM"]},
+    )
+    tokenizer = build_tokenizer(1024, TINY_SPECIAL_TOKENS)
+    wrap_tokenizer(
+        tokenizer, chat_template=QWEN_CHAT_TEMPLATE, model_max_length=4096
+    ).save_pretrained(str(tmp_path))
+    counts = processing_counts(EngineConfig(str(tmp_path)), lambda *parts: "")
+    assert counts.modalities == frozenset()
+    assert (counts.image(64, 64), counts.video(64, 64, 4), counts.audio(16000)) == (None,) * 3
+
+
+def test_audio_counts_are_25_tokens_a_second(tiny_audio_model: Path) -> None:
+    budget = budget_for(tiny_audio_model, 1024)
+    assert budget.audio_rate == 16000
+    assert budget.counts is not None
+    assert budget.counts.image(64, 64) is None
+    assert budget.counts.audio(16000) == ItemCount(25, 25)
+    assert budget.counts.audio(16000 * 30) == ItemCount(750, 750)
+    assert budget.counts.audio(16000 * 60) == ItemCount(750, 750)  # the extractor keeps 30 s
 
 
 def test_text_tokens_leave_out_the_media_placeholders(vl_budget: PromptBudget) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mmbatch.cli import EXIT_OK, main
+from mmbatch.engine.config import EngineConfig
 from mmbatch.recipe.fit import recipe_needs
 from mmbatch.recipe.spec import load_recipe
 
@@ -31,7 +32,7 @@ def test_run_sizes_the_context_to_the_recipe_and_its_prompts_fit(
     assert main(argv) == EXIT_OK
     err = capsys.readouterr().err
     assert "mmbatch: max_model_len 256: the recipe needs " in err
-    needs = recipe_needs(load_recipe(recipe), str(tiny_vl_model))
+    needs = recipe_needs(load_recipe(recipe), EngineConfig(str(tiny_vl_model)))
     assert needs is not None
     for row in map(json.loads, out.read_text().splitlines()):
         # The count is an upper bound for any picture the recipe lets through, and close.

@@ -27,15 +27,23 @@ LAYERS = [
 """From the bottom up. ``mmbatch/__init__.py`` (the public API) and ``__main__`` sit apart."""
 
 ONLY_HERE = {
-    "vllm": {"engine/vllm.py", "out/vllm_protocol.py", "bench/worker.py", "bench/naive_job.py"},
+    "vllm": {
+        "engine/vllm.py",
+        "engine/vllm_counts.py",
+        "out/vllm_protocol.py",
+        "bench/worker.py",
+        "bench/naive_job.py",
+    },
     "ray": {"integrations/ray_data.py"},
 }
 """Third-party packages that only these modules may import. Besides the engine adapter, vllm
-is imported by ``out/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat
-completions alone (no engine): they describe the OpenAI batch format, whose reader
-(``sources``) and writer (``out``, a layer below the engine) both need them, and the module
-finds them wherever the installed vLLM keeps them. The benchmark's naive sides, a worker's
-and a whole job's, are what a user writes with vLLM directly, so they import vllm too."""
+is imported by ``engine/vllm_counts.py`` (the pre-flight budget's token counts come from
+vLLM's per-model processing info, read in a module of their own beside the adapter) and by
+``out/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat completions alone (no
+engine): they describe the OpenAI batch format, whose reader (``sources``) and writer
+(``out``, a layer below the engine) both need them, and the module finds them wherever the
+installed vLLM keeps them. The benchmark's naive sides, a worker's and a whole job's, are
+what a user writes with vLLM directly, so they import vllm too."""
 
 
 def layer_of(name: str) -> int | None:

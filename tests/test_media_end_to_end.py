@@ -57,7 +57,7 @@ def test_each_frame_row_has_the_text_that_frame_gets_alone(
         # The budget's length of this prompt is the one vLLM counted.
         width, height = (96, 64) if row["video"].endswith("clip.mp4") else (80, 60)
         text = budget.text_tokens(None, "What is here?", ("image",))
-        assert row["prompt_tokens"] == text + budget.image.tokens(width, height)
+        assert row["prompt_tokens"] == text + budget.counts.image(width, height).tokens
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -165,12 +165,11 @@ def test_a_clip_on_qwen2_5_vl_with_its_metadata(
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = read_rows(out).values()
     budget = budget_for(model, 512)
-    assert budget.video is not None
     text = budget.text_tokens(None, "Describe.", ("video",))
     # Frames are decoded no larger than the video processor keeps them (its max_pixels).
-    width, height = scaled_size(96, 64, budget.video.max_pixels)
+    width, height = scaled_size(96, 64, budget.max_pixels("video"))
     assert (width, height) == (68, 45)
-    assert row["prompt_tokens"] == text + budget.video.tokens(width, height, 8)
+    assert row["prompt_tokens"] == text + budget.counts.video(width, height, 8).tokens
     assert row["output_tokens"] > 0
 
 

@@ -1,8 +1,10 @@
 """mmbatch.testing.tiny_models: offline model directories that real vLLM and transformers load.
 
 Fast tests check the files (same seed, same bytes), the tokenizer layout, the processors and
-the real-shape directories. The ``slow`` tests start vLLM's CPU engine on each tiny family,
-one engine at a time, and check that greedy generation works and repeats itself exactly.
+the real-shape directories (vLLM's configuration accepts each, without weights). The ``slow``
+tests start vLLM's CPU engine on the Qwen families, one engine at a time, and check that
+greedy generation works and repeats itself exactly; tests/test_families.py runs every other
+family through ``mmbatch caption``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from mmbatch.errors import ConfigError
 from mmbatch.testing.tiny_models import (
     FAMILIES,
+    FAMILY_MEDIA,
     QWEN_SPECIAL_TOKENS,
     REAL_SHAPES,
     TINY_SPECIAL_TOKENS,
@@ -37,6 +40,9 @@ TINY_FILES = TOKEN_FILES | {
     "processor_config.json",
 }
 VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen2_audio", "qwen3_vl")
+OTHER_FAMILIES = tuple(f for f in FAMILIES if f not in QWEN_FAMILIES)
+QWEN_REAL_SHAPES = ("qwen2_5_vl_7b", "qwen2_vl_7b")
 
 EXPECTED_IMAGE_PROMPT = (
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
@@ -137,8 +143,31 @@ def test_unknown_real_shape_is_a_config_error(tmp_path: Path) -> None:
 
 
 def test_exports() -> None:
-    assert FAMILIES == ("qwen2_vl", "qwen2_5_vl", "qwen2_audio")
-    assert "qwen2_5_vl_7b" in REAL_SHAPES
+    assert FAMILIES == (
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen2_audio",
+        "qwen3_vl",
+        "llava_onevision",
+        "internvl",
+        "gemma3",
+        "idefics3",
+        "mistral3",
+        "audioflamingo3",
+    )
+    assert set(FAMILY_MEDIA) == set(FAMILIES)
+    assert REAL_SHAPES == ("qwen2_5_vl_7b", "qwen2_vl_7b", "gemma3_4b")
+
+
+def test_the_cli_offers_every_family_and_real_shape(tmp_path: Path) -> None:
+    from mmbatch.cli import EXIT_OK, main
+
+    with pytest.raises(SystemExit):
+        main(["make-tiny-model", str(tmp_path / "x"), "--family", "llava"])
+    assert main(["make-tiny-model", str(tmp_path / "g"), "--family", "gemma3"]) == EXIT_OK
+    assert read_config(tmp_path / "g")["model_type"] == "gemma3"
+    with pytest.raises(SystemExit):
+        main(["make-tiny-model", str(tmp_path / "r"), "--real-shape", "gemma3_27b"])
 
 
 # ---------------------------------------------------------------- tiny models: files
@@ -170,6 +199,37 @@ def test_rebuilding_into_the_same_directory_overwrites(
     assert read_tree(out) == read_tree(model_dirs.tiny("qwen2_vl"))
 
 
+HUB_LAYOUT = {
+    # family: (top-level weight prefixes, lm_head, input embedding); None: tied to it
+    "qwen2_vl": ({"model", "visual", "lm_head"}, "lm_head", "model.embed_tokens"),
+    "qwen2_5_vl": ({"model", "visual", "lm_head"}, "lm_head", "model.embed_tokens"),
+    "qwen2_audio": (
+        {"audio_tower", "multi_modal_projector", "language_model"},
+        "language_model.lm_head",
+        "language_model.model.embed_tokens",
+    ),
+    "qwen3_vl": ({"model", "lm_head"}, "lm_head", "model.language_model.embed_tokens"),
+    "llava_onevision": (
+        {"vision_tower", "multi_modal_projector", "image_newline", "language_model"},
+        "language_model.lm_head",
+        "language_model.model.embed_tokens",
+    ),
+    "internvl": ({"model", "lm_head"}, "lm_head", "model.language_model.embed_tokens"),
+    "gemma3": (
+        {"vision_tower", "multi_modal_projector", "language_model"},
+        None,
+        "language_model.model.embed_tokens",
+    ),
+    "idefics3": ({"model", "lm_head"}, "lm_head", "model.text_model.embed_tokens"),
+    "mistral3": ({"model", "lm_head"}, "lm_head", "model.language_model.embed_tokens"),
+    "audioflamingo3": (
+        {"audio_tower", "multi_modal_projector", "language_model"},
+        "language_model.lm_head",
+        "language_model.model.embed_tokens",
+    ),
+}
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_weights_are_small_float32_in_the_hub_layout(model_dirs: ModelDirs, family: str) -> None:
     from safetensors import safe_open
@@ -179,20 +239,17 @@ def test_weights_are_small_float32_in_the_hub_layout(model_dirs: ModelDirs, fami
         tensors = {name: f.get_tensor(name) for name in names}
     assert {str(t.dtype) for t in tensors.values()} == {"torch.float32"}
     assert 500_000 < sum(t.numel() for t in tensors.values()) < 1_500_000
-    if family == "qwen2_audio":
-        prefixes = {"audio_tower", "multi_modal_projector", "language_model"}
-        lm_head = "language_model.lm_head.weight"
-        embed = "language_model.model.embed_tokens.weight"
-    else:
-        prefixes = {"model", "visual", "lm_head"}
-        lm_head = "lm_head.weight"
-        embed = "model.embed_tokens.weight"
+    prefixes, lm_head, embed = HUB_LAYOUT[family]
     assert {name.split(".")[0] for name in names} == prefixes
     assert not [n for n in names if ".model.model." in n or "language_model.language_model" in n]
-    assert tuple(tensors[lm_head].shape) == (TINY_VOCAB, 128)
-    assert tuple(tensors[embed].shape) == (TINY_VOCAB, 128)
-    assert 0.45 < float(tensors[lm_head].std()) < 0.55  # wide logits: clear greedy margins
-    assert not tensors[lm_head].equal(tensors[embed])
+    assert tuple(tensors[f"{embed}.weight"].shape) == (TINY_VOCAB, 128)
+    if lm_head is None:  # tied (Gemma): stored once, as the embedding
+        assert not [n for n in names if "lm_head" in n]
+        return
+    head = tensors[f"{lm_head}.weight"]
+    assert tuple(head.shape) == (TINY_VOCAB, 128)
+    assert 0.45 < float(head.std()) < 0.55  # wide logits: clear greedy margins
+    assert not head.equal(tensors[f"{embed}.weight"])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -205,11 +262,12 @@ def test_config_matches_the_brief(model_dirs: ModelDirs, family: str) -> None:
     assert config.model_type == family
     assert (text.vocab_size, text.hidden_size, text.num_hidden_layers) == (TINY_VOCAB, 128, 2)
     assert (text.num_attention_heads, text.num_key_value_heads) == (2, 1)
-    assert text.hidden_size // text.num_attention_heads == 64  # a CPU attention head size
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    assert head_dim == 64  # a CPU attention head size
     assert text.intermediate_size == 256
     assert text.max_position_embeddings == 4096
-    assert text.tie_word_embeddings is False
-    assert getattr(config, "tie_word_embeddings", False) is False
+    tied = family == "gemma3"  # every Gemma ties its embeddings
+    assert getattr(config, "tie_word_embeddings", False) is tied
     if family in VL_FAMILIES:
         assert text.rope_parameters["mrope_section"] == [8, 12, 12]
         assert config.image_token_id == TINY_SPECIAL_TOKENS["<|image_pad|>"]
@@ -221,18 +279,23 @@ def test_config_matches_the_brief(model_dirs: ModelDirs, family: str) -> None:
         assert vision.temporal_patch_size == 2
         merged = vision.hidden_size if family == "qwen2_vl" else vision.out_hidden_size
         assert merged == text.hidden_size
-    else:
+    elif family == "qwen2_audio":
         assert config.audio_token_index == TINY_SPECIAL_TOKENS["<|AUDIO|>"]
         assert config.audio_config.d_model == 64
         assert config.audio_config.num_mel_bins == 128
+    else:
+        tower = getattr(config, "vision_config", None) or config.audio_config
+        layers = getattr(tower, "num_hidden_layers", None) or tower.depth
+        assert (layers, tower.hidden_size) == (2, 64)
     eos = json.loads((path / "generation_config.json").read_text())["eos_token_id"]
-    assert TINY_SPECIAL_TOKENS["<|im_end|>"] in eos
+    eos = eos if isinstance(eos, list) else [eos]
+    assert text.eos_token_id in eos
 
 
 # ---------------------------------------------------------------- tiny models: tokenizer, processor
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", QWEN_FAMILIES)
 def test_tokenizer_is_exactly_the_vocab_with_fixed_special_ids(
     model_dirs: ModelDirs, family: str
 ) -> None:
@@ -283,6 +346,60 @@ def test_vl_processor_renders_the_template_and_caps_images_at_8_tokens(
         assert batch["input_ids"][0].count(image_pad) == expected, size
 
 
+def family_module(family: str) -> Any:
+    import importlib
+
+    return importlib.import_module(f"mmbatch.testing.tiny_models.{family}")
+
+
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+def test_other_tokenizers_hold_their_family_tokens_at_fixed_ids(
+    model_dirs: ModelDirs, family: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dirs.tiny(family))
+    special = family_module(family).SPECIAL_TOKENS
+    assert len(tok) == TINY_VOCAB
+    assert {t: tok.convert_tokens_to_ids(t) for t in special} == special
+    assert tok.eos_token in special
+    text = "Zebra, 3.14 ü 漢字\n\nok"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    if family == "gemma3":  # "\n".."\n\n\n\n" are whole ordinary tokens, kept by decoding
+        assert tok.convert_tokens_to_ids("\n\n") == 9
+        ids = tok.encode("a\n\nb", add_special_tokens=False)
+        assert 9 in ids
+        assert tok.decode(ids, skip_special_tokens=True) == "a\n\nb"
+
+
+PLACEHOLDERS = {
+    "llava_onevision": {"image": "<image>\n", "video": "<video>\n"},
+    "internvl": {"image": "<IMG_CONTEXT>\n", "video": "<video>\n"},
+    "gemma3": {"image": "<start_of_image>"},
+    "idefics3": {"image": "<image>"},
+    "mistral3": {"image": "[IMG]"},
+    "audioflamingo3": {"audio": "<sound>"},
+}
+
+
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+def test_other_templates_place_the_family_placeholders_before_the_text(
+    model_dirs: ModelDirs, family: str
+) -> None:
+    from transformers import AutoProcessor
+
+    from mmbatch.engine.processor import chat_messages
+
+    processor = AutoProcessor.from_pretrained(model_dirs.tiny(family))
+    for modality, placeholder in PLACEHOLDERS[family].items():
+        assert modality in FAMILY_MEDIA[family]
+        messages = chat_messages("Be brief.", "Describe.", (modality,))
+        prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert placeholder + "Describe." in prompt
+        assert prompt.index("Be brief.") < prompt.index(placeholder)
+        assert prompt.count(placeholder) == 1
+
+
 def test_video_placeholder_renders(model_dirs: ModelDirs) -> None:
     from transformers import AutoProcessor
 
@@ -326,7 +443,7 @@ def test_transformers_loads_the_weights_without_missing_keys(model_dirs: ModelDi
 # ---------------------------------------------------------------- real shapes
 
 
-@pytest.mark.parametrize("name", REAL_SHAPES)
+@pytest.mark.parametrize("name", QWEN_REAL_SHAPES)
 def test_real_shape_config_has_the_7b_dimensions(model_dirs: ModelDirs, name: str) -> None:
     from transformers import AutoConfig
 
@@ -359,7 +476,7 @@ def test_real_shape_config_has_the_7b_dimensions(model_dirs: ModelDirs, name: st
         assert (vision.embed_dim, vision.hidden_size) == (1280, 3584)
 
 
-@pytest.mark.parametrize("name", REAL_SHAPES)
+@pytest.mark.parametrize("name", QWEN_REAL_SHAPES)
 def test_real_shape_builds_a_model_of_the_published_size(model_dirs: ModelDirs, name: str) -> None:
     import torch
     import transformers
@@ -376,7 +493,7 @@ def test_real_shape_builds_a_model_of_the_published_size(model_dirs: ModelDirs, 
     assert 0.67e9 < visual < 0.68e9
 
 
-@pytest.mark.parametrize("name", REAL_SHAPES)
+@pytest.mark.parametrize("name", QWEN_REAL_SHAPES)
 def test_real_shape_tokenizer_and_processor(model_dirs: ModelDirs, name: str) -> None:
     from PIL import Image
     from transformers import AutoProcessor
@@ -402,6 +519,64 @@ def test_real_shape_tokenizer_and_processor(model_dirs: ModelDirs, name: str) ->
     assert batch["image_grid_thw"][0].tolist() == [1, 32, 32]
     gen = json.loads((path / "generation_config.json").read_text())
     assert gen["eos_token_id"] == [151645, 151643]
+
+
+def test_gemma3_4b_real_shape_has_the_published_size(model_dirs: ModelDirs) -> None:
+    import torch
+    import transformers
+    from transformers import AutoConfig
+
+    path = model_dirs.real("gemma3_4b")
+    assert not list(path.glob("*.safetensors"))
+    config = AutoConfig.from_pretrained(path)
+    text, vision = config.text_config, config.vision_config
+    assert (text.hidden_size, text.num_hidden_layers, text.intermediate_size) == (2560, 34, 10240)
+    assert (text.num_attention_heads, text.num_key_value_heads, text.head_dim) == (8, 4, 256)
+    assert text.layer_types[:6] == ["sliding_attention"] * 5 + ["full_attention"]
+    assert text.sliding_window == 1024
+    assert text.rope_parameters["full_attention"]["factor"] == 8.0
+    assert (vision.hidden_size, vision.num_hidden_layers, vision.image_size) == (1152, 27, 896)
+    assert config.mm_tokens_per_image == 256
+    with torch.device("meta"):
+        model = getattr(transformers, config.architectures[0])(config)
+    # google/gemma-3-4b-it: 4,300,079,472 parameters, 416,866,032 of them in SigLIP.
+    assert sum(p.numel() for p in model.parameters()) == 4_300_079_472
+    vision_params = [p.numel() for n, p in model.named_parameters() if "vision_tower" in n]
+    assert sum(vision_params) == 416_866_032
+
+
+def test_gemma3_4b_real_shape_tokenizer_processor_and_vllm_config(model_dirs: ModelDirs) -> None:
+    from PIL import Image
+    from test_budget import budget_for
+    from transformers import AutoProcessor
+
+    from mmbatch.engine.budget import ItemCount
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.vllm import engine_args
+    from mmbatch.testing.tiny_models.real_shapes import GEMMA_SPECIAL_TOKENS
+
+    path = model_dirs.real("gemma3_4b")
+    processor = AutoProcessor.from_pretrained(path)
+    tok = processor.tokenizer
+    assert len(tok) == 262208
+    assert {t: tok.convert_tokens_to_ids(t) for t in GEMMA_SPECIAL_TOKENS} == GEMMA_SPECIAL_TOKENS
+    prompt = processor.apply_chat_template(
+        IMAGE_MESSAGES, add_generation_prompt=True, tokenize=False
+    )
+    assert prompt.startswith("<bos><start_of_turn>user\n<start_of_image>Describe this image.")
+    batch = processor(text=[prompt], images=[Image.new("RGB", (640, 480), (20, 120, 220))])
+    assert batch["input_ids"][0].count(GEMMA_SPECIAL_TOKENS["<image_soft_token>"]) == 256
+
+    # vLLM's configuration takes the directory as a benchmark would run it, without weights.
+    settings = {"load_format": "dummy", "max_model_len": 8192}
+    vllm_config = engine_args(EngineConfig(str(path), settings), {"image": 1})
+    model_config = vllm_config.create_engine_config().model_config
+    assert model_config.architectures == ["Gemma3ForConditionalGeneration"]
+    assert model_config.max_model_len == 8192
+    # And its processing info counts a picture as the real model takes it: 256 soft tokens,
+    # written between <start_of_image> and <end_of_image> with newlines around them.
+    counts = budget_for(path, 8192).counts
+    assert counts.image(1280, 720) == counts.image(64, 64) == ItemCount(259, 256)
 
 
 # ---------------------------------------------------------------- slow: the real vLLM CPU engine

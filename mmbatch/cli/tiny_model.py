@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mmbatch.cli.options import EXIT_OK, Commands
+from mmbatch.testing.tiny_models import FAMILIES, REAL_SHAPES
 
 
 def register(commands: Commands) -> None:
@@ -14,15 +15,19 @@ def register(commands: Commands) -> None:
     )
     parser.add_argument("directory")
     parser.add_argument(
-        "--family", default="qwen2_vl", choices=("qwen2_vl", "qwen2_5_vl", "qwen2_audio")
+        "--family",
+        default="qwen2_vl",
+        choices=FAMILIES,
+        help="the model family (default qwen2_vl); README's table says what each takes",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--real-shape",
         metavar="NAME",
         default=None,
+        choices=REAL_SHAPES,
         help="instead: a config-only directory at a real model's dimensions "
-        "(for load_format=dummy benchmarks), e.g. qwen2_5_vl_7b",
+        "(for load_format=dummy benchmarks)",
     )
     parser.set_defaults(handler=run)
 

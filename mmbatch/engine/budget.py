@@ -8,26 +8,27 @@ either way the cost of decoding it was wasted. So the loader asks this module fi
 * ``fit_clip``, before a clip is decoded: if its frames would not fit, take fewer frames
   (down to ``VideoOptions.min_frames``), then smaller frames (down to ``min_pixels``); if it
   still does not fit, refuse it, saying by how many tokens it is over;
-* ``check``, after decoding: the exact prompt length of every request; over is an error row.
+* ``check``, after decoding: the prompt length of every request; over is an error row.
 
-Measuring is part of one item's work: whatever it raises (``smart_resize`` refuses an aspect
+Measuring is part of one item's work: whatever it raises (Qwen's resize refuses an aspect
 ratio over 200, as in a 1x201 strip or a 16x3600 clip) is that item's ``RequestRejected``,
 never the job's end.
 
-The lengths follow the processor's own rules (the Qwen2-VL family's ``smart_resize`` into
-28-pixel cells, two frames per temporal patch; Qwen2-Audio's two stride-2 reductions of the
-Whisper frames), and the text part is the model's chat template rendered and tokenized, with
-each media placeholder replaced by the item's token count. The slow tests compare these
-numbers with the prompt lengths vLLM reports.
+How many tokens an item becomes is not decided here: ``TokenCounts`` answers it, and the
+engine side implements it from vLLM's own per-model processing info
+(``mmbatch.engine.vllm_counts``), so every family vLLM serves is counted as vLLM counts it.
+The text part is the model's chat template rendered and tokenized, each media placeholder
+taken out (the item's count includes it). An item whose count is unknown (``None``) is let
+through: vLLM's own checks then refuse the request if it does not fit, as an error row. The
+slow tests compare these numbers with the prompt lengths vLLM reports.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from mmbatch.errors import ItemFailure, RequestRejected
 from mmbatch.media.options import VideoOptions, scaled_size
@@ -38,57 +39,33 @@ SHRINK_STEP = 0.8
 """Each pixel-shrinking try keeps this share of the previous frame area."""
 
 
-@dataclass(frozen=True)
-class VisionRules:
-    """The Qwen2-VL family's resize rules for one kind of input (image or video)."""
+class ItemCount(NamedTuple):
+    """What one media item takes of the engine."""
 
-    patch_size: int
-    merge_size: int
-    temporal_patch_size: int
-    min_pixels: int
-    max_pixels: int
-
-    @classmethod
-    def of(cls, processor: Any) -> VisionRules:
-        size = processor.size
-        return cls(
-            patch_size=int(processor.patch_size),
-            merge_size=int(processor.merge_size),
-            temporal_patch_size=int(processor.temporal_patch_size),
-            min_pixels=int(getattr(size, "shortest_edge", None) or size["shortest_edge"]),
-            max_pixels=int(getattr(size, "longest_edge", None) or size["longest_edge"]),
-        )
-
-    def tokens(self, width: int, height: int, frames: int = 1) -> int:
-        """Tokens for ``frames`` frames of ``width`` x ``height`` pixels (1 frame: an image)."""
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
-
-        factor = self.patch_size * self.merge_size
-        try:
-            h, w = smart_resize(height, width, factor, self.min_pixels, self.max_pixels)
-        except ValueError as exc:  # "absolute aspect ratio must be smaller than 200"
-            raise RequestRejected(
-                f"{width}x{height} pixels cannot be resized for this model's vision encoder: {exc}"
-            ) from None
-        cells = (h // self.patch_size) * (w // self.patch_size) // self.merge_size**2
-        groups = math.ceil(frames / self.temporal_patch_size) if frames > 1 else 1
-        return int(groups * cells)
+    tokens: int
+    """Prompt tokens the item adds in place of its placeholder token."""
+    encoder: int | None
+    """Encoder outputs it needs in the encoder cache (None: not known; vLLM checks)."""
 
 
-@dataclass(frozen=True)
-class AudioRules:
-    """Qwen2-Audio's token count: Whisper frames (one per ``hop_length`` samples, at most
-    ``max_frames``), halved by a stride-2 convolution and halved again by pooling."""
+class TokenCounts(Protocol):
+    """How many tokens a media item of a given size becomes on the model (None: unknown)."""
 
-    hop_length: int
-    max_frames: int
-    sample_rate: int
-    """The rate the feature extractor expects; audio is resampled to it before it is sent."""
+    def image(self, width: int, height: int) -> ItemCount | None:
+        """A picture (or a single video frame) of ``width`` x ``height`` pixels."""
+        ...
 
-    def tokens(self, samples: int) -> int:
-        frames = min(math.ceil(samples / self.hop_length), self.max_frames)
-        conv = (frames - 1) // 2 + 1
-        return max(0, (conv - 2) // 2 + 1)
+    def video(self, width: int, height: int, frames: int) -> ItemCount | None:
+        """A clip of ``frames`` frames of ``width`` x ``height`` pixels."""
+        ...
+
+    def audio(self, samples: int) -> ItemCount | None:
+        """``samples`` samples of audio at the model's sample rate."""
+        ...
+
+    def largest_image(self) -> tuple[int, int] | None:
+        """The picture size that takes the most tokens (None: not known)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -99,95 +76,113 @@ class Over:
 
 
 class PromptBudget:
-    """The engine's limits and the processor's token rules, to measure prompts up front."""
+    """The engine's limits, the model's token counts and its template, to measure prompts up
+    front."""
 
     def __init__(
         self,
         text_tokens: Callable[[str | None, str, tuple[Modality, ...]], int],
         max_model_len: int,
         max_item_tokens: int | None = None,
-        image: VisionRules | None = None,
-        video: VisionRules | None = None,
-        audio: AudioRules | None = None,
+        counts: TokenCounts | None = None,
+        pixel_caps: Mapping[Modality, int] | None = None,
+        audio_rate: int | None = None,
     ) -> None:
         self.text_tokens = text_tokens
         """Tokens of the rendered prompt, not counting the media placeholders."""
         self.max_model_len = max_model_len
         self.max_item_tokens = max_item_tokens
-        self.image, self.video, self.audio = image, video, audio
+        self.counts = counts
+        self.pixel_caps = dict(pixel_caps or {})
+        self.audio_rate = audio_rate
+        """The sample rate the model's audio features expect; None for a model without audio."""
 
     @classmethod
     def from_processor(
         cls,
         processor: Any,
         render: Callable[[str | None, str, tuple[str, ...]], str],
+        counts: TokenCounts | None,
         max_model_len: int,
         max_item_tokens: int | None = None,
     ) -> PromptBudget:
-        """Rules read from a Hugging Face processor; ``render`` is the engine's template."""
+        """The budget of a Hugging Face ``processor`` (its tokenizer, its pixel caps, its
+        audio rate) and ``counts``; ``render`` is the engine's template."""
         tokenizer = getattr(processor, "tokenizer", processor)
 
         def text_tokens(system: str | None, prompt: str, modalities: tuple[Modality, ...]) -> int:
             # Each media placeholder in the rendered text is one token that vLLM expands.
             return len(tokenizer.encode(render(system, prompt, modalities))) - len(modalities)
 
-        image_proc = getattr(processor, "image_processor", None)
-        video_proc = getattr(processor, "video_processor", None)
+        parts: tuple[tuple[Modality, str], ...] = (
+            ("image", "image_processor"),
+            ("video", "video_processor"),
+        )
+        caps = {
+            modality: cap
+            for modality, part in parts
+            if (cap := pixel_cap(getattr(processor, part, None))) is not None
+        }
         features = getattr(processor, "feature_extractor", None)
+        rate = getattr(features, "sampling_rate", None)
         return cls(
             text_tokens,
             max_model_len,
             max_item_tokens,
-            image=_vision_rules(image_proc),
-            video=_vision_rules(video_proc),
-            audio=AudioRules(
-                int(features.hop_length), int(features.nb_max_frames), int(features.sampling_rate)
-            )
-            if features is not None and hasattr(features, "nb_max_frames")
-            else None,
+            counts,
+            caps,
+            int(rate) if rate else None,
         )
 
     def max_pixels(self, modality: Modality) -> int | None:
-        """The processor's own pixel cap for a picture or a video frame."""
-        rules = self.image if modality == "image" else self.video if modality == "video" else None
-        return rules.max_pixels if rules is not None else None
+        """The processor's own pixel cap for a picture or a video frame (None: it states
+        none, and pictures are decoded whole)."""
+        return self.pixel_caps.get(modality)
 
-    @property
-    def audio_rate(self) -> int | None:
-        """The sample rate the model's audio features expect; None for a model without audio."""
-        return self.audio.sample_rate if self.audio is not None else None
+    def item_tokens(self, item: MediaItem) -> ItemCount | None:
+        """What ``item`` takes, or None where it is not known."""
+        meta, counts = item.meta, self.counts
+        if counts is None:
+            return None
+        if item.modality == "image":
+            return self._vision(int(meta["width"]), int(meta["height"]))
+        if item.modality == "video":
+            return self._vision(int(meta["width"]), int(meta["height"]), int(meta["frames"]))
+        return counts.audio(int(meta["samples"]))
 
-    def item_tokens(self, item: MediaItem) -> int | None:
-        """The tokens ``item`` becomes, or None where the rules are not known."""
-        meta = item.meta
-        if item.modality == "image" and self.image is not None:
-            return self.image.tokens(int(meta["width"]), int(meta["height"]))
-        if item.modality == "video" and self.video is not None:
-            return self.video.tokens(int(meta["width"]), int(meta["height"]), int(meta["frames"]))
-        if item.modality == "audio" and self.audio is not None:
-            return self.audio.tokens(int(meta["samples"]))
-        return None
+    def _vision(self, width: int, height: int, frames: int | None = None) -> ItemCount | None:
+        assert self.counts is not None
+        try:
+            if frames is None:
+                return self.counts.image(width, height)
+            return self.counts.video(width, height, frames)
+        except ValueError as exc:  # "absolute aspect ratio must be smaller than 200"
+            raise RequestRejected(
+                f"{width}x{height} pixels cannot be resized for this model's vision encoder: {exc}"
+            ) from None
 
     def measure(
-        self, request: Request, tokens: Sequence[tuple[Modality, int | None]]
+        self, request: Request, items: Sequence[tuple[Modality, ItemCount | None]]
     ) -> Over | None:
         """``None`` if the request fits, else why not: the prompt length against
         ``max_model_len`` (one token is kept for the answer) and each item against the
         encoder cache."""
         if self.max_item_tokens is not None:
-            for modality, n in tokens:
+            for modality, item in items:
+                n = None if item is None else item.encoder
                 if n is not None and n > self.max_item_tokens:
                     return Over(
                         f"the {modality} takes {n} tokens, {n - self.max_item_tokens} over the "
                         f"engine's encoder cache of {self.max_item_tokens} tokens per item"
                     )
-        modalities = tuple(m for m, _ in tokens)
+        modalities = tuple(m for m, _ in items)
+        tokens = [(m, item.tokens) for m, item in items if item is not None]
         text = self.text_tokens(request.system, request.prompt, modalities)
-        total = text + sum(n or 0 for _, n in tokens)
+        total = text + sum(n for _, n in tokens)
         limit = self.max_model_len - 1
         if total <= limit:
             return None
-        parts = " + ".join([f"text {text}", *(f"{m} {n}" for m, n in tokens if n is not None)])
+        parts = " + ".join([f"text {text}", *(f"{m} {n}" for m, n in tokens)])
         return Over(
             f"the prompt takes {total} tokens ({parts}), {total - limit} over max_model_len "
             f"{self.max_model_len} (less 1 token for the answer)"
@@ -208,20 +203,26 @@ class PromptBudget:
             return self._fit_clip(request, index, options)
 
     def _fit_clip(self, request: Request, index: VideoIndex, options: VideoOptions) -> VideoOptions:
-        if self.video is None:
+        if self.counts is None:
             return options
-        others = [(r.modality, None) for r in request.media if r.modality != "video"]
+        others: list[tuple[Modality, ItemCount | None]] = [
+            (r.modality, None) for r in request.media if r.modality != "video"
+        ]
+        unknown = False
 
         def over(opts: VideoOptions) -> Over | None:
+            nonlocal unknown
             frames = len(select_frames(index, opts))
             width, height = scaled_size(*index.display_size, opts.max_pixels)
-            assert self.video is not None
-            tokens = self.video.tokens(width, height, frames)
-            return self.measure(request, [("video", tokens), *others])
+            count = self._vision(width, height, frames)
+            unknown = unknown or count is None
+            return self.measure(request, [("video", count), *others])
 
         first = over(options)
         if first is None:
             return options
+        if unknown:  # over on the text (and other items) alone, whatever the clip takes
+            raise RequestRejected(first.message, kind="too_long")
         frames = len(select_frames(index, options))
         floor = min(options.min_frames or frames, frames)
         for n in range(frames - 1, floor - 1, -1):
@@ -259,10 +260,18 @@ def _bounds_hint(options: VideoOptions) -> str:
     return "; even the fewest frames and pixels allowed do not fit"
 
 
-def _vision_rules(processor: Any) -> VisionRules | None:
+def pixel_cap(processor: Any) -> int | None:
+    """The most pixels an image or video processor keeps of a picture or frame, where it
+    states it: the processors that resize by area (the Qwen2-VL family's: ``size`` holds
+    ``shortest_edge`` and ``longest_edge`` in pixels, tokens of ``merge_size`` squared
+    patches). Others state sizes as edges (a 384x384 square, a longest side), which no pixel
+    cap describes without cutting detail from some aspect ratio: None, decode whole."""
     if processor is None or not hasattr(processor, "merge_size"):
         return None
+    size = getattr(processor, "size", None)
     try:
-        return VisionRules.of(processor)
-    except (AttributeError, KeyError, TypeError):
+        longest = getattr(size, "longest_edge", None) or size["longest_edge"]  # type: ignore[index]
+        shortest = getattr(size, "shortest_edge", None) or size["shortest_edge"]  # type: ignore[index]
+    except (KeyError, TypeError):
         return None
+    return int(longest) if longest and shortest else None

@@ -17,7 +17,7 @@ from mmbatch.errors import ConfigError
 from mmbatch.types import Modality, Turn
 
 if TYPE_CHECKING:
-    from mmbatch.engine.budget import PromptBudget
+    from mmbatch.engine.budget import PromptBudget, TokenCounts
 
 _PARTS: dict[Modality, str] = {
     "image": "image_processor",
@@ -68,12 +68,15 @@ class ChatTemplate:
         )
         return str(text)
 
-    def budget(self, max_model_len: int, max_item_tokens: int | None) -> PromptBudget:
-        """The pre-flight budget of an engine with these limits, on this model."""
+    def budget(
+        self, counts: TokenCounts | None, max_model_len: int, max_item_tokens: int | None
+    ) -> PromptBudget:
+        """The pre-flight budget of an engine with these limits, on this model, its media
+        counted by ``counts`` (vLLM's, ``mmbatch.engine.vllm_counts``)."""
         from mmbatch.engine.budget import PromptBudget
 
         return PromptBudget.from_processor(
-            self.processor, self.render, max_model_len, max_item_tokens
+            self.processor, self.render, counts, max_model_len, max_item_tokens
         )
 
 

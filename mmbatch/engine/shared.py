@@ -89,16 +89,19 @@ def build_engine(
         return start_engine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
+    from mmbatch.engine.vllm_counts import ProcessingCounts, processing_counts
     from mmbatch.mainguard import check_main_guard
 
     check_main_guard()  # the engine processes are spawned: a script must be guarded
 
     trust = bool(config.engine_kwargs.get("trust_remote_code", False))
     template: list[ChatTemplate] = []
+    counts: list[ProcessingCounts] = []
 
     def check_then_read_template() -> None:
         check_engine(config, media_per_prompt)  # first: it names a missing model best
         template.append(ChatTemplate(config.model, trust))
+        counts.append(processing_counts(config, template[0].render))
 
     log = config.log_file
     fresh_log = log is not None and not os.path.exists(log)
@@ -108,7 +111,7 @@ def build_engine(
         return ReplicaEngine(
             partial(open_engine, config, media_per_prompt),
             layout.devices(),
-            lambda *limits: template[0].budget(*limits),
+            lambda *limits: template[0].budget(counts[0], *limits),
             while_starting=check_then_read_template,
         )
     except ConfigError:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
 
     from mmbatch.engine.budget import PromptBudget
+    from mmbatch.engine.vllm_counts import ProcessingCounts
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 
@@ -293,9 +294,16 @@ class VLLMEngine:
         return CacheStats(**counts)
 
     def prompt_limits(self) -> PromptBudget:
-        """The limits and token rules for measuring prompts before they are added: this
-        engine's max_model_len and encoder cache, the processor's resize rules, its template."""
-        return self._template.budget(*self.context_limits())
+        """The limits and token counts for measuring prompts before they are added: this
+        engine's max_model_len and encoder cache, vLLM's counts for its model, its template."""
+        return self._template.budget(self.token_counts, *self.context_limits())
+
+    @cached_property
+    def token_counts(self) -> ProcessingCounts:
+        """How many tokens vLLM makes of a media item on this model (measured once)."""
+        from mmbatch.engine.vllm_counts import ProcessingCounts
+
+        return ProcessingCounts(self._engine.model_config, self._template.render)
 
     def context_limits(self) -> tuple[int, int | None]:
         """This engine's ``max_model_len``, and its encoder cache in tokens (None: unknown)."""
@@ -501,23 +509,42 @@ def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Mo
     found, every engine argument is one vLLM has and holds a value it takes, and the model
     fits the settings (a ``max_model_len`` within its context). A mistake is a
     ``ConfigError`` of one line naming the bad value and what would be valid."""
-    from vllm.engine.arg_utils import EngineArgs
-
     check_model_name(config.model)
-    kwargs = config.llm_kwargs()
-    kwargs.setdefault(
-        "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
-    )
-    _cpu_kv_cache_default(kwargs)
     check_engine_arguments(config.engine_kwargs)
-    args = {k: v for k, v in kwargs.items() if k not in LLM_ONLY_ARGUMENTS}
-    if isinstance(args.get("compilation_config"), int):  # as vllm.LLM reads an int
-        args["compilation_config"] = {"mode": args["compilation_config"]}
     try:
-        vllm_config = EngineArgs(**args).create_engine_config()
+        vllm_config = engine_args(config, media_per_prompt).create_engine_config()
     except Exception as exc:  # vLLM checks with pydantic, ValueError, OSError from the hub...
         raise ConfigError(_config_problem(config, exc)) from exc
     return ModelFacts(max_model_len=int(vllm_config.model_config.max_model_len))
+
+
+def model_config(config: EngineConfig) -> Any:
+    """vLLM's ``ModelConfig`` of ``config`` (its model as vLLM reads it, with the user's
+    settings), without starting an engine; a ``ConfigError`` of one line, as ``preflight``
+    gives, for a model or a setting vLLM does not take."""
+    check_model_name(config.model)
+    check_engine_arguments(config.engine_kwargs)
+    try:
+        return engine_args(config, None).create_model_config()
+    except Exception as exc:  # vLLM checks with pydantic, ValueError, OSError from the hub...
+        raise ConfigError(_config_problem(config, exc)) from exc
+
+
+def engine_args(config: EngineConfig, media_per_prompt: dict[Modality, int] | None) -> Any:
+    """``vllm.EngineArgs`` as the engine for ``config`` gets them: the user's settings, the
+    media a job sends (None: vLLM's own default), the CPU build's KV cache default."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs = config.llm_kwargs()
+    if media_per_prompt is not None:
+        kwargs.setdefault(
+            "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
+        )
+    _cpu_kv_cache_default(kwargs)
+    args = {k: v for k, v in kwargs.items() if k not in LLM_ONLY_ARGUMENTS}
+    if isinstance(args.get("compilation_config"), int):  # as vllm.LLM reads an int
+        args["compilation_config"] = {"mode": args["compilation_config"]}
+    return EngineArgs(**args)
 
 
 def _config_problem(config: EngineConfig, exc: Exception) -> str:

@@ -3,13 +3,14 @@
 A recipe states its needs in what it already says: the media it reads and how large they
 may be ([media]: pictures of up to ``max_pixels``, clips of ``num_frames`` frames, audio
 windows of ``window_s`` seconds), its questions and system prompt, and its longest answer
-([sampling] ``max_tokens``). With the model's own processor (its resize rules and chat
-template, read from the model folder; no engine started), ``recipe_needs`` counts the longest
-prompt one of its items can make, answer included. ``fit_engine`` then checks that against
-the model's context (as vLLM reads it from the model's config) and sets ``max_model_len``
-to what the recipe needs, rounded up: a model too small for the recipe is refused before
-anything runs, saying by how much, and a large-context model reserves KV cache for what
-the job uses, not its whole context. A ``max_model_len`` the user gives is kept.
+([sampling] ``max_tokens``). With the model's chat template and vLLM's own token counts for
+it (read from the model folder and vLLM's processing info; no engine started),
+``recipe_needs`` counts the longest prompt one of its items can make, answer included.
+``fit_engine`` then checks that against the model's context (as vLLM reads it from the
+model's config) and sets ``max_model_len`` to what the recipe needs, rounded up: a model
+too small for the recipe is refused before anything runs, saying by how much, and a
+large-context model reserves KV cache for what the job uses, not its whole context. A
+``max_model_len`` the user gives is kept.
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from mmbatch.engine.budget import PromptBudget, VisionRules
+from mmbatch.engine.budget import ItemCount, PromptBudget
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
+from mmbatch.media.options import scaled_size
 from mmbatch.recipe.requests import audio_options, video_options
 from mmbatch.recipe.spec import Recipe
 from mmbatch.types import Modality
 
 CONTEXT_STEP = 256
 """``max_model_len`` is what a recipe needs, rounded up to a multiple of this."""
+
+ASPECTS = ((1, 1), (4, 3), (3, 4), (16, 9), (9, 16), (2, 1), (1, 2), (3, 1), (1, 3))
+"""The picture shapes tried for the most tokens under a pixel limit."""
 
 
 @dataclass(frozen=True)
@@ -60,30 +65,25 @@ def request_modality(recipe: Recipe) -> Modality:
     return kind
 
 
-def recipe_needs(recipe: Recipe, model: str, trust_remote_code: bool = False) -> Needs | None:
-    """What ``recipe`` needs of ``model``'s context; None where the model's processor does
-    not say how many tokens its media become (only its template is known then).
+def recipe_needs(recipe: Recipe, config: EngineConfig) -> Needs | None:
+    """What ``recipe`` needs of the model ``config`` names; None where vLLM's processing info
+    does not say how many tokens its media become (only its template is known then).
     ``ConfigError`` if the model takes no media of the recipe's kind."""
-    from mmbatch.engine.processor import chat_messages, load_processor
+    from mmbatch.engine.processor import ChatTemplate
+    from mmbatch.engine.vllm_counts import processing_counts
 
-    processor = load_processor(model, trust_remote_code)
-    if getattr(processor, "chat_template", None) is None:
-        raise ConfigError(f"the model {model!r} has no chat template")
-
-    def render(system: str | None, prompt: str, modalities: tuple[str, ...]) -> str:
-        messages = chat_messages(system, prompt, modalities)
-        return str(
-            processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        )
-
-    budget = PromptBudget.from_processor(processor, render, max_model_len=1 << 30)
+    trust = bool(config.engine_kwargs.get("trust_remote_code", False))
+    template = ChatTemplate(config.model, trust)
+    processor = template.processor
     modality = request_modality(recipe)
     part = {"image": "image_processor", "video": "video_processor", "audio": "feature_extractor"}
     if getattr(processor, part[modality], None) is None:
         raise ConfigError(
-            f"the model {model!r} takes no {modality} input, which the recipe "
+            f"the model {config.model!r} takes no {modality} input, which the recipe "
             f"{recipe.name!r} sends ([media] kind = {recipe.media.kind!r})"
         )
+    counts = processing_counts(config, template.render)
+    budget = PromptBudget.from_processor(processor, template.render, counts, 1 << 30)
     media = _media_tokens(recipe, modality, budget)
     if media is None:
         return None
@@ -99,8 +99,7 @@ def fit_engine(recipe: Recipe, config: EngineConfig) -> tuple[EngineConfig, str 
 
     if "max_model_len" in config.engine_kwargs:
         return config, None
-    trust = bool(config.engine_kwargs.get("trust_remote_code", False))
-    needs = recipe_needs(recipe, config.model, trust)
+    needs = recipe_needs(recipe, config)
     if needs is None:
         return config, (
             f"the token rules of {config.model!r} are not known here, so max_model_len is the "
@@ -124,32 +123,50 @@ def _media_tokens(
     recipe: Recipe, modality: Modality, budget: PromptBudget
 ) -> tuple[int, str] | None:
     """The most tokens one item's media become, and the media in words."""
-    options = recipe.media.options
-    if modality == "audio":
-        if budget.audio is None:
-            return None
-        window = audio_options(recipe).window_s
-        tokens = budget.audio.tokens(math.ceil(window * budget.audio.sample_rate))
-        return tokens, f"{window:g} s of audio"
-    rules = budget.video if modality == "video" else budget.image
-    if rules is None:
+    counts = budget.counts
+    if counts is None:
         return None
-    pixels = min(int(options.get("max_pixels") or rules.max_pixels), rules.max_pixels)
-    per_frame = _most_tokens(rules, pixels)
-    if modality == "image":
-        return per_frame, f"a picture of up to {pixels} pixels"
-    clip = video_options(recipe)
-    frames = clip.num_frames if clip.sampling == "num_frames" else clip.clip_max_frames
-    frames = min(frames, clip.clip_max_frames)
-    groups = math.ceil(frames / rules.temporal_patch_size) if frames > 1 else 1
-    return groups * per_frame, f"a clip of {frames} frames of up to {pixels} pixels"
+    if modality == "audio":
+        window = audio_options(recipe).window_s
+        rate = budget.audio_rate
+        audio = counts.audio(math.ceil(window * rate)) if rate else None
+        return None if audio is None else (audio.tokens, f"{window:g} s of audio")
+    cap = budget.max_pixels(modality)
+    limit = recipe.media.options.get("max_pixels")
+    pixels = min(int(limit), cap) if limit and cap else int(limit) if limit else cap
+    frames = None
+    if modality == "video":
+        clip = video_options(recipe)
+        frames = clip.num_frames if clip.sampling == "num_frames" else clip.clip_max_frames
+        frames = min(frames, clip.clip_max_frames)
+    tokens = _most_tokens(budget, pixels, frames)
+    if tokens is None:
+        return None
+    size = f"of up to {pixels} pixels" if pixels else "of any size"
+    what = f"a picture {size}" if frames is None else f"a clip of {frames} frames {size}"
+    return tokens, what
 
 
-def _most_tokens(rules: VisionRules, pixels: int) -> int:
-    """The most tokens a picture of at most ``pixels`` pixels becomes: the processor resizes
-    it into cells of ``patch_size * merge_size`` pixels a side, within its own bounds."""
-    cell = (rules.patch_size * rules.merge_size) ** 2
-    return max(pixels, rules.min_pixels) // cell
+def _most_tokens(budget: PromptBudget, pixels: int | None, frames: int | None) -> int | None:
+    """The most tokens a picture (or a clip of ``frames`` frames) of at most ``pixels``
+    pixels becomes, as the loader decodes it (scaled down to ``pixels``) and vLLM counts it:
+    the largest over common aspect ratios and the size vLLM profiles the model with."""
+    assert budget.counts is not None
+    counts = budget.counts
+    sizes = []
+    largest = counts.largest_image()
+    if largest is not None:
+        sizes.append(scaled_size(*largest, pixels))
+    if pixels is not None:
+        big = 1 << 14  # any picture larger than the limit is scaled down to it
+        sizes += [
+            scaled_size(big * w // max(w, h), big * h // max(w, h), pixels) for w, h in ASPECTS
+        ]
+    found: list[ItemCount | None] = [
+        counts.image(w, h) if frames is None else counts.video(w, h, frames) for w, h in sizes
+    ]
+    known = [c.tokens for c in found if c is not None]
+    return max(known) if known else None
 
 
 def describe_fit(recipe: Recipe, config: EngineConfig) -> str:
@@ -163,8 +180,7 @@ def describe_fit(recipe: Recipe, config: EngineConfig) -> str:
     if note is not None:
         return f"{config.model} can run it: {note}"
     given = int(config.engine_kwargs["max_model_len"])
-    trust = bool(config.engine_kwargs.get("trust_remote_code", False))
-    needs = recipe_needs(recipe, config.model, trust)
+    needs = recipe_needs(recipe, config)
     if needs is not None and needs.total > given:
         return (
             f"{config.model} with max_model_len {given}: its items may be shrunk or refused, "

@@ -6,13 +6,14 @@ Everything that touches torch imports it inside the function.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-# The tiny text tower shared by the three families (head_dim 64: a size vLLM's CPU attention has).
+# The tiny text tower every family shares (head_dim 64: a size vLLM's CPU attention has).
 TINY_TEXT: dict[str, Any] = {
     "vocab_size": 1024,
     "hidden_size": 128,
@@ -115,3 +116,65 @@ def prepare_dir(out_dir: str | Path) -> Path:
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def qwen2_text(bos: int, eos: int, pad: int) -> dict[str, Any]:
+    """The tiny text tower as a Qwen2 ``text_config`` with plain RoPE (the LLaVA-OneVision,
+    InternVL, Qwen2-Audio and Audio Flamingo 3 families build on Qwen2)."""
+    return dict(
+        TINY_TEXT,
+        model_type="qwen2",
+        max_window_layers=TINY_TEXT["num_hidden_layers"],
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+
+
+def llama_text(**overrides: Any) -> dict[str, Any]:
+    """The tiny text tower as a Llama-style ``text_config`` (Llama, Mistral: no sliding
+    window flag, an explicit head_dim), ``overrides`` on top."""
+    text = {k: v for k, v in TINY_TEXT.items() if k != "use_sliding_window"}
+    head_dim = TINY_TEXT["hidden_size"] // TINY_TEXT["num_attention_heads"]
+    return {**text, "head_dim": head_dim, **overrides}
+
+
+def write_checkpoint(
+    out_dir: Path,
+    config: Any,
+    model_cls: Any,
+    seed: int,
+    layout: Mapping[str, str],
+    *,
+    keep: Callable[[str], bool] = lambda name: False,
+    fill: Callable[[Any], None] = lambda model: None,
+) -> None:
+    """Build ``model_cls(config)``, seed its weights (:func:`init_weights`; ``fill`` then sets
+    what must not be random), and write ``model.safetensors`` with the keys renamed by the
+    prefix map ``layout`` (the hub's names, which vLLM loads), tied weights once, and
+    ``config.json``."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    init_weights(model, seed, keep=keep)
+    with torch.no_grad():
+        fill(model)
+    # A tied weight (Gemma's lm_head is its embedding) is stored once, as the hub has it.
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    tied = every - dict(model.named_parameters()).keys()
+    state = {k: v for k, v in model.state_dict().items() if k not in tied}
+    save_weights(out_dir, state, rename_prefixes(layout))
+    del model
+    write_json(out_dir / "config.json", clean_config_dict(config))
+
+
+def sinusoids(length: int, channels: int) -> Any:
+    """Whisper's fixed sinusoidal position table (its audio encoders learn none)."""
+    import torch
+
+    increment = math.log(10000) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-increment * torch.arange(channels // 2, dtype=torch.float32))
+    scaled = torch.arange(length, dtype=torch.float32)[:, None] * inv_timescales[None, :]
+    return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)

@@ -25,6 +25,7 @@ from mmbatch.testing.tiny_models._common import (
     prepare_dir,
     rename_prefixes,
     save_weights,
+    sinusoids,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
@@ -101,7 +102,7 @@ def build_tiny_audio(out_dir: str | Path, seed: int) -> Path:
     init_weights(model, seed, keep=lambda name: name.endswith("embed_positions.weight"))
     positions = dict(model.named_parameters())["model.audio_tower.embed_positions.weight"]
     with torch.no_grad():
-        positions.copy_(_sinusoids(MAX_SOURCE_POSITIONS, TINY_AUDIO["d_model"]))
+        positions.copy_(sinusoids(MAX_SOURCE_POSITIONS, TINY_AUDIO["d_model"]))
     save_weights(path, model.state_dict(), rename_prefixes(_HUB_LAYOUT))
     del model
 
@@ -136,13 +137,3 @@ def audio_token_count(num_samples: int, sampling_rate: int = SAMPLING_RATE) -> i
     frames = math.ceil(num_samples * SAMPLING_RATE / sampling_rate / 160)
     frames = min(frames, 2 * MAX_SOURCE_POSITIONS)
     return (((frames - 1) // 2 + 1) - 2) // 2 + 1
-
-
-def _sinusoids(length: int, channels: int) -> Any:
-    """Whisper's fixed sinusoidal position table."""
-    import torch
-
-    increment = math.log(10000) / (channels // 2 - 1)
-    inv_timescales = torch.exp(-increment * torch.arange(channels // 2, dtype=torch.float32))
-    scaled = torch.arange(length, dtype=torch.float32)[:, None] * inv_timescales[None, :]
-    return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)

@@ -150,22 +150,30 @@ def train_bpe(vocab_size: int, corpus: str = CORPUS) -> tuple[dict[str, int], li
 
 
 def build_tokenizer(
-    vocab_size: int, special_tokens: Mapping[str, int], *, trained_size: int | None = None
+    vocab_size: int,
+    special_tokens: Mapping[str, int],
+    *,
+    trained_size: int | None = None,
+    plain_tokens: Mapping[str, int] | None = None,
 ) -> Any:
     """A ``tokenizers.Tokenizer`` of exactly ``vocab_size`` ids, ``special_tokens`` at their ids.
 
-    ``trained_size`` caps how many tokens BPE training may produce (default: all ids not taken
-    by special tokens, capped at 4096, since the corpus cannot fill more).
+    ``plain_tokens`` are added at their ids too, as ordinary (not special) tokens that decoding
+    keeps: Gemma's vocabulary holds ``"\\n"`` and ``"\\n\\n"`` as whole tokens, and vLLM's
+    Gemma 3 processor looks them up. ``trained_size`` caps how many tokens BPE training may
+    produce (default: all ids not taken, capped at 4096, since the corpus cannot fill more).
     """
     from tokenizers import Tokenizer
 
-    ids = sorted(special_tokens.values())
-    if len(set(ids)) != len(ids) or (ids and (ids[0] < 0 or ids[-1] >= vocab_size)):
+    fixed = {**special_tokens, **(plain_tokens or {})}
+    ids = sorted(fixed.values())
+    if len(fixed) != len(special_tokens) + len(plain_tokens or {}) or (
+        len(set(ids)) != len(ids) or (ids and (ids[0] < 0 or ids[-1] >= vocab_size))
+    ):
         raise ConfigError(
-            f"special token ids must be distinct and below vocab_size={vocab_size}: "
-            f"{special_tokens}"
+            f"special token ids must be distinct and below vocab_size={vocab_size}: {fixed}"
         )
-    free = vocab_size - len(special_tokens)
+    free = vocab_size - len(fixed)
     if trained_size is None:
         trained_size = min(free, 4096)
     if trained_size > free or trained_size < 256:
@@ -174,8 +182,9 @@ def build_tokenizer(
         )
 
     trained_vocab, merges = train_bpe(trained_size)
-    vocab = _place_ids(trained_vocab, special_tokens, vocab_size)
-    return Tokenizer.from_str(json.dumps(_tokenizer_spec(vocab, merges, special_tokens)))
+    vocab = _place_ids(trained_vocab, fixed, vocab_size)
+    spec = _tokenizer_spec(vocab, merges, special_tokens, plain_tokens or {})
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def _place_ids(
@@ -201,9 +210,13 @@ def _place_ids(
 
 
 def _tokenizer_spec(
-    vocab: Mapping[str, int], merges: list[str], special_tokens: Mapping[str, int]
+    vocab: Mapping[str, int],
+    merges: list[str],
+    special_tokens: Mapping[str, int],
+    plain_tokens: Mapping[str, int],
 ) -> dict[str, Any]:
     """The ``tokenizer.json`` of a byte-level BPE over ``vocab``, pre-tokenised as Qwen's."""
+    added = {**special_tokens, **plain_tokens}
     return {
         "version": "1.0",
         "truncation": None,
@@ -216,9 +229,9 @@ def _tokenizer_spec(
                 "lstrip": False,
                 "rstrip": False,
                 "normalized": False,
-                "special": True,
+                "special": tok in special_tokens,
             }
-            for tok, i in sorted(special_tokens.items(), key=lambda kv: kv[1])
+            for tok, i in sorted(added.items(), key=lambda kv: kv[1])
         ],
         "normalizer": {"type": "NFC"},
         "pre_tokenizer": json.loads(_qwen_pre_tokenizer_json()),
@@ -254,16 +267,26 @@ def wrap_tokenizer(
     *,
     chat_template: str,
     model_max_length: int,
+    eos: str = EOS_TOKEN,
+    pad: str = PAD_TOKEN,
+    bos: str | None = None,
+    named: Mapping[str, str] | None = None,
 ) -> Any:
-    """As ``PreTrainedTokenizerFast``: eos ``<|im_end|>``, pad ``<|endoftext|>``, chat template."""
+    """As ``PreTrainedTokenizerFast`` with the chat template: eos ``<|im_end|>`` and pad
+    ``<|endoftext|>`` unless told otherwise. ``named`` gives special tokens a name the
+    model's processor reads (Gemma 3's ``boi_token``, InternVL's ``context_image_token``)."""
     from transformers import PreTrainedTokenizerFast
 
+    kwargs: dict[str, Any] = {"eos_token": eos, "pad_token": pad}
+    if bos is not None:
+        kwargs["bos_token"] = bos
+    if named:
+        kwargs["extra_special_tokens"] = dict(named)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer_object,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
         model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
+        **kwargs,
     )
     tok.chat_template = chat_template
     return tok
