@@ -28,14 +28,10 @@ WHOLE_BASES = ("naive",)
 def whole_sampling(spec: dict[str, Any]) -> dict[str, Any]:
     """The sampling of both sides, as the command line states it: the workloads' settings
     without ``ignore_eos`` and a seed, which ``mmbatch caption`` does not take."""
-    return {
-        "max_tokens": spec["max_tokens"],
-        "temperature": spec["temperature"],
-        "top_p": spec["top_p"],
-        "top_k": 0,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-    }
+    from mmbatch.bench.worker import sampling_settings
+
+    left_out = ("seed", "ignore_eos")
+    return {k: v for k, v in sampling_settings(spec).items() if k not in left_out}
 
 
 def run_whole(
