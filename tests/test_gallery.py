@@ -226,7 +226,7 @@ def test_an_openai_batch_output_shows_its_errors_ids_and_pictures_from_anywhere(
         line("photo", "pics/s.jpg"),
         line("inline", inline),
         line("broken", "pics/bad.jpg"),
-        line("refused", "pics/s.jpg", tools=[]),
+        line("refused", "pics/s.jpg", logit_bias={"1": 5}),
     ]
     (job / "requests.jsonl").write_text("\n".join(lines) + "\n")
     monkeypatch.chdir(job)  # the job runs here, with relative paths
@@ -246,7 +246,7 @@ def test_an_openai_batch_output_shows_its_errors_ids_and_pictures_from_anywhere(
         assert f'<h2 class="id">{custom_id}</h2>' in dom
     assert "batch_req_" not in dom.split('<main id="items">', 1)[1].split("</main>")[0]
     assert '<p class="prompt">Q?</p>' in dom  # read back from the batch input
-    assert "unsupported parameter(s): 'tools'" in dom
+    assert "unsupported parameter(s): 'logit_bias'" in dom
     # photo's (a relative path), inline's (a data: URI) and refused's pictures (read again
     # from its line, as its prompt is); broken's is the truncated JPEG.
     assert dom.count('src="data:image/jpeg;base64,') == 3

@@ -192,11 +192,13 @@ def test_scene_clips_reach_the_model_as_videos_and_resume(
         (f"{video}@2.000", 2.0, 3.6),
     ]
     budget = budget_for(tiny_vl_model, 512)
-    assert budget.video is not None
+    assert budget.counts is not None
+    clip = budget.counts.video(64, 48, 4)
+    assert clip is not None
     text = budget.text_tokens(None, "Describe.", ("video",))
     for row in rows.values():
         assert row["error"] is None, row
-        assert row["prompt_tokens"] == text + budget.video.tokens(64, 48, 4)
+        assert row["prompt_tokens"] == text + clip.tokens
         assert row["output_tokens"] > 0
     assert len({r["media_hash"] for r in rows.values()}) == 3
     again = cli(*argv, cwd=tmp_path)  # nothing left: no engine is started
