@@ -178,3 +178,19 @@ def sinusoids(length: int, channels: int) -> Any:
     inv_timescales = torch.exp(-increment * torch.arange(channels // 2, dtype=torch.float32))
     scaled = torch.arange(length, dtype=torch.float32)[:, None] * inv_timescales[None, :]
     return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
+
+
+def whisper_features(mel_bins: int, sampling_rate: int) -> Any:
+    """Whisper's feature extractor as the audio families' processors use it: 10 ms hops,
+    30 s windows, ``mel_bins`` as the audio tower's config says."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(
+        feature_size=mel_bins,
+        sampling_rate=sampling_rate,
+        hop_length=160,
+        chunk_length=30,
+        n_fft=400,
+        padding_value=0.0,
+        return_attention_mask=True,
+    )

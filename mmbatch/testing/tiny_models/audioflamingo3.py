@@ -17,6 +17,7 @@ from mmbatch.testing.tiny_models._common import (
     prepare_dir,
     qwen2_text,
     sinusoids,
+    whisper_features,
     write_checkpoint,
     write_json,
 )
@@ -30,6 +31,7 @@ SPECIAL_TOKENS = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "<soun
 CHAT_TEMPLATE = chatml_template(audio="<sound>")
 
 SAMPLING_RATE = 16_000
+MEL_BINS = 128
 MAX_SOURCE_POSITIONS = 1500
 WIDTH = 64
 
@@ -47,7 +49,6 @@ def build_tiny_audioflamingo3(out_dir: str | Path, seed: int) -> Path:
         AudioFlamingo3Config,
         AudioFlamingo3ForConditionalGeneration,
         AudioFlamingo3Processor,
-        WhisperFeatureExtractor,
     )
 
     path = prepare_dir(out_dir)
@@ -59,7 +60,7 @@ def build_tiny_audioflamingo3(out_dir: str | Path, seed: int) -> Path:
             "intermediate_size": 2 * WIDTH,
             "num_hidden_layers": 2,
             "num_attention_heads": 2,
-            "num_mel_bins": 128,
+            "num_mel_bins": MEL_BINS,
             "max_source_positions": MAX_SOURCE_POSITIONS,
         },
         audio_token_id=special["<sound>"],
@@ -86,15 +87,7 @@ def build_tiny_audioflamingo3(out_dir: str | Path, seed: int) -> Path:
         chat_template=CHAT_TEMPLATE,
         model_max_length=TINY_TEXT["max_position_embeddings"],
     )
-    feature_extractor = WhisperFeatureExtractor(
-        feature_size=128,
-        sampling_rate=SAMPLING_RATE,
-        hop_length=160,
-        chunk_length=30,
-        n_fft=400,
-        padding_value=0.0,
-        return_attention_mask=True,
-    )
+    feature_extractor = whisper_features(MEL_BINS, SAMPLING_RATE)
     processor = AudioFlamingo3Processor(
         feature_extractor=feature_extractor,
         tokenizer=tokenizer,

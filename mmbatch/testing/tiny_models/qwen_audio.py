@@ -26,6 +26,7 @@ from mmbatch.testing.tiny_models._common import (
     rename_prefixes,
     save_weights,
     sinusoids,
+    whisper_features,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
@@ -91,7 +92,6 @@ def build_tiny_audio(out_dir: str | Path, seed: int) -> Path:
     from transformers import (
         Qwen2AudioForConditionalGeneration,
         Qwen2AudioProcessor,
-        WhisperFeatureExtractor,
     )
 
     path = prepare_dir(out_dir)
@@ -114,15 +114,7 @@ def build_tiny_audio(out_dir: str | Path, seed: int) -> Path:
         chat_template=QWEN_CHAT_TEMPLATE,
         model_max_length=TINY_TEXT["max_position_embeddings"],
     )
-    feature_extractor = WhisperFeatureExtractor(
-        feature_size=NUM_MEL_BINS,
-        sampling_rate=SAMPLING_RATE,
-        hop_length=160,
-        chunk_length=30,
-        n_fft=400,
-        padding_value=0.0,
-        return_attention_mask=True,
-    )
+    feature_extractor = whisper_features(NUM_MEL_BINS, SAMPLING_RATE)
     processor = Qwen2AudioProcessor(
         feature_extractor=feature_extractor,
         tokenizer=tokenizer,
