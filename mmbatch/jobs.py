@@ -31,7 +31,6 @@ from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
-from mmbatch.engine.layout import Layout
 from mmbatch.errors import ConfigError, FatalEngineError, OutputError, SourceError
 from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.media.decoders import start_decoders
@@ -181,7 +180,7 @@ def run_job(
     the config of the vLLM engine to start if anything is left to do)."""
     run = run or RunConfig()
     milestone("inputs_listed")
-    layout = _layout(engine)  # a configuration mistake stops the job before any output
+    _check_layout(engine)  # a configuration mistake stops the job before any output
     # Before anything starts (decode workers, engine processes, vLLM's import): the rows and
     # vLLM's log are appended to, the rest replaced through temporary files beside them.
     log = engine.log_file if isinstance(engine, EngineConfig) else None
@@ -208,7 +207,7 @@ def run_job(
     startup = None
     if plan.pending:
         start_decoders(run.workers())  # they start while the engine loads
-        live = _engine(engine, layout, plan.pending, info)
+        live = _engine(engine, plan.pending, info)
         startup = process_seconds()
         milestone("engines_ready")
     write_record(record, job.fingerprint)
@@ -315,28 +314,26 @@ def _run(
     return run_requests(pending, engine, job.media, sink, job.sampling, run, rows)
 
 
-def _layout(engine: Engine | EngineConfig) -> Layout | None:
-    if not isinstance(engine, EngineConfig):
-        return None
-    from mmbatch.engine.shared import host_layout
+def _check_layout(engine: Engine | EngineConfig) -> None:
+    """``ConfigError`` for engine settings the host cannot lay out (a missing model folder,
+    more GPUs than there are), before anything is written."""
+    if isinstance(engine, EngineConfig):
+        from mmbatch.engine.shared import host_layout
 
-    return host_layout(engine)
+        host_layout(engine)
 
 
 def _engine(
-    engine: Engine | EngineConfig,
-    layout: Layout | None,
-    requests: Sequence[Request],
-    info: dict[str, Any],
+    engine: Engine | EngineConfig, requests: Sequence[Request], info: dict[str, Any]
 ) -> Engine:
-    """``engine``, or the engine(s) ``engine`` describes, built for the host's GPUs; the
-    layout chosen, and why, goes to the summary (and is said at once)."""
+    """``engine``, or the engine(s) ``engine`` describes, built for the host's GPUs and sized
+    for the work left (a small job: one engine per GPU); the layout chosen, and why, goes to
+    the summary (and is said at once)."""
     if not isinstance(engine, EngineConfig):
         return engine
     from mmbatch.engine.shared import host_layout, shared_engine_and_layout
 
-    if layout is not None:  # now sized for the work left (a small job: one engine per GPU)
-        layout = host_layout(engine, len(requests))
+    layout = host_layout(engine, len(requests))
     built, layout = shared_engine_and_layout(engine, media_per_prompt(requests), layout)
     info["engines"] = layout.describe()
     print(f"mmbatch: {layout.describe()}", file=sys.stderr)
