@@ -190,6 +190,11 @@ def test_whole_processes_are_timed_from_the_command_to_its_exit(
     order = ["inputs_listed", "engine_processes_spawned", "engines_ready", "first_row"]
     assert [phases[name] for name in order] == sorted(phases[name] for name in order)
     assert {"settings_checked", "engine_0_ready", "engine_1_ready"} <= phases.keys()
+    # Each engine process's own start-up, on the job's clock.
+    for engine in ("engine_0", "engine_1"):
+        steps = [f"{engine}_{step}" for step in ("started", "vllm_imported", "llm_built", "ready")]
+        assert phases["inputs_listed"] <= phases[steps[0]], phases
+        assert [phases[s] for s in steps] == sorted(phases[s] for s in steps), phases
     naive, k2 = (r["wall_s"] for r in whole["runs"])
     assert whole["ratio_k2_over_naive_3"] == pytest.approx(naive / k2)
     # Two engines on this machine (no GPU), as the variant asked.

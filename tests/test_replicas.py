@@ -123,6 +123,34 @@ def test_a_large_job_gets_two_engines_per_gpu_where_they_fit(seven_b: Path) -> N
     assert choose_layout(config, [], requests=large).devices() == [None]
 
 
+def test_a_short_job_runs_eager_unless_the_user_decides(seven_b: Path) -> None:
+    from mmbatch.engine.layout import EAGER_REQUESTS
+
+    config = EngineConfig(str(seven_b))
+    short = choose_layout(config, gpus(1), requests=EAGER_REQUESTS)
+    assert short.eager
+    assert short.engine_kwargs({})["enforce_eager"] is True
+    assert "eager" in short.describe()
+    # Per engine: two engines on the GPU share the job, each short enough.
+    shared = choose_layout(
+        EngineConfig(str(seven_b), engines_per_gpu=2), gpus(1), 2 * EAGER_REQUESTS
+    )
+    assert shared.eager
+    assert shared.replicas == 2
+    # A long job, or one of unknown size (a Dataset.map's batches), compiles.
+    for long in (
+        choose_layout(config, gpus(1), EAGER_REQUESTS * 3),
+        choose_layout(config, gpus(1)),
+    ):
+        assert not long.eager
+        assert "enforce_eager" not in long.engine_kwargs({})
+    # The user's own choice stands, either way.
+    for setting in ({"enforce_eager": False}, {"compilation_config": {"mode": 3}}):
+        asked = choose_layout(EngineConfig(str(seven_b), setting), gpus(1), requests=8)
+        assert not asked.eager
+        assert asked.engine_kwargs(setting) == setting
+
+
 def test_a_users_memory_share_is_the_gpus_and_their_kv_cache_is_kept(seven_b: Path) -> None:
     config = EngineConfig(
         str(seven_b),
@@ -283,6 +311,33 @@ def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> 
             assert time.monotonic() < deadline, "the replicas did not start"
             time.sleep(0.02)
         job.kill()
+    assert not left_after(partial(in_session, job.pid), 2.0)
+
+
+def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_their_teardown() -> (
+    None
+):
+    """Every row is safe when the interpreter exits: engines that share no memory with
+    workers of their own (one GPU each) are ended at once, not waited for."""
+    script = (
+        "from functools import partial\n"
+        "from mmbatch.engine.replicas import ReplicaEngine\n"
+        "from mmbatch.testing.fake_engine import FakeEngine\n"
+        "if __name__ == '__main__':\n"
+        "    make = partial(FakeEngine, engine_core=True, close_seconds=60)\n"
+        "    ReplicaEngine(make, [None, None], end_at_exit=True)\n"
+        "    print('ready', flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    job = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
+    )
+    with job:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"ready\n"
+        ready = time.monotonic()
+        assert job.wait(timeout=30) == 0
+        assert time.monotonic() - ready < 10  # not the 60 s each engine's close would take
     assert not left_after(partial(in_session, job.pid), 2.0)
 
 

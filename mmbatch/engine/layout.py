@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,15 @@ start costs a small job more than it gains (32 pictures: 59.1 s in all against 5
 ONE_ENGINE_REQUESTS = 1024
 """Requests one engine runs at once (vLLM's ``max_num_seqs`` on a large GPU): a job with
 more gets ``DEFAULT_ENGINES_PER_GPU`` engines on each GPU, a smaller one a single engine."""
+EAGER_REQUESTS = 1024
+"""A job of at most this many requests per engine runs its engines eager
+(``enforce_eager``): no torch.compile and no CUDA graphs to build. On an H200 with
+Qwen2.5-VL-7B's shapes a compiled engine spends 10-11 s of its start on them with a warm
+compile cache (torch.compile 5.3-5.8 s, the graphs 5 s) and a minute on a fresh host; what
+the graphs then save is the host's time launching each decode step, which a short job has
+few of. Measured in ``mmbatch/bench/results/NOTES.md`` (tenth session)."""
+COMPILE_SETTINGS = ("enforce_eager", "compilation_config")
+"""Engine settings by which a user decides compilation: set, the layout leaves it to them."""
 WEIGHTS_SHARE = 0.5
 """The most of a GPU's memory the weights may take: the rest holds the KV cache, the
 activations and the encoder cache, without which a batch job runs starved."""
@@ -71,6 +80,8 @@ class Layout:
     """Engines sharing each GPU (each group appears this many times in ``groups``)."""
     kv_cache_bytes: int | None = None
     """Each engine's KV cache when GPUs are shared (``per_gpu`` > 1): set, not profiled."""
+    eager: bool = False
+    """Engines run eager (``EAGER_REQUESTS``): a short job starts sooner."""
 
     @property
     def replicas(self) -> int:
@@ -86,6 +97,8 @@ class Layout:
             kwargs["gpu_memory_utilization"] = share / self.per_gpu
             if self.kv_cache_bytes is not None:
                 kwargs.setdefault("kv_cache_memory_bytes", self.kv_cache_bytes)
+        if self.eager and not any(key in kwargs for key in COMPILE_SETTINGS):
+            kwargs["enforce_eager"] = True
         return kwargs
 
     def devices(self) -> list[str | None]:
@@ -108,7 +121,24 @@ class Layout:
 def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | None = None) -> Layout:
     """The layout for ``config`` on ``gpus`` (``config.gpus`` of them, if set) for a job of
     ``requests`` (None: unknown, as for the batches of a ``Dataset.map``: one engine per
-    GPU unless ``config.engines_per_gpu`` says otherwise)."""
+    GPU unless ``config.engines_per_gpu`` says otherwise, compiled)."""
+    return _eager_if_short(_engines(config, gpus, requests), config, requests)
+
+
+def _eager_if_short(layout: Layout, config: EngineConfig, requests: int | None) -> Layout:
+    """``layout``, eager if the job is short (``EAGER_REQUESTS`` per engine) and the user
+    left compilation to vLLM's default."""
+    if requests is None or any(key in config.engine_kwargs for key in COMPILE_SETTINGS):
+        return layout
+    per_engine = -(-requests // layout.replicas)
+    if per_engine > EAGER_REQUESTS:
+        return layout
+    reason = f"{layout.reason}; eager, {per_engine} requests per engine start sooner than compiled"
+    return replace(layout, reason=reason, eager=True)
+
+
+def _engines(config: EngineConfig, gpus: Sequence[Gpu], requests: int | None) -> Layout:
+    """``choose_layout``'s engines and devices."""
     if config.gpus is not None:
         if config.gpus > len(gpus):
             raise ConfigError(f"--gpus {config.gpus}: only {len(gpus)} GPU(s) are visible")

@@ -50,7 +50,7 @@ from mmbatch.engine.base import Engine
 from mmbatch.errors import FatalEngineError, RequestRejected
 from mmbatch.lifetime import end_own_group, end_with_parent
 from mmbatch.media.limits import PromptLimits
-from mmbatch.out.clock import milestone
+from mmbatch.out.clock import milestone, milestones_wall, note_from
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
 EngineFactory = Callable[[], Engine]
@@ -106,6 +106,7 @@ class ReplicaEngine:
         devices: Sequence[str | None],
         limits: Callable[[int, int | None], PromptLimits | None] | None = None,
         while_starting: Callable[[], None] | None = None,
+        end_at_exit: bool = False,
     ) -> None:
         """Start one replica per entry of ``devices`` (each a ``CUDA_VISIBLE_DEVICES``
         value, or None to leave it alone) and wait until all are up. ``limits`` makes the
@@ -113,7 +114,10 @@ class ReplicaEngine:
         ``while_starting`` runs here meanwhile (the check of the settings, which imports
         vLLM as each replica does: 15 s on a GPU host, no longer one after the other); if
         it raises, the replicas are ended at once, having nothing to keep, and the error
-        goes on."""
+        goes on. ``end_at_exit``: at the interpreter's exit (every row safe by then), end
+        the replicas at once instead of waiting for vLLM's teardown (seconds): only where
+        that leaves nothing behind, an engine of one GPU, which shares no memory with
+        workers of its own."""
         self._make_engine = make_engine
         self._make_limits = limits
         self._context = multiprocessing.get_context("spawn")
@@ -126,8 +130,8 @@ class ReplicaEngine:
         self._deaths_in_a_row = 0
         self._context_limits: tuple[int, int | None] | None = None
         # Replicas are not daemonic; at exit the interpreter waits for them, so they are
-        # told to stop first (atexit runs this before multiprocessing's own join).
-        atexit.register(self.close)
+        # stopped first (atexit runs this before multiprocessing's own join).
+        atexit.register(self._abandon if end_at_exit else self.close)
         for replica in self._replicas:
             self._start(replica)
         milestone("engine_processes_spawned")
@@ -278,8 +282,9 @@ class ReplicaEngine:
                 self._deaths_in_a_row = 0
             return done
         if kind == "ready":
-            _, capacity, context_limits = message
+            _, capacity, context_limits, moments = message
             replica.ready, replica.capacity = True, capacity
+            note_from(f"engine_{replica.index}", moments)
             self._context_limits = self._context_limits or context_limits
             backlog, replica.backlog = replica.backlog, []
             for queued in backlog:
@@ -385,7 +390,8 @@ class ReplicaEngine:
         _end_all([self._tell_to_stop(replica)], wait=0.0)
 
     def _abandon(self) -> None:
-        """End every replica now, with whatever it started (none is ready to save anything)."""
+        """End every replica now, with whatever it started: none holds anything worth
+        waiting for (none is ready yet, or every row is safe)."""
         _end_all([self._tell_to_stop(replica) for replica in self._replicas], wait=0.0)
 
     def _tell_to_stop(self, replica: _Replica) -> Any:
@@ -476,7 +482,9 @@ def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> 
         _reply(conn, ("fatal", f"the engine did not start: {type(exc).__name__}: {exc}"))
         return
     try:
-        if _reply(conn, ("ready", engine.capacity(), limits)):  # else stopped while starting
+        # Its start-up's moments (started, vLLM imported, engine built) go into the job's;
+        # no reply: it was stopped while starting.
+        if _reply(conn, ("ready", engine.capacity(), limits, milestones_wall())):
             _serve_engine(engine, conn)
     finally:
         # vLLM's own engine-core process is not ours to leave behind: closed here, whatever

@@ -113,6 +113,7 @@ def build_engine(
             layout.devices(),
             lambda *limits: template[0].budget(counts[0], *limits),
             while_starting=check_then_read_template,
+            end_at_exit=layout.tensor_parallel == 1 and all(layout.groups),
         )
     except ConfigError:
         # A mistake leaves no log file (nor the folders made for it), though a replica,

@@ -33,6 +33,7 @@ from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
+from mmbatch.out.clock import milestone
 from mmbatch.types import (
     CacheStats,
     Choice,
@@ -97,6 +98,7 @@ class VLLMEngine:
     ) -> None:
         from vllm import LLM
 
+        milestone("vllm_imported")
         render_threads = config.render_threads
         kwargs = config.llm_kwargs()
         # Profile memory only for the media a job sends: vLLM assumes 999 of any modality
@@ -116,6 +118,7 @@ class VLLMEngine:
 
         with one_thread_for_engine_processes(on_gpu=not current_platform.is_cpu()):
             self.llm: LLM = LLM(**kwargs)
+        milestone("llm_built")
         self._engine = self.llm.llm_engine
         self._template = ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
         self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left

@@ -43,3 +43,19 @@ def milestones() -> dict[str, float]:
     """The moments noted so far, in seconds since the process started, in order."""
     with _LOCK:
         return dict(sorted(_MILESTONES.items(), key=lambda item: item[1]))
+
+
+def milestones_wall() -> dict[str, float]:
+    """``milestones`` as wall-clock times (``time.time()``), with this process's start as
+    ``started``: what another process can place on its own clock (``note_from``)."""
+    started = time.time() - process_seconds()
+    return {"started": started} | {name: started + s for name, s in milestones().items()}
+
+
+def note_from(prefix: str, moments: dict[str, float]) -> None:
+    """Note another process's ``milestones_wall`` here, each as ``PREFIX_NAME``, in this
+    process's seconds (a replica's start-up, inside the job's)."""
+    started = time.time() - process_seconds()
+    with _LOCK:
+        for name, wall in moments.items():
+            _MILESTONES.setdefault(f"{prefix}_{name}", round(wall - started, 3))

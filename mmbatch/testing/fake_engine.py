@@ -26,7 +26,7 @@ class FakeEngine:
     """``step_seconds`` makes each step take that long (so a job lasts long enough to be
     killed mid-way); ``die_after_steps`` raises ``FatalEngineError`` on that step;
     ``engine_core`` starts a child process, as vLLM's engine does, and ``start_seconds``
-    makes the start take that long after it."""
+    makes the start take that long after it, ``close_seconds`` its close (vLLM's teardown)."""
 
     def __init__(
         self,
@@ -41,6 +41,7 @@ class FakeEngine:
         drop_prompts: frozenset[str] = frozenset(),
         engine_core: bool = False,
         start_seconds: float = 0.0,
+        close_seconds: float = 0.0,
     ) -> None:
         self.per_step = per_step
         self.reject_prompts = reject_prompts
@@ -58,6 +59,7 @@ class FakeEngine:
         """A process standing in for vLLM's engine core: started with the engine, in its
         process group, watching nothing, ended by ``close`` (as vLLM's shutdown ends its own)."""
         time.sleep(start_seconds)  # loading a model
+        self.close_seconds = close_seconds
         self._poisoned: set[str] = set()
         self.steps = 0
         self.added: list[str] = []
@@ -121,6 +123,7 @@ class FakeEngine:
 
     def close(self) -> None:
         """End the stand-in for vLLM's engine core, if there is one."""
+        time.sleep(self.close_seconds)
         core, self._core = self._core, None
         if core is not None:
             core.kill()
