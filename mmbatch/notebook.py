@@ -41,7 +41,7 @@ def load_engine(
     ``media`` per prompt (one image by default; ``{"video": 1}`` for clips). Use it in a
     ``with`` block, or ``close()`` it, to free the GPU. vLLM's start-up log goes to a file
     of its own (``vllm_log``, a path or ``"auto"``; None: printed)."""
-    from mmbatch.engine.shared import start_engine
+    from mmbatch.engine.builder import start_engine
 
     config = EngineConfig(model, engine_kwargs, library_log_file(vllm_log))
     return start_engine(config, dict(media or {"image": 1}))

@@ -68,7 +68,7 @@ def recipe_engines(
             return request.getfixturevalue("vl_engine")
         key = json.dumps([str(model), kwargs, media], sort_keys=True)
         if key not in engines:
-            from mmbatch.engine.shared import shared_engine
+            from mmbatch.engine.registry import shared_engine
 
             # Kept for the session (the registry holds it): an in-process engine collected
             # at this module's end would take vLLM's global state, which later modules'

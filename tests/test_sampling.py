@@ -145,7 +145,7 @@ def test_the_model_generation_config_applies_to_what_is_left_unset(
     vl_engine: Any, penalised_model: Path, samples: Path
 ) -> None:
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.shared import shared_engine
+    from mmbatch.engine.registry import shared_engine
 
     # The engine runs in its own process (a ReplicaEngine): what it applies shows in its text.
     engine = shared_engine(EngineConfig(str(penalised_model), TINY_ENGINE_KWARGS), {"image": 1})
