@@ -23,11 +23,11 @@ import jsonschema
 import pytest
 from conftest import TINY_ENGINE_KWARGS
 
+from mmbatch.cli.run import recipe_job
 from mmbatch.engine.config import EngineConfig
 from mmbatch.jobs import Job, media_per_prompt, run_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.pipeline import RunConfig
-from mmbatch.recipe.requests import recipe_job
 from mmbatch.recipe.spec import Recipe, load_recipe
 from mmbatch.sources.files import IMAGE_SUFFIXES
 from mmbatch.types import MediaRef, Request

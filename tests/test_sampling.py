@@ -86,7 +86,7 @@ def test_a_json_recipe_parses_each_of_n_answers(samples: Path) -> None:
         },
         "r.toml",
     )
-    from mmbatch.recipe.requests import recipe_job
+    from mmbatch.cli.run import recipe_job
 
     job = recipe_job(recipe, [str(samples / "sunset.jpg")], "m")
     [row], _ = run_in_memory(job, FakeEngine(), RunConfig(progress=False))

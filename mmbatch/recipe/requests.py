@@ -1,4 +1,4 @@
-"""A recipe applied to inputs: the requests, media options and row shape of one ``Job``.
+"""A recipe applied to inputs: the requests, media options and row shape of a job.
 
 Each item found in the inputs becomes one request per question of the recipe. The requests
 of an item share its media references, so they are planned together (the media is read and
@@ -10,10 +10,8 @@ names cannot hold ``#``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 
 from mmbatch.errors import SourceError
-from mmbatch.jobs import Job, fingerprint
 from mmbatch.media.fetch import UrlPolicy
 from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
 from mmbatch.out.rows import ItemShape
@@ -68,36 +66,6 @@ def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
                 )
             )
     return requests
-
-
-def recipe_job(
-    recipe: Recipe,
-    inputs: Sequence[str],
-    model: str,
-    policy: SourcePolicy | None = None,
-    urls: UrlPolicy | None = None,
-) -> Job:
-    """The job ``recipe`` describes over ``inputs``, run by ``model``."""
-    log = ListingLog()
-    requests = recipe_requests(inputs, recipe, policy, log)
-    return Job(
-        requests,
-        recipe.sampling,
-        recipe_media(recipe, urls),
-        recipe_shape(recipe),
-        fingerprint=fingerprint(
-            "run",
-            model,
-            recipe.sampling,
-            questions=[asdict(q) for q in recipe.questions],
-            system=recipe.system,
-            media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
-            output=asdict(recipe.output),
-            keep_columns=(policy or SourcePolicy()).keep_columns,
-        ),
-        info={"inputs": list(inputs), "model": model, "recipe": recipe.path} | log.to_dict(),
-        notes=log.lines(),
-    )
 
 
 def _items(
