@@ -16,9 +16,9 @@ from mmbatch.media.fetch import UrlPolicy
 from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
 from mmbatch.out.rows import ItemShape
 from mmbatch.recipe.spec import Recipe
-from mmbatch.sources.caption import caption_requests, list_media
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
+from mmbatch.sources.mixed_media import list_media, media_requests
 from mmbatch.sources.timeline import audio_requests, clip_cap_note, frame_requests
 from mmbatch.types import Modality, Request
 
@@ -83,9 +83,7 @@ def _items(
         if note:
             log.note(note)
         taker = f"the recipe {recipe.name!r} ([media] kind = 'video')"
-        return caption_requests(
-            files, prompt, system, take=clips, as_clip=True, taker=taker, log=log
-        )
+        return media_requests(files, prompt, system, take=clips, as_clip=True, taker=taker, log=log)
     return frame_requests(inputs, video_options(recipe), prompt, system, policy, log)
 
 
