@@ -6,13 +6,13 @@ import datetime
 import json
 import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from mmbatch.bench.flops import minimal_flops
+from mmbatch.bench.monitor import gpu_lines
 from mmbatch.bench.sides import BASE_SIDES, run_side, side_environment, side_spec_for
 from mmbatch.bench.workloads import FRAME_FPS, make_images, make_videos
 
@@ -161,18 +161,7 @@ def _image_prefix_tokens(config: dict[str, Any], size: int) -> int:
 
 
 def _machine() -> dict[str, Any]:
-    gpus: list[str] = []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=30,
-        ).stdout
-        gpus = [line.strip() for line in out.splitlines() if line.strip()]
-    except (OSError, subprocess.SubprocessError):
-        gpus = []
+    gpus = [f"{line} MiB" for line in gpu_lines("name,memory.total") or []]
     return {
         "host": platform.node(),
         "cpu": platform.processor() or platform.machine(),
