@@ -3,7 +3,8 @@
 The engine side (``mmbatch.engine.budget.PromptBudget``) knows the model's context length,
 its encoder cache and its processor's token rules; the loader only needs the three answers
 below. Declaring them here, as a protocol, keeps the dependency pointing down: the loader is
-handed an implementation and never imports the engine.
+handed an implementation and never imports the engine. ``failure_of`` is the last check
+before a request whose media are decoded goes to the engine.
 """
 
 from __future__ import annotations
