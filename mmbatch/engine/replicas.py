@@ -213,10 +213,15 @@ class ReplicaEngine:
         releases the shared memory its engine core and workers hold (killed, they leave it to
         Python's resource tracker, which warns of it as the job exits); one still starting
         has nothing to save and is ended at once. The close hooks (``on_close``) run first,
-        once."""
+        once; one that fails still leaves no replica behind."""
         hooks, self._close_hooks = self._close_hooks, []
-        for hook in hooks:
-            hook()
+        try:
+            for hook in hooks:
+                hook()
+        finally:
+            self._stop_replicas()
+
+    def _stop_replicas(self) -> None:
         told = []
         for replica in self._replicas:
             ready, process = replica.ready, self._tell_to_stop(replica)
