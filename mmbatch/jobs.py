@@ -318,7 +318,7 @@ def _check_layout(engine: Engine | EngineConfig) -> None:
     """``ConfigError`` for engine settings the host cannot lay out (a missing model folder,
     more GPUs than there are), before anything is written."""
     if isinstance(engine, EngineConfig):
-        from mmbatch.engine.shared import host_layout
+        from mmbatch.engine.builder import host_layout
 
         host_layout(engine)
 
@@ -331,7 +331,8 @@ def _engine(
     the summary (and is said at once)."""
     if not isinstance(engine, EngineConfig):
         return engine
-    from mmbatch.engine.shared import host_layout, shared_engine_and_layout
+    from mmbatch.engine.builder import host_layout
+    from mmbatch.engine.registry import shared_engine_and_layout
 
     layout = host_layout(engine, len(requests))
     built, layout = shared_engine_and_layout(engine, media_per_prompt(requests), layout)

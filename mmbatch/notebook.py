@@ -24,10 +24,9 @@ from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, media_per_prompt, run_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.pipeline import RunConfig, close_pipeline
-from mmbatch.sources.caption import caption_requests, list_media, modality_of
+from mmbatch.sources import DEFAULT_PROMPT
+from mmbatch.sources.mixed_media import list_media, media_requests, modality_of
 from mmbatch.types import MediaRef, Modality, Request, Sampling
-
-DEFAULT_PROMPT = "Describe this image in one sentence."
 
 
 def load_engine(
@@ -41,7 +40,7 @@ def load_engine(
     ``media`` per prompt (one image by default; ``{"video": 1}`` for clips). Use it in a
     ``with`` block, or ``close()`` it, to free the GPU. vLLM's start-up log goes to a file
     of its own (``vllm_log``, a path or ``"auto"``; None: printed)."""
-    from mmbatch.engine.shared import start_engine
+    from mmbatch.engine.builder import start_engine
 
     config = EngineConfig(model, engine_kwargs, library_log_file(vllm_log))
     return start_engine(config, dict(media or {"image": 1}))
@@ -117,7 +116,7 @@ def _requests(
                 from mmbatch.engine.processor import model_modalities
 
                 take = set(model_modalities(config)) if config else {"image", "video", "audio"}
-            requests += caption_requests(files, prompt, system, take=take, as_clip=True)
+            requests += media_requests(files, prompt, system, take=take, as_clip=True)
         elif isinstance(item, (bytes, bytearray, memoryview)):
             requests.append(Request(f"#{index}", prompt, (_in_memory(index, data=item),), system))
         elif _is_image(item):

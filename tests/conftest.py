@@ -48,7 +48,7 @@ def tiny_vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.shared import shared_engine
+    from mmbatch.engine.registry import shared_engine
 
     # Through the per-process registry, so that a DatasetMap with these settings reuses it.
     return shared_engine(EngineConfig(str(tiny_vl_model), TINY_ENGINE_KWARGS), {"image": 1})

@@ -220,7 +220,7 @@ def test_cpu_monitor_counts_this_process_and_its_children() -> None:
 
 
 def test_a_variant_is_of_mmbatch_unless_it_names_a_baseline() -> None:
-    from mmbatch.bench.driver import side_spec_for
+    from mmbatch.bench.sides import side_spec_for
 
     spec = {
         "common_engine_args": {"max_model_len": 2048},
@@ -243,7 +243,7 @@ def test_a_variant_is_of_mmbatch_unless_it_names_a_baseline() -> None:
 
 
 def test_a_variant_sets_its_sides_environment() -> None:
-    from mmbatch.bench.driver import side_environment
+    from mmbatch.bench.sides import side_environment
 
     env = side_environment({"env": {"OMP_NUM_THREADS": 2}})
     assert env["OMP_NUM_THREADS"] == "2"
@@ -343,7 +343,7 @@ def test_a_stopped_bench_waits_for_its_sides_process_to_close_its_engine(tmp_pat
     import signal
     import threading
 
-    from mmbatch.bench.driver import run_side
+    from mmbatch.bench.sides import run_side
 
     log = tmp_path / "worker.log"
     script = tmp_path / "worker.py"
@@ -370,7 +370,7 @@ def test_a_stopped_bench_waits_for_its_sides_process_to_close_its_engine(tmp_pat
 def test_a_failed_side_fails_the_bench(tmp_path: Path) -> None:
     import subprocess
 
-    from mmbatch.bench.driver import run_side
+    from mmbatch.bench.sides import run_side
 
     with pytest.raises(subprocess.CalledProcessError):
         run_side([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ))

@@ -88,7 +88,7 @@ def test_rendering_on_several_threads_never_changes_a_caption(
     from conftest import TINY_ENGINE_KWARGS
 
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.shared import shared_engine
+    from mmbatch.engine.registry import shared_engine
 
     names = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
     requests = [

@@ -155,41 +155,74 @@ def test_max_items_keeps_every_error(job_output: Path, tmp_path: Path) -> None:
     assert html.count('<article class="item error"') == 1
 
 
-def test_a_video_gets_a_strip_of_frames_from_across_it(tmp_path: Path) -> None:
-    import base64
-    import io
+COLOURS = [(220, 30, 30), (30, 220, 30), (30, 30, 220), (220, 220, 30)]
+"""A test video's colours, one a second."""
 
+
+def colour_video(path: Path, codec: str = "mpeg4") -> Path:
+    """Four seconds at 10 fps (25 for MPEG-1, which knows no 10), one of ``COLOURS`` a
+    second; the container follows the suffix."""
     import av
     import numpy as np
 
-    from mmbatch.review.thumbnails import VIDEO_FRAMES, thumbnail_uri
-    from mmbatch.types import MediaRef
-
-    # Four seconds at 10 fps, one solid colour per second.
-    path = tmp_path / "colours.mp4"
-    colours = [(220, 30, 30), (30, 220, 30), (30, 30, 220), (220, 220, 30)]
+    rate = 25 if codec == "mpeg1video" else 10
     with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=10)
+        stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
-        for colour in colours:
-            for _ in range(10):
+        for colour in COLOURS:
+            for _ in range(rate):
                 pixels = np.full((48, 64, 3), colour, dtype=np.uint8)
                 frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
                 container.mux(stream.encode(frame))
         container.mux(stream.encode())
+    return path
 
-    uri = thumbnail_uri(MediaRef("video", str(path)))
+
+def strip_colours(uri: str) -> list[tuple[int, int, int]]:
+    """The colour at the middle of each frame of a video's strip."""
+    import base64
+    import io
+
+    from mmbatch.review.thumbnails import VIDEO_FRAMES
+
     with Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) as strip:
         assert strip.size == (64 * VIDEO_FRAMES, 48)
-        centres = [strip.getpixel((64 * i + 32, 24)) for i in range(VIDEO_FRAMES)]
-    # One frame from each second, in order: the strip spans the whole video.
-    for centre, colour in zip(centres, colours, strict=True):
+        return [strip.getpixel((64 * i + 32, 24)) for i in range(VIDEO_FRAMES)]  # type: ignore[misc]
+
+
+def assert_colours(centres: list[tuple[int, int, int]]) -> None:
+    """One frame from each second, in order: the strip spans the whole video."""
+    for centre, colour in zip(centres, COLOURS, strict=True):
         assert max(abs(a - b) for a, b in zip(centre, colour, strict=True)) < 40, centres
 
+
+def test_a_video_gets_a_strip_of_frames_from_across_it(tmp_path: Path) -> None:
+    from mmbatch.review.thumbnails import thumbnail_uri
+    from mmbatch.types import MediaRef
+
+    path = colour_video(tmp_path / "colours.mp4")
+    assert_colours(strip_colours(thumbnail_uri(MediaRef("video", str(path)))))
     with pytest.raises(NoPreview, match="no file at"):
         thumbnail_uri(MediaRef("video", str(tmp_path / "missing.mp4")))
     with pytest.raises(NoPreview, match="audio has no picture"):
         thumbnail_uri(MediaRef("audio", str(path)))
+
+
+@pytest.mark.parametrize("suffix", [".mpg", ".mpeg", ".mp4"])
+def test_a_file_the_listing_takes_as_a_video_is_previewed_as_one(
+    tmp_path: Path, suffix: str
+) -> None:
+    """A path whose row does not say it is a video (an OpenAI batch line's, shown as a
+    picture) is told by its suffix, the listing's own (``VIDEO_SUFFIXES``): an MPEG file
+    gets its strip, not "not an image"."""
+    from mmbatch.review.thumbnails import thumbnail_uri
+    from mmbatch.sources.files import VIDEO_SUFFIXES
+    from mmbatch.types import MediaRef
+
+    assert suffix in VIDEO_SUFFIXES
+    codec = "mpeg4" if suffix == ".mp4" else "mpeg1video"
+    path = colour_video(tmp_path / f"colours{suffix}", codec)
+    assert_colours(strip_colours(thumbnail_uri(MediaRef("image", str(path)))))
 
 
 def test_an_openai_batch_output_shows_its_errors_ids_and_pictures_from_anywhere(

@@ -22,7 +22,6 @@ import pytest
 from conftest import TINY_ENGINE_KWARGS
 from datasets.fingerprint import Hasher
 
-from mmbatch.engine.shared import built_engines
 from mmbatch.integrations.hf_datasets import (
     DatasetMap,
     model_identity,
@@ -37,6 +36,23 @@ from mmbatch.types import MediaRef, Request, Sampling
 PROMPT = "Describe this image."
 SAMPLING = Sampling(max_tokens=12)
 GOOD = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
+
+
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models of the engines built from here on (asks the registry could not answer
+    with an engine it keeps)."""
+    from mmbatch.engine import registry
+
+    built: list[str] = []
+    real = registry.build_engine
+
+    def counting(config, *args):  # type: ignore[no-untyped-def]
+        built.append(config.model)
+        return real(config, *args)
+
+    monkeypatch.setattr(registry, "build_engine", counting)
+    return built
 
 
 def fingerprints_in_a_new_process(model: Path, prompt: str) -> list[str]:
@@ -166,10 +182,9 @@ def test_a_missing_column_is_a_job_error(tmp_path: Path) -> None:
         fn({"image": {"bytes": b"", "path": None}}, 3)  # what batched=False would pass
 
 
-def test_bad_rows_never_raise_and_keep_their_place(tmp_path: Path) -> None:
+def test_bad_rows_never_raise_and_keep_their_place(tmp_path: Path, builds: list[str]) -> None:
     # Rows unusable before any engine work: no engine is built for them.
     fn = DatasetMap(str(tmp_path), PROMPT)
-    engines = built_engines()
     out = fn({"image": [None, 7, {"bytes": None, "path": None}]}, [10, 11, 12], None)
     assert out == {
         "text": ["", "", ""],
@@ -180,7 +195,7 @@ def test_bad_rows_never_raise_and_keep_their_place(tmp_path: Path) -> None:
             "source: row 12: the image cell has neither bytes nor a path",
         ],
     }
-    assert built_engines() == engines
+    assert builds == []
 
 
 def mapper(model: Path, prompt: str = PROMPT) -> DatasetMap:
@@ -200,6 +215,7 @@ def test_map_over_raw_bytes_gives_each_row_its_own_caption(
     vl_engine,  # type: ignore[no-untyped-def]
     tiny_vl_model: Path,
     samples: Path,
+    builds: list[str],
 ) -> None:
     reference = texts_from_files(vl_engine, samples)
     assert len(set(reference.values())) >= 3  # or a swapped caption could not be seen
@@ -209,11 +225,10 @@ def test_map_over_raw_bytes_gives_each_row_its_own_caption(
     ]
     ds = datasets.Dataset.from_dict({"image": cells, "name": names})
     ds = ds.cast_column("image", datasets.Image(decode=False))
-    engines = built_engines()
     out = ds.map(
         mapper(tiny_vl_model), batched=True, batch_size=4, with_indices=True, with_rank=True
     )
-    assert built_engines() == engines  # the process's engine, not a second one
+    assert builds == []  # the process's engine, not a second one
     assert out.num_rows == ds.num_rows
     assert out["name"] == names  # the input columns stay, in order
     for name, text, error in zip(out["name"], out["text"], out["error"], strict=True):

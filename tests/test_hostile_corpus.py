@@ -24,11 +24,11 @@ from hostile_media import (
 from mmbatch.cli import EXIT_ITEMS_FAILED
 from mmbatch.jsonl import printable
 from mmbatch.media.image import decode_image
-from mmbatch.media.loader import MediaLoader
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.media_loader import MediaLoader
 from mmbatch.types import MediaRef, Request, Sampling
 
 

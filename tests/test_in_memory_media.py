@@ -9,10 +9,10 @@ import pytest
 from PIL import Image
 
 from mmbatch.media.image import canonical_image_bytes
-from mmbatch.media.loader import MediaLoader
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.sources.paths import LocalPaths
+from mmbatch.testing.media_loader import MediaLoader
 from mmbatch.types import MediaRef, Request
 
 

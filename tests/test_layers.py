@@ -1,30 +1,85 @@
-"""The layout keeps its promises: each layer imports only layers below it (or itself), only
-the vLLM adapter imports vllm, only the Ray integration imports ray.
+"""The layout keeps its promises, each written down as a pair: which part of mmbatch may
+import which. A part is a top-level module or package (``sources``, ``engine``, ``jobs``);
+``MAY_IMPORT`` lists, for each, the parts it may import, and every pair it does not list is
+forbidden (``FORBIDDEN``). Each forbidden pair is a test of its own, named as the rule reads
+(``sources may not import engine``, ``recipe may not import jobs``), so an import the design
+forbids fails by name; ``NARROWED`` lets through the few single imports a forbidden pair
+allows all the same.
+Besides the pairs: no circle of imports among mmbatch's modules, only the vLLM adapter imports
+vllm, only the Ray integration imports ray.
 
 Every import counts, including those inside functions and under ``TYPE_CHECKING``: a lazy
-import that reaches up is still a dependency that reaches up.
+import that reaches up is still a dependency that reaches up, and a lazy import that closes a
+circle is still a circle.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
+from functools import cache
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
 
-LAYERS = [
-    {"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard"},
-    {"media"},
-    {"out"},
-    {"sources", "engine"},
-    {"pipeline"},
-    {"jobs"},
-    {"recipe", "notebook"},
-    {"review", "integrations"},
-    {"testing", "bench"},
-    {"cli"},
-]
-"""From the bottom up. ``mmbatch/__init__.py`` (the public API) and ``__main__`` sit apart."""
+BASE = frozenset({"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard"})
+"""The leaves every stage uses: the values that flow, the exception tree, JSON lines, the
+whole-job plan, helper processes' lifetime, validation messages, the main-guard check."""
+
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "types": frozenset(),
+    "errors": frozenset({"types"}),
+    "jsonl": frozenset({"types", "errors"}),
+    "planner": frozenset({"types", "errors"}),
+    "lifetime": frozenset({"types", "errors"}),
+    "validation": frozenset({"types", "errors"}),
+    "mainguard": frozenset({"types", "errors"}),
+    # Stages: reading media and writing rows know nothing of each other, of where requests
+    # come from, or of the engine.
+    "media": BASE,
+    "out": BASE,
+    # Turning inputs into requests and running an engine are two sides that never meet: a
+    # source reads no engine setting, an engine lists no input.
+    "sources": BASE | {"media", "out"},
+    "engine": BASE | {"media", "out"},
+    "pipeline": BASE | {"media", "out", "engine"},
+    # The runner takes requests made elsewhere: it lists no input and reads no recipe.
+    "jobs": BASE | {"media", "out", "engine", "pipeline"},
+    # A recipe makes requests and engine settings; it does not know the runner.
+    "recipe": BASE | {"media", "out", "sources", "engine"},
+    "notebook": BASE | {"media", "out", "sources", "engine", "pipeline", "jobs"},
+    "review": BASE | {"media", "out", "sources"},
+    # Integrations take their rows from a dataset, not from listing inputs (see NARROWED).
+    "integrations": BASE | {"media", "out", "engine", "pipeline", "jobs", "recipe"},
+    # Tooling, apart from the runtime: nothing above imports it but the faces that run it.
+    "testing": BASE | {"media", "out", "sources", "engine", "pipeline", "jobs"},
+    "bench": BASE | {"media", "out", "sources", "engine", "pipeline", "jobs", "testing"},
+    # Faces.
+    "cli": BASE
+    | {"media", "out", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
+    | {"review", "integrations", "testing", "bench", "mmbatch"},
+    "mmbatch": BASE
+    | {"media", "out", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
+    | {"review", "integrations"},
+    "__main__": frozenset({"cli"}),
+}
+"""Each part, and the parts it may import. ``mmbatch`` is the public API
+(``mmbatch/__init__.py``), ``__main__`` is ``python -m mmbatch``."""
+
+NARROWED: dict[tuple[str, str], frozenset[tuple[str, str]]] = {
+    ("integrations", "sources"): frozenset(
+        {
+            ("integrations/hf_datasets.py", "mmbatch.sources.cells"),
+            ("integrations/hf_datasets.py", "mmbatch.sources.paths"),
+        }
+    ),
+}
+"""Forbidden pairs with the imports allowed all the same, one module to one module:
+a ``DatasetMap`` turns each dataset cell into a media reference (``sources/cells.py``), under
+the rule on where paths may lead (``sources/paths.py``), as a manifest row's path is."""
 
 ONLY_HERE = {
     "vllm": {
@@ -46,14 +101,18 @@ installed vLLM keeps them. The benchmark's naive sides, a worker's and a whole j
 what a user writes with vLLM directly, so they import vllm too."""
 
 
-def layer_of(name: str) -> int | None:
-    """The layer of ``mmbatch.<name>...`` (its first component), or None outside the layers."""
-    first = name.split(".")[0]
-    return next((i for i, layer in enumerate(LAYERS) if first in layer), None)
+def module_names(package: Path) -> dict[str, Path]:
+    """Every module of ``package`` by dotted name (a package by its own name)."""
+    names = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
-    """Every module ``path`` imports, with its line: absolute names, relative ones resolved."""
+    """Every module ``path`` imports, with its line: ``import a.b`` names ``a.b``, and
+    ``from a import b`` names ``a.b`` too (callers keep the longest name that is a module)."""
     tree = ast.parse(path.read_text())
     found = []
     for node in ast.walk(tree):
@@ -61,38 +120,138 @@ def imports(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module is not None:
             assert node.level == 0, f"{path}:{node.lineno}: use absolute imports"
-            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
     return found
 
 
-def modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+def graph(package: Path) -> dict[str, dict[str, int]]:
+    """Module -> the modules of ``package`` it imports, each with the line of its first
+    import."""
+    names = module_names(package)
 
+    def resolve(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
 
-def test_every_module_is_in_a_layer() -> None:
-    for path in modules():
-        rel = path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
-        assert layer_of(rel) is not None, f"mmbatch/{path.relative_to(PACKAGE)} is in no layer"
-
-
-def test_no_module_imports_a_layer_above_it() -> None:
-    upward = []
-    for path in modules():
-        rel = path.relative_to(PACKAGE).with_suffix("").as_posix().replace("/", ".")
-        own = layer_of(rel)
-        assert own is not None
+    edges: dict[str, dict[str, int]] = {}
+    for module, path in names.items():
+        edges[module] = {}
         for line, name in imports(path):
-            if not name.startswith("mmbatch."):
-                continue
-            target = layer_of(name.removeprefix("mmbatch."))
-            if target is not None and target > own:
-                upward.append(f"mmbatch/{path.relative_to(PACKAGE)}:{line} imports {name}")
-    assert upward == []
+            target = resolve(name)
+            if target is not None and target != module:
+                edges[module][target] = min(line, edges[module].get(target, line))
+    return edges
+
+
+def part_of(module: str) -> str:
+    """``mmbatch.sources.files`` -> ``sources``; the public API ``mmbatch`` -> ``mmbatch``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+class Import(NamedTuple):
+    """One import of one part by another: where it is, and the module it names."""
+
+    module: str
+    """The importing module's path inside the package (``sources/files.py``)."""
+    line: int
+    target: str
+
+    def __str__(self) -> str:
+        return f"mmbatch/{self.module}:{self.line} imports {self.target}"
+
+
+@cache
+def arrows() -> dict[tuple[str, str], list[Import]]:
+    """(importing part, imported part) -> each import that draws that arrow."""
+    found: dict[tuple[str, str], list[Import]] = {}
+    names = module_names(PACKAGE)
+    for module, targets in graph(PACKAGE).items():
+        rel = names[module].relative_to(PACKAGE).as_posix()
+        for target, line in targets.items():
+            pair = (part_of(module), part_of(target))
+            if pair[0] != pair[1]:
+                found.setdefault(pair, []).append(Import(rel, line, target))
+    return found
+
+
+FORBIDDEN = [
+    (importer, imported)
+    for importer, imported in itertools.permutations(MAY_IMPORT, 2)
+    if imported not in MAY_IMPORT[importer]
+]
+"""Every pair ``MAY_IMPORT`` does not allow."""
+
+
+def rule(pair: tuple[str, str]) -> str:
+    return f"{pair[0]} may not import {pair[1]}"
+
+
+def test_every_part_has_its_rules() -> None:
+    parts = {part_of(module) for module in module_names(PACKAGE)}
+    assert parts == set(MAY_IMPORT)
+    for importer, allowed in MAY_IMPORT.items():
+        assert allowed <= set(MAY_IMPORT) - {importer}, importer
+
+
+@pytest.mark.parametrize("pair", FORBIDDEN, ids=rule)
+def test_each_forbidden_pair(pair: tuple[str, str]) -> None:
+    allowed = NARROWED.get(pair, frozenset())
+    breaking = [str(i) for i in arrows().get(pair, []) if (i.module, i.target) not in allowed]
+    assert breaking == [], rule(pair)
+
+
+def test_each_narrowed_allowance_is_still_used() -> None:
+    """An allowance that nothing uses any more is a hole left open: drop it."""
+    for pair, allowed in NARROWED.items():
+        assert allowed <= {(i.module, i.target) for i in arrows().get(pair, [])}, rule(pair)
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One circle of imports through each group of modules that reach each other."""
+    reach: dict[str, set[str]] = {}
+    for start in edges:
+        seen: set[str] = set()
+        todo = list(edges[start])
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo += edges.get(module, {})
+        reach[start] = seen
+    found, placed = [], set()
+    for start in sorted(edges):
+        if start in placed or start not in reach[start]:
+            continue
+        group = {m for m in reach[start] if start in reach[m]}
+        placed |= group
+        found.append(_circle(start, group, edges))
+    return found
+
+
+def _circle(start: str, group: set[str], edges: dict[str, dict[str, int]]) -> list[str]:
+    """A shortest path from ``start`` back to itself within ``group``."""
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        module = todo.pop(0)
+        for target in sorted(edges[module]):
+            if target == start:
+                return [*paths[module], start]
+            if target in group and target not in paths:
+                paths[target] = [*paths[module], target]
+                todo.append(target)
+    raise AssertionError(f"{start} is in no circle")
+
+
+def test_no_circle_of_imports() -> None:
+    assert [" -> ".join(circle) for circle in cycles(graph(PACKAGE))] == []
 
 
 def test_vllm_and_ray_are_imported_in_one_place_each() -> None:
     strays = []
-    for path in modules():
+    for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()
         for line, name in imports(path):
             top = name.split(".")[0]
@@ -101,13 +260,28 @@ def test_vllm_and_ray_are_imported_in_one_place_each() -> None:
     assert strays == []
 
 
-def test_the_layer_walk_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
-    module = tmp_path / "m.py"
-    module.write_text(
+def test_the_walk_sees_lazy_and_type_checking_imports_and_circles(tmp_path: Path) -> None:
+    """The walk reads what a planted violation would look like: an import under
+    ``TYPE_CHECKING``, one inside a function, ``from package import module``, and a circle
+    that only a lazy import closes."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from mmbatch.jobs import Job\n"
-        "def f():\n    import mmbatch.cli.options\n"
+        "if TYPE_CHECKING:\n    from pkg.sub.c import C\n"
+        "def f():\n    from pkg import b\n"
     )
-    names = [name for _, name in imports(module)]
-    assert "mmbatch.jobs" in names
-    assert "mmbatch.cli.options" in names
+    (package / "b.py").write_text("import pkg.sub\n")
+    (package / "sub" / "c.py").write_text("def g():\n    import pkg.b\n")
+    (package / "sub" / "d.py").write_text("from pkg.sub import c\n")
+    edges = graph(package)
+    assert edges["pkg.a"] == {"pkg.sub.c": 3, "pkg.b": 5}
+    assert edges["pkg.b"] == {"pkg.sub": 1}
+    assert edges["pkg.sub.d"] == {"pkg.sub.c": 1}
+    assert cycles(edges) == []
+    (package / "b.py").write_text("def h():\n    from pkg.a import f\n")
+    assert cycles(graph(package)) == [["pkg.a", "pkg.b", "pkg.a"]]
+    (package / "b.py").write_text("from pkg.sub.c import g\n")
+    assert cycles(graph(package)) == [["pkg.b", "pkg.sub.c", "pkg.b"]]

@@ -17,12 +17,12 @@ import pytest
 from media_files import cfr_video, frame_number, write_audio
 
 import mmbatch.media.video as video_module
-from mmbatch.media.loader import MediaLoader
 from mmbatch.media.options import AudioOptions, MediaOptions, VideoOptions
 from mmbatch.out.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.timeline import audio_requests, frame_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.media_loader import MediaLoader
 from mmbatch.types import MediaRef, Request, Sampling
 
 
@@ -140,9 +140,9 @@ def test_audio_windows_through_the_pipeline(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> None:
-    from mmbatch.sources.caption import caption_requests, list_media
+    from mmbatch.sources.mixed_media import list_media, media_requests
 
-    requests = caption_requests(list_media([str(samples / "tone.wav")]), "p", take=("image",))
+    requests = media_requests(list_media([str(samples / "tone.wav")]), "p", take=("image",))
     [row], _ = run(requests)
     assert row["error"] == {
         "stage": "validate",

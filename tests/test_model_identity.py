@@ -37,8 +37,8 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real = identity.file_digest
 
-    def counting(path: Path) -> str:
-        calls.append(path.name)
+    def counting(path: str) -> tuple[bytes, int]:
+        calls.append(Path(path).name)
         return real(path)
 
     monkeypatch.setattr(identity, "file_digest", counting)

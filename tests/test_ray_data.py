@@ -20,6 +20,7 @@ import pytest
 from conftest import TINY_ENGINE_KWARGS
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
+from mmbatch.cli.run import recipe_job
 from mmbatch.engine.config import EngineConfig
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.hashing import media_key
@@ -27,7 +28,6 @@ from mmbatch.media.options import ImageOptions
 from mmbatch.out.folders import read_folder
 from mmbatch.out.rows import FLAT
 from mmbatch.pipeline import RunConfig
-from mmbatch.recipe.requests import recipe_job
 from mmbatch.types import MediaRef, Request, Sampling
 
 

@@ -23,11 +23,11 @@ import jsonschema
 import pytest
 from conftest import TINY_ENGINE_KWARGS
 
+from mmbatch.cli.run import recipe_job
 from mmbatch.engine.config import EngineConfig
 from mmbatch.jobs import Job, media_per_prompt, run_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.pipeline import RunConfig
-from mmbatch.recipe.requests import recipe_job
 from mmbatch.recipe.spec import Recipe, load_recipe
 from mmbatch.sources.files import IMAGE_SUFFIXES
 from mmbatch.types import MediaRef, Request
@@ -68,7 +68,7 @@ def recipe_engines(
             return request.getfixturevalue("vl_engine")
         key = json.dumps([str(model), kwargs, media], sort_keys=True)
         if key not in engines:
-            from mmbatch.engine.shared import shared_engine
+            from mmbatch.engine.registry import shared_engine
 
             # Kept for the session (the registry holds it): an in-process engine collected
             # at this module's end would take vLLM's global state, which later modules'

@@ -407,8 +407,8 @@ def test_two_vllm_engines_give_each_id_the_text_one_engine_gives(
     tiny_vl_model: Path,
     samples: Path,
 ) -> None:
+    from mmbatch.engine.builder import build_engine
     from mmbatch.engine.layout import Layout
-    from mmbatch.engine.shared import build_engine
 
     names = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
     requests = [
@@ -596,6 +596,45 @@ def test_closing_stops_every_replica_together_and_leaves_nothing_they_started(
     assert not [pid for pid in [*children, *replicas] if running(pid)]
     pids.close()
     pids.join_thread()
+
+
+def test_a_shared_engine_is_kept_until_it_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry gives every ask with the same settings the same engine, and drops it
+    through the engine's close hook when it closes: the next ask builds another. The engine
+    knows nothing of the registry."""
+    from mmbatch.engine import registry
+    from mmbatch.engine.layout import Layout
+
+    built: list[ReplicaEngine] = []
+
+    def build(*_: object) -> ReplicaEngine:
+        built.append(fakes(1))
+        return built[-1]
+
+    monkeypatch.setattr(registry, "build_engine", build)
+    config, media, layout = EngineConfig("org/kept"), {"image": 1}, Layout(1, ((),), "one")
+
+    def ask() -> object:
+        return registry.shared_engine_and_layout(config, media, layout)[0]
+
+    first = ask()
+    try:
+        assert ask() is first
+        assert len(built) == 1
+    finally:
+        built[0].close()
+    try:
+        second = ask()
+        assert second is not first
+        assert len(built) == 2
+        built[0].close()  # closed again (as at exit): the engine built since is kept
+        assert ask() is second
+    finally:
+        built[1].close()
+    try:
+        assert ask() is built[2]
+    finally:
+        built[2].close()
 
 
 def test_a_mistake_found_while_the_replicas_start_ends_them_at_once() -> None:

@@ -86,7 +86,7 @@ def test_a_json_recipe_parses_each_of_n_answers(samples: Path) -> None:
         },
         "r.toml",
     )
-    from mmbatch.recipe.requests import recipe_job
+    from mmbatch.cli.run import recipe_job
 
     job = recipe_job(recipe, [str(samples / "sunset.jpg")], "m")
     [row], _ = run_in_memory(job, FakeEngine(), RunConfig(progress=False))
@@ -145,7 +145,7 @@ def test_the_model_generation_config_applies_to_what_is_left_unset(
     vl_engine: Any, penalised_model: Path, samples: Path
 ) -> None:
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.shared import shared_engine
+    from mmbatch.engine.registry import shared_engine
 
     # The engine runs in its own process (a ReplicaEngine): what it applies shows in its text.
     engine = shared_engine(EngineConfig(str(penalised_model), TINY_ENGINE_KWARGS), {"image": 1})

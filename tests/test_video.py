@@ -3,22 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 from media_files import VFR_PTS_MS, cfr_video, frame_number, truncated, write_audio, write_video
 
 from mmbatch.errors import ConfigError, MediaError
-from mmbatch.media.container import decoder_threads, open_media, set_decoder_threads, threaded
+from mmbatch.media.container import open_media, set_decoder_threads, threaded
 from mmbatch.media.decoders import decode_pool
 from mmbatch.media.options import VideoOptions
-from mmbatch.media.video import decode_frames, index_video, sample_clip, select_frames
+from mmbatch.media.video import clip_from, decode_frames, index_video, select_frames
 
 
 @pytest.fixture(scope="module")
 def cfr(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2 s at 25 fps: frame i from i * 40 ms; key frames every 12 frames."""
     return cfr_video(tmp_path_factory.mktemp("v") / "cfr.mp4", frames=50, gop=12)
+
+
+def sample_clip(path: str, options: VideoOptions) -> tuple[np.ndarray, dict[str, Any]]:
+    """The clip ``options`` samples from the video at ``path``, as the loader decodes it."""
+    index = index_video(path)
+    return clip_from(path, index, select_frames(index, options), options.max_pixels)
 
 
 def sample(path: Path, options: VideoOptions) -> list[tuple[int, float, int]]:
@@ -84,8 +92,9 @@ def test_sparse_frames_are_reached_by_seeking_not_by_decoding_everything(
 def test_a_decode_pools_workers_decode_on_one_ffmpeg_thread_each(cfr: Path) -> None:
     """The pool's processes are the parallelism: FFmpeg's thread per core in each of them
     would take the cores from vLLM's engine loop. A lone decoder keeps FFmpeg's count."""
-    assert decode_pool(2).submit(decoder_threads).result(timeout=120) == 1
-    assert decoder_threads() == 0
+    in_worker = decode_pool(2).submit(threaded, SimpleNamespace()).result(timeout=120)
+    assert (in_worker.thread_type, in_worker.thread_count) == ("AUTO", 1)
+    assert not hasattr(threaded(SimpleNamespace()), "thread_count")  # FFmpeg's own count here
     index = index_video(str(cfr))
     wanted = [0, 13, 26, 49]
     lone = decode_frames(str(cfr), index, wanted).frames
@@ -216,9 +225,9 @@ def test_the_video_pixel_cap_holds_for_frame_jobs_and_clips(cfr: Path, tmp_path:
     from fake_cli import main
 
     from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
-    from mmbatch.media.loader import MediaLoader
     from mmbatch.media.options import MediaOptions
     from mmbatch.testing.fake_engine import FakeEngine
+    from mmbatch.testing.media_loader import MediaLoader
     from mmbatch.types import MediaRef, Request
 
     out = tmp_path / "frames.jsonl"
@@ -241,7 +250,7 @@ def test_a_truncated_video_whose_index_comes_first_is_flagged(tmp_path: Path) ->
     from fake_cli import main
 
     from mmbatch.cli import EXIT_OK
-    from mmbatch.media.loader import MediaLoader
+    from mmbatch.testing.media_loader import MediaLoader
     from mmbatch.types import MediaRef, Request
 
     whole = cfr_video(tmp_path / "whole.mp4", frames=125, faststart=True)

@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from mmbatch.bench.monitor import gpu_lines
 from mmbatch.bench.workloads import make_images
 
 ROWS_BEFORE_KILL = 200
@@ -183,17 +184,8 @@ def _running(pid: int) -> bool:
 
 def _used() -> int | None:
     """MiB of the first GPU's memory in use (None without a GPU)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout
-        return int(out.split()[0])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
+    used = gpu_lines("memory.used", timeout=10)
+    return int(used[0]) if used and used[0].isdigit() else None
 
 
 if __name__ == "__main__":

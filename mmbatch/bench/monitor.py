@@ -10,9 +10,26 @@ the side's helpers taking its cores.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from dataclasses import dataclass
 from typing import Any
+
+
+def gpu_lines(query: str, timeout: float = 30.0) -> list[str] | None:
+    """What ``nvidia-smi --query-gpu=QUERY`` says, a line per GPU, its numbers without units
+    (MiB for memory); None where there is no nvidia-smi, or it fails."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=timeout,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.strip() for line in out.splitlines() if line.strip()]
 
 
 class GpuMonitor:

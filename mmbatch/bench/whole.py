@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mmbatch.bench.sides import run_side, side_environment, side_spec_for
 from mmbatch.bench.workloads import CAPTION
 
 NAIVE_JOB = Path(__file__).with_name("naive_job.py")
@@ -40,8 +41,6 @@ def run_whole(
     """Every whole-process run ``options["whole"]`` asks for: each picture count, each mode
     but ``prebuilt``, ``options["whole_repeats"]`` times, the order reversed from one count
     or repeat to the next."""
-    from mmbatch.bench.driver import side_environment, side_spec_for
-
     modes = [m for m in options["modes"] if m != "prebuilt"]
     entries = []
     for n, count in enumerate(options["whole"]):
@@ -73,8 +72,6 @@ def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
-    from mmbatch.bench.driver import run_side
-
     for stale in out.parent.glob(out.name + "*"):
         stale.unlink()
     log = out.with_name(out.name + ".log")

@@ -230,7 +230,7 @@ class _Mmbatch:
         if spec.get("in_process"):
             self.engine = VLLMEngine(config, {"image": 1})
         else:
-            from mmbatch.engine.shared import shared_engine_and_layout
+            from mmbatch.engine.registry import shared_engine_and_layout
 
             self.engine, layout = shared_engine_and_layout(config, {"image": 1})
             print(f"bench[mmbatch]: {layout.describe()}", flush=True)

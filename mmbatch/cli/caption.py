@@ -33,6 +33,7 @@ from mmbatch.cli.options import (
     url_policy_from,
     video_options_from,
 )
+from mmbatch.sources import DEFAULT_PROMPT
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.log import ListingLog
     from mmbatch.types import Request
-
-DEFAULT_PROMPT = "Describe this image in one sentence."
 
 
 def register(commands: Commands) -> None:
@@ -148,8 +147,8 @@ def _inputs(
     from dataclasses import asdict
 
     from mmbatch.errors import ConfigError
-    from mmbatch.sources.caption import caption_requests, list_media, modality_of
     from mmbatch.sources.local_datasets import DatasetInput, dataset_requests, detect_format
+    from mmbatch.sources.mixed_media import list_media, media_requests, modality_of
     from mmbatch.sources.timeline import clip_cap_note
     from mmbatch.types import Modality
 
@@ -174,7 +173,7 @@ def _inputs(
 
             check_model_name(config.model)  # said as such, not as a processor that fails
             take = model_modalities(config)
-        requests = caption_requests(
+        requests = media_requests(
             files,
             args.prompt,
             args.system,

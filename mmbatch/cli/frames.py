@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from mmbatch.media.options import MediaOptions
     from mmbatch.types import Request
 
-DEFAULT_PROMPT = "Describe this video frame in one sentence."
+DEFAULT_FRAME_PROMPT = "Describe this video frame in one sentence."
+"""What ``mmbatch frames`` asks of each frame when it is given no ``--prompt``."""
 
 
 def register(commands: Commands) -> None:
@@ -42,7 +43,7 @@ def register(commands: Commands) -> None:
         "row says where (frame_path); no engine is started.",
     )
     parser.add_argument("inputs", nargs="+", metavar="VIDEO")
-    add_prompt_options(parser, DEFAULT_PROMPT, "frame")
+    add_prompt_options(parser, DEFAULT_FRAME_PROMPT, "frame")
     parser.add_argument(
         "--save-frames", metavar="DIR", default=None, help="also write the frames as JPEG here"
     )

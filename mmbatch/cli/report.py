@@ -84,7 +84,7 @@ def _previews(
     read it)."""
     from mmbatch.review.thumbnails import NoPreview, thumbnail_uri
     from mmbatch.review.views import located
-    from mmbatch.sources.caption import modality_of
+    from mmbatch.sources.mixed_media import modality_of
     from mmbatch.types import MediaRef, TimeSpan
 
     dataset = (summary or {}).get("job", {}).get("dataset")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mmbatch.cli import ray
@@ -24,6 +25,10 @@ from mmbatch.cli.options import (
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
+    from mmbatch.jobs import Job
+    from mmbatch.media.fetch import UrlPolicy
+    from mmbatch.recipe.spec import Recipe
+    from mmbatch.sources.files import SourcePolicy
 
 
 def register(commands: Commands) -> None:
@@ -52,7 +57,6 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     from mmbatch.engine.config import EngineConfig
     from mmbatch.errors import ConfigError
     from mmbatch.recipe import load_recipe
-    from mmbatch.recipe.requests import recipe_job
 
     # Everything that can be checked without the engine is checked before it starts.
     recipe = load_recipe(args.recipe)
@@ -84,3 +88,42 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     if args.ray is not None:
         return ray.run(args, job, config, recipe)
     return run_to_file(job, engine or config, args)
+
+
+def recipe_job(
+    recipe: Recipe,
+    inputs: Sequence[str],
+    model: str,
+    policy: SourcePolicy | None = None,
+    urls: UrlPolicy | None = None,
+) -> Job:
+    """The job ``recipe`` describes over ``inputs``, run by ``model``: the requests, media
+    options and row shape the recipe makes (``mmbatch.recipe.requests``), and what makes two
+    runs the same job. Built here, by the face, so that a recipe knows nothing of the runner."""
+    from dataclasses import asdict
+
+    from mmbatch.jobs import Job, fingerprint
+    from mmbatch.recipe.requests import recipe_media, recipe_requests, recipe_shape
+    from mmbatch.sources.files import SourcePolicy
+    from mmbatch.sources.log import ListingLog
+
+    log = ListingLog()
+    requests = recipe_requests(inputs, recipe, policy, log)
+    return Job(
+        requests,
+        recipe.sampling,
+        recipe_media(recipe, urls),
+        recipe_shape(recipe),
+        fingerprint=fingerprint(
+            "run",
+            model,
+            recipe.sampling,
+            questions=[asdict(q) for q in recipe.questions],
+            system=recipe.system,
+            media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
+            output=asdict(recipe.output),
+            keep_columns=(policy or SourcePolicy()).keep_columns,
+        ),
+        info={"inputs": list(inputs), "model": model, "recipe": recipe.path} | log.to_dict(),
+        notes=log.lines(),
+    )

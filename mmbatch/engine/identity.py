@@ -24,9 +24,9 @@ import xxhash
 
 from mmbatch.errors import OutputError
 from mmbatch.jsonl import write_text_atomic
+from mmbatch.media.hashing import file_digest
 
 CACHE_ENV = "MMBATCH_CACHE_DIR"
-CHUNK_BYTES = 8 * 1024 * 1024
 ANNOUNCE_BYTES = 1024**3
 """Hashing more than this (not cached yet) is announced on stderr: it takes seconds."""
 
@@ -52,15 +52,6 @@ def model_identity(model: str, revision: str | None = None) -> str:
 def cache_path() -> Path:
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "mmbatch")
     return Path(root) / "file-digests.json"
-
-
-def file_digest(path: Path) -> str:
-    """The xxh3-128 digest of ``path``'s bytes, read in chunks."""
-    h = xxhash.xxh3_128()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _DigestCache:
@@ -91,7 +82,7 @@ class _DigestCache:
                 "model by its content",
                 file=sys.stderr,
             )
-        digest = file_digest(Path(real))
+        digest = file_digest(real)[0].hex()
         self.entries[real] = {"stamp": stamp, "digest": digest}
         self.changed = True
         return digest

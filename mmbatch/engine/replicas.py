@@ -129,6 +129,7 @@ class ReplicaEngine:
         self._suspects: deque[list[str]] = deque()  # groups to try, one per replica at a time
         self._deaths_in_a_row = 0
         self._context_limits: tuple[int, int | None] | None = None
+        self._close_hooks: list[Callable[[], object]] = []
         # Replicas are not daemonic; at exit the interpreter waits for them, so they are
         # stopped first (atexit runs this before multiprocessing's own join).
         atexit.register(self._abandon if end_at_exit else self.close)
@@ -215,7 +216,16 @@ class ReplicaEngine:
         (so the GPU's memory is free). A ready replica closes its engine, so that vLLM
         releases the shared memory its engine core and workers hold (killed, they leave it to
         Python's resource tracker, which warns of it as the job exits); one still starting
-        has nothing to save and is ended at once."""
+        has nothing to save and is ended at once. The close hooks (``on_close``) run first,
+        once; one that fails still leaves no replica behind."""
+        hooks, self._close_hooks = self._close_hooks, []
+        try:
+            for hook in hooks:
+                hook()
+        finally:
+            self._stop_replicas()
+
+    def _stop_replicas(self) -> None:
         told = []
         for replica in self._replicas:
             ready, process = replica.ready, self._tell_to_stop(replica)
@@ -224,6 +234,12 @@ class ReplicaEngine:
             else:
                 _end_all([process], wait=0.0)
         _end_all(told, wait=STOP_WAIT)
+
+    def on_close(self, hook: Callable[[], object]) -> None:
+        """Call ``hook`` when the engine closes (what was kept for it goes too: its
+        pipeline's decoding workers, its place in ``mmbatch.engine.registry``)."""
+        if hook not in self._close_hooks:
+            self._close_hooks.append(hook)
 
     @property
     def replicas(self) -> int:

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
 
     from mmbatch.engine.budget import PromptBudget
-    from mmbatch.engine.vllm_counts import ProcessingCounts
+    from mmbatch.engine.vllm_counts import ProcessingCounts, Render
 
 DEFAULT_CPU_KV_CACHE_BYTES = 4 * 1024**3
 
@@ -249,9 +249,6 @@ class VLLMEngine:
         if getattr(self, "_closed", False):
             return
         self._closed = True
-        from mmbatch.engine.shared import forget
-
-        forget(self)
         for hook in getattr(self, "_close_hooks", ()):
             hook()
         if self._pool is not None:
@@ -266,7 +263,7 @@ class VLLMEngine:
 
     def on_close(self, hook: Callable[[], object]) -> None:
         """Call ``hook`` when the engine closes (what was kept for it goes too: its
-        pipeline's decoding workers)."""
+        pipeline's decoding workers, its place in ``mmbatch.engine.registry``)."""
         hooks: list[Callable[[], object]] = self.__dict__.setdefault("_close_hooks", [])
         if hook not in hooks:
             hooks.append(hook)
@@ -531,6 +528,15 @@ def model_config(config: EngineConfig) -> Any:
         return engine_args(config, None).create_model_config()
     except Exception as exc:  # vLLM checks with pydantic, ValueError, OSError from the hub...
         raise ConfigError(_config_problem(config, exc)) from exc
+
+
+def processing_counts(config: EngineConfig, render: Render) -> ProcessingCounts:
+    """The token counts of the model ``config`` names (``mmbatch.engine.vllm_counts``),
+    with its engine settings (a user's ``mm_processor_kwargs`` change the counts), without
+    starting an engine."""
+    from mmbatch.engine.vllm_counts import ProcessingCounts
+
+    return ProcessingCounts(model_config(config), render)
 
 
 def engine_args(config: EngineConfig, media_per_prompt: dict[Modality, int] | None) -> Any:

@@ -40,13 +40,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mmbatch.engine.budget import ItemCount
 from mmbatch.types import Modality
-
-if TYPE_CHECKING:
-    from mmbatch.engine.config import EngineConfig
 
 Render = Callable[[str | None, str, tuple[str, ...]], str]
 """The model's chat template: (system, prompt, media kinds in order) -> prompt text."""
@@ -313,11 +310,3 @@ def _clip_metadata(frames: int) -> dict[str, Any]:
         "video_backend": "opencv",
         "do_sample_frames": False,
     }
-
-
-def processing_counts(config: EngineConfig, render: Render) -> ProcessingCounts:
-    """The counts of the model ``config`` names, with its engine settings (a user's
-    ``mm_processor_kwargs`` change the counts), without starting an engine."""
-    from mmbatch.engine.vllm import model_config
-
-    return ProcessingCounts(model_config(config), render)

@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from mmbatch.engine.builder import may_start_processes
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.identity import model_identity
 from mmbatch.engine.logs import VllmLog, library_log_file
-from mmbatch.engine.shared import may_start_processes
 from mmbatch.errors import ConfigError, ItemFailure
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -241,7 +241,7 @@ class DatasetMap:
         return requests
 
     def _engine(self, rank: int | None) -> Engine:
-        from mmbatch.engine.shared import shared_engine
+        from mmbatch.engine.registry import shared_engine
 
         # The engine is built on this process's first batch, so the GPU is chosen before CUDA
         # starts; later calls narrow CUDA_VISIBLE_DEVICES to the device it already names.

@@ -28,11 +28,6 @@ def set_decoder_threads(count: int) -> None:
     _decoder_threads = count
 
 
-def decoder_threads() -> int:
-    """This process's FFmpeg threads per decoder (``set_decoder_threads``)."""
-    return _decoder_threads
-
-
 def threaded(stream: Any) -> Any:
     """``stream`` set to decode on this process's FFmpeg threads (frame or slice threads,
     whichever the codec allows)."""

@@ -37,8 +37,7 @@ from mmbatch.errors import FatalEngineError
 from mmbatch.media.decode import Decoded, DecodeJob
 from mmbatch.media.decoders import Decoders
 from mmbatch.media.keys import KeyedUnit, Keyer
-from mmbatch.media.limits import PromptLimits, settle
-from mmbatch.media.loader import check
+from mmbatch.media.limits import PromptLimits, failure_of, settle
 from mmbatch.media.options import MediaOptions
 from mmbatch.media.store import MediaStore
 from mmbatch.planner import Plan
@@ -299,7 +298,7 @@ class Feeder:
         ready = Ready(unit.tag, failures=list(keyed.failures))
         for loaded in keyed.loaded:
             media = {k: item for k in loaded.media_keys if (item := self.store.get(k))}
-            failure = check(loaded, media, self._errors, self.limits)
+            failure = failure_of(loaded, media, self._errors, self.limits)
             if failure is None:
                 ready.loaded.append(loaded)
                 ready.media.update(media)

@@ -31,7 +31,8 @@ def file_digest(path: str) -> tuple[bytes, int]:
     """The xxh3-128 digest of the file at ``path`` and its size, read in chunks.
 
     Videos and long audio are keyed by this digest instead of being held in memory whole:
-    an hour of video is gigabytes, while xxh3 streams it at memory speed. Raises
+    an hour of video is gigabytes, while xxh3 streams it at memory speed; a model's files
+    are known by it too (``mmbatch.engine.identity``). Raises
     ``MediaError`` for a path that is not a regular file (``open_regular``), ``OSError`` for
     a failed read.
     """

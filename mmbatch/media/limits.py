@@ -3,7 +3,8 @@
 The engine side (``mmbatch.engine.budget.PromptBudget``) knows the model's context length,
 its encoder cache and its processor's token rules; the loader only needs the three answers
 below. Declaring them here, as a protocol, keeps the dependency pointing down: the loader is
-handed an implementation and never imports the engine.
+handed an implementation and never imports the engine. ``failure_of`` is the last check
+before a request whose media are decoded goes to the engine.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
+from mmbatch.errors import RequestRejected
 from mmbatch.media.options import MediaOptions, VideoOptions
-from mmbatch.types import MediaItem, Modality, Request
+from mmbatch.types import ItemError, LoadedRequest, MediaItem, Modality, Request, Result
 
 if TYPE_CHECKING:
     from mmbatch.media.video import VideoIndex
@@ -58,3 +60,26 @@ def settle(options: MediaOptions, limits: PromptLimits | None) -> MediaOptions:
         frame_pixels=frame_cap,
         audio=options.audio.at_model_rate(limits.audio_rate),
     )
+
+
+def failure_of(
+    loaded: LoadedRequest,
+    media: dict[str, MediaItem],
+    errors: dict[str, ItemError],
+    limits: PromptLimits | None,
+) -> Result | None:
+    """Why ``loaded`` cannot go to the engine: one of its media failed to decode
+    (``errors``), or, with the model's ``limits``, its prompt with its decoded ``media`` is
+    measured not to fit; None when it can go."""
+    bad = next((errors[k] for k in loaded.media_keys if k in errors), None)
+    if bad is not None:
+        return Result(loaded.id, error=bad)
+    if limits is not None:
+        try:
+            limits.check(loaded.request, [media[k] for k in loaded.media_keys])
+        except RequestRejected as exc:
+            return Result.failure(loaded.id, exc.stage, str(exc), exc.kind)
+        except Exception as exc:  # the processor's rules refuse this input in their own way
+            message = f"the model's processor cannot take it: {type(exc).__name__}: {exc}"
+            return Result.failure(loaded.id, "validate", message, "rejected")
+    return None

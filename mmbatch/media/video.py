@@ -397,18 +397,6 @@ def _to_rgb(frame: Any, width: int, height: int, rotation: int) -> np.ndarray:
     return rgb
 
 
-def sample_clip(path: str, options: VideoOptions) -> tuple[np.ndarray, dict[str, Any]]:
-    """The frames ``options`` samples from ``path`` as one clip: ``(frames, metadata)`` with
-    frames a ``[T, H, W, 3]`` uint8 array, in the form vLLM's Qwen2-VL family takes.
-
-    The metadata tells the processor the frames are already sampled
-    (``do_sample_frames=False``) and where they sit in the source, which Qwen2.5-VL needs
-    for its time positions.
-    """
-    index = index_video(path)
-    return clip_from(path, index, select_frames(index, options), options.max_pixels)
-
-
 def clip_from(
     path: str,
     index: VideoIndex,

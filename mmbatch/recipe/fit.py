@@ -70,7 +70,7 @@ def recipe_needs(recipe: Recipe, config: EngineConfig) -> Needs | None:
     does not say how many tokens its media become (only its template is known then).
     ``ConfigError`` if the model takes no media of the recipe's kind."""
     from mmbatch.engine.processor import ChatTemplate
-    from mmbatch.engine.vllm_counts import processing_counts
+    from mmbatch.engine.vllm import processing_counts
 
     trust = bool(config.engine_kwargs.get("trust_remote_code", False))
     template = ChatTemplate(config.model, trust)

@@ -1,4 +1,4 @@
-"""A recipe applied to inputs: the requests, media options and row shape of one ``Job``.
+"""A recipe applied to inputs: the requests, media options and row shape of a job.
 
 Each item found in the inputs becomes one request per question of the recipe. The requests
 of an item share its media references, so they are planned together (the media is read and
@@ -10,17 +10,15 @@ names cannot hold ``#``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 
 from mmbatch.errors import SourceError
-from mmbatch.jobs import Job, fingerprint
 from mmbatch.media.fetch import UrlPolicy
 from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
 from mmbatch.out.rows import ItemShape
 from mmbatch.recipe.spec import Recipe
-from mmbatch.sources.caption import caption_requests, list_media
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
+from mmbatch.sources.mixed_media import list_media, media_requests
 from mmbatch.sources.timeline import audio_requests, clip_cap_note, frame_requests
 from mmbatch.types import Modality, Request
 
@@ -70,36 +68,6 @@ def item_requests(items: Sequence[Request], recipe: Recipe) -> list[Request]:
     return requests
 
 
-def recipe_job(
-    recipe: Recipe,
-    inputs: Sequence[str],
-    model: str,
-    policy: SourcePolicy | None = None,
-    urls: UrlPolicy | None = None,
-) -> Job:
-    """The job ``recipe`` describes over ``inputs``, run by ``model``."""
-    log = ListingLog()
-    requests = recipe_requests(inputs, recipe, policy, log)
-    return Job(
-        requests,
-        recipe.sampling,
-        recipe_media(recipe, urls),
-        recipe_shape(recipe),
-        fingerprint=fingerprint(
-            "run",
-            model,
-            recipe.sampling,
-            questions=[asdict(q) for q in recipe.questions],
-            system=recipe.system,
-            media={"kind": recipe.media.kind, "options": dict(recipe.media.options)},
-            output=asdict(recipe.output),
-            keep_columns=(policy or SourcePolicy()).keep_columns,
-        ),
-        info={"inputs": list(inputs), "model": model, "recipe": recipe.path} | log.to_dict(),
-        notes=log.lines(),
-    )
-
-
 def _items(
     inputs: Sequence[str], recipe: Recipe, policy: SourcePolicy | None, log: ListingLog
 ) -> list[Request]:
@@ -115,9 +83,7 @@ def _items(
         if note:
             log.note(note)
         taker = f"the recipe {recipe.name!r} ([media] kind = 'video')"
-        return caption_requests(
-            files, prompt, system, take=clips, as_clip=True, taker=taker, log=log
-        )
+        return media_requests(files, prompt, system, take=clips, as_clip=True, taker=taker, log=log)
     return frame_requests(inputs, video_options(recipe), prompt, system, policy, log)
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from mmbatch.media.image import decode_image, prepare_decoded
 from mmbatch.media.options import ImageOptions
+from mmbatch.sources.files import VIDEO_SUFFIXES
 from mmbatch.types import FrameAt, MediaRef, TimeSpan
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ THUMBNAIL_OPTIONS = ImageOptions(max_pixels=THUMBNAIL_SIDE * THUMBNAIL_SIDE)
 before decoding), then shrunk."""
 VIDEO_FRAMES = 4
 """Frames sampled across a video for its strip."""
-VIDEO_SUFFIXES = frozenset({".mp4", ".mov", ".mkv", ".webm", ".avi", ".m4v"})
 
 
 class NoPreview(Exception):
@@ -49,9 +49,9 @@ def thumbnail_uri(ref: MediaRef) -> str:
         if isinstance(ref.part, FrameAt):
             return _to_uri(_video_frame(path, ref.part))
         if isinstance(ref.part, TimeSpan):
-            return _to_uri(_clip_strip(path, ref.part))
+            return _to_uri(_strip(path, ref.part))
         if ref.modality == "video" or path.suffix.lower() in VIDEO_SUFFIXES:
-            return _to_uri(_video_strip(path))
+            return _to_uri(_strip(path))
         return _to_uri(decode_image(path.read_bytes(), THUMBNAIL_OPTIONS))
     except Exception as exc:  # Pillow and PyAV raise many types; each is a reason to show
         raise NoPreview(f"{type(exc).__name__}: {exc}") from None
@@ -70,47 +70,22 @@ def _video_frame(path: Path, frame: FrameAt) -> Image.Image:
     return prepare_decoded(Image.fromarray(rgb), THUMBNAIL_OPTIONS)
 
 
-def _clip_strip(path: Path, span: TimeSpan) -> Image.Image:
-    """Up to ``VIDEO_FRAMES`` frames spread over a clip cut from the video (a row's
-    ``start`` to ``end``), side by side: the frames on screen at the middles of equal
-    slices of it, found by the video's index, so none is from before the clip."""
+def _strip(path: Path, span: TimeSpan | None = None) -> Image.Image:
+    """Up to ``VIDEO_FRAMES`` frames spread over the video, or over a clip cut from it (a
+    row's ``start`` to ``end``), side by side: the frames on screen at the middles of equal
+    slices of it, found by the video's index (every frame's time, from demuxing), so none is
+    from before the clip, and none is misplaced where the header's duration or a seek by
+    time is off (an MPEG program stream's duration is a guess from its bit rate)."""
     from PIL import Image
 
     from mmbatch.media.video import decode_frames, index_video
 
     index = index_video(str(path))
-    step = (span.end - span.start) / VIDEO_FRAMES
-    wanted = sorted({index.frame_at(span.start + (k + 0.5) * step) for k in range(VIDEO_FRAMES)})
+    start, end = (span.start, span.end) if span is not None else (index.start, index.end)
+    step = (end - start) / VIDEO_FRAMES
+    wanted = sorted({index.frame_at(start + (k + 0.5) * step) for k in range(VIDEO_FRAMES)})
     decoded = decode_frames(str(path), index, wanted, THUMBNAIL_SIDE * THUMBNAIL_SIDE).frames
     frames = [prepare_decoded(Image.fromarray(decoded[i]), THUMBNAIL_OPTIONS) for i in wanted]
-    return _side_by_side(frames, path)
-
-
-def _video_strip(path: Path) -> Image.Image:
-    """Up to ``VIDEO_FRAMES`` frames spread over the video, side by side."""
-
-    from mmbatch.media.container import open_media, threaded
-    from mmbatch.media.options import DEFAULT_MAX_VIDEO_PIXELS
-    from mmbatch.media.video import check_frame_size
-
-    frames: list[Image.Image] = []
-    with open_media(str(path)) as container:
-        stream = container.streams.video[0]
-        context = stream.codec_context
-        check_frame_size(context.width, context.height, DEFAULT_MAX_VIDEO_PIXELS)
-        threaded(stream)
-        duration = (
-            float(stream.duration * stream.time_base)
-            if stream.duration is not None and stream.time_base is not None
-            else (container.duration or 0) / 1_000_000
-        )
-        for i in range(VIDEO_FRAMES):
-            target = duration * (i + 0.5) / VIDEO_FRAMES
-            if stream.time_base is not None:
-                container.seek(int(target / stream.time_base), stream=stream, backward=True)
-            frame = next(container.decode(stream), None)
-            if frame is not None:
-                frames.append(prepare_decoded(frame.to_image(), THUMBNAIL_OPTIONS))
     return _side_by_side(frames, path)
 
 

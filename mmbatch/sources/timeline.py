@@ -195,16 +195,15 @@ def audio_requests(
     and ``end`` in seconds)."""
     requests: list[Request] = []
     for file in list_inputs(inputs, AUDIO_SUFFIXES, policy, "audio file", log):
-        requests.extend(audio_windows(file, file.prompt or prompt, system, options))
+        requests.extend(audio_file_requests(file, file.prompt or prompt, system, options))
     return requests
 
 
-def audio_windows(
+def audio_file_requests(
     file: InputFile, prompt: str, system: str | None, options: AudioOptions
 ) -> Iterator[Request]:
-    """The requests of one audio file, a window each."""
-    from mmbatch.media.audio import audio_windows as windows
-    from mmbatch.media.audio import probe_audio
+    """The requests of one audio file, one per window (``audio_windows``: its spans)."""
+    from mmbatch.media.audio import audio_windows, probe_audio
 
     path = file.path
     try:
@@ -216,7 +215,7 @@ def audio_windows(
         columns += file.columns
         yield Request(file.id, prompt, (ref,), system, columns=columns, error=_error(exc))
         return
-    spans = windows(duration, options)
+    spans = audio_windows(duration, options)
     for span in spans:
         item_id = file.id if len(spans) == 1 else f"{file.id}@{span.start:.3f}"
         columns = (("start", span.start), ("end", span.end), *file.columns)

@@ -26,6 +26,16 @@ TINY_TEXT: dict[str, Any] = {
     "tie_word_embeddings": False,
     "use_sliding_window": False,
 }
+TINY_VISION: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+}
+"""The tiny vision tower of the ViT-style families (SigLIP, InternViT, Pixtral's): each adds
+its image and patch sizes."""
+HALF_NORM = [0.5, 0.5, 0.5]
+"""Pixel mean and std that map [0, 1] to [-1, 1], as SigLIP-style processors normalise."""
 TINY_MROPE_SECTION = [8, 12, 12]  # sums to head_dim / 2 = 32
 ROPE_THETA = 1_000_000.0
 
@@ -140,6 +150,26 @@ def llama_text(**overrides: Any) -> dict[str, Any]:
     return {**text, "head_dim": head_dim, **overrides}
 
 
+def tiny_tokenizer(
+    special_tokens: Mapping[str, int],
+    chat_template: str,
+    *,
+    plain_tokens: Mapping[str, int] | None = None,
+    **names: Any,
+) -> Any:
+    """The tiny text tower's tokenizer: ``TINY_TEXT``'s vocabulary with the family's
+    ``special_tokens`` (and ``plain_tokens``) at their ids, its chat template and context;
+    ``names`` (eos, pad, bos, named) as ``wrap_tokenizer`` takes them."""
+    from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
+
+    return wrap_tokenizer(
+        build_tokenizer(TINY_TEXT["vocab_size"], special_tokens, plain_tokens=plain_tokens),
+        chat_template=chat_template,
+        model_max_length=TINY_TEXT["max_position_embeddings"],
+        **names,
+    )
+
+
 def write_checkpoint(
     out_dir: Path,
     config: Any,
@@ -178,6 +208,17 @@ def sinusoids(length: int, channels: int) -> Any:
     inv_timescales = torch.exp(-increment * torch.arange(channels // 2, dtype=torch.float32))
     scaled = torch.arange(length, dtype=torch.float32)[:, None] * inv_timescales[None, :]
     return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
+
+
+WHISPER_POSITIONS = "model.audio_tower.embed_positions.weight"
+"""An audio tower's position table: Whisper's fixed sinusoids, never random."""
+
+
+def whisper_positions(model: Any) -> None:
+    """Set the audio tower's position table to Whisper's sinusoids: the ``fill`` of
+    ``write_checkpoint``, whose ``keep`` spares ``WHISPER_POSITIONS`` the random init."""
+    table = dict(model.named_parameters())[WHISPER_POSITIONS]
+    table.copy_(sinusoids(*table.shape))
 
 
 def whisper_features(mel_bins: int, sampling_rate: int) -> Any:

@@ -10,19 +10,19 @@ of 15000 tokens). Text tower: the tiny Qwen2. Weights in the hub layout of
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mmbatch.testing.tiny_models._common import (
-    TINY_TEXT,
+    WHISPER_POSITIONS,
     prepare_dir,
     qwen2_text,
-    sinusoids,
+    tiny_tokenizer,
     whisper_features,
+    whisper_positions,
     write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import chatml_template
-from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -67,26 +67,18 @@ def build_tiny_audioflamingo3(out_dir: str | Path, seed: int) -> Path:
     )
     config.architectures = ["AudioFlamingo3ForConditionalGeneration"]
 
-    def fixed_positions(model: Any) -> None:
-        positions = dict(model.named_parameters())["model.audio_tower.embed_positions.weight"]
-        positions.copy_(sinusoids(MAX_SOURCE_POSITIONS, WIDTH))
-
     write_checkpoint(
         path,
         config,
         AudioFlamingo3ForConditionalGeneration,
         seed,
         _HUB_LAYOUT,
-        keep=lambda name: name.endswith("embed_positions.weight"),
-        fill=fixed_positions,
+        keep=lambda name: name == WHISPER_POSITIONS,
+        fill=whisper_positions,
     )
     write_json(path / "generation_config.json", {"bos_token_id": 0, "eos_token_id": [2, 0]})
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], special),
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
-    )
+    tokenizer = tiny_tokenizer(special, CHAT_TEMPLATE)
     feature_extractor = whisper_features(MEL_BINS, SAMPLING_RATE)
     processor = AudioFlamingo3Processor(
         feature_extractor=feature_extractor,

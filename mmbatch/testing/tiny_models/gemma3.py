@@ -16,14 +16,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mmbatch.testing.tiny_models._common import (
+    HALF_NORM,
     TINY_TEXT,
     prepare_dir,
+    tiny_tokenizer,
     write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import GEMMA3_CHAT_TEMPLATE
-from mmbatch.testing.tiny_models.llava_onevision import SIGLIP_MEAN, TINY_SIGLIP
-from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
+from mmbatch.testing.tiny_models.llava_onevision import TINY_SIGLIP
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -101,10 +102,10 @@ def build_tiny_gemma3(out_dir: str | Path, seed: int) -> Path:
         {"bos_token_id": 2, "eos_token_id": [1, 4], "pad_token_id": 0},
     )
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], special, plain_tokens=NEWLINE_TOKENS),
-        chat_template=GEMMA3_CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
+    tokenizer = tiny_tokenizer(
+        special,
+        GEMMA3_CHAT_TEMPLATE,
+        plain_tokens=NEWLINE_TOKENS,
         eos="<eos>",
         pad="<pad>",
         bos="<bos>",
@@ -112,7 +113,7 @@ def build_tiny_gemma3(out_dir: str | Path, seed: int) -> Path:
     )
     tile = TINY_SIGLIP["image_size"]
     image_processor = Gemma3ImageProcessor(
-        size={"height": tile, "width": tile}, image_mean=SIGLIP_MEAN, image_std=SIGLIP_MEAN
+        size={"height": tile, "width": tile}, image_mean=HALF_NORM, image_std=HALF_NORM
     )
     processor = Gemma3Processor(
         image_processor=image_processor,

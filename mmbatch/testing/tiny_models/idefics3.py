@@ -14,14 +14,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mmbatch.testing.tiny_models._common import (
-    TINY_TEXT,
+    HALF_NORM,
+    TINY_VISION,
     llama_text,
     prepare_dir,
+    tiny_tokenizer,
     write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import IDEFICS3_CHAT_TEMPLATE
-from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -62,10 +63,7 @@ def build_tiny_idefics3(out_dir: str | Path, seed: int) -> Path:
             pad_token_id=special["<|endoftext|>"],
         ),
         vision_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
+            **TINY_VISION,
             "image_size": TILE,
             "patch_size": 14,
         },
@@ -78,10 +76,9 @@ def build_tiny_idefics3(out_dir: str | Path, seed: int) -> Path:
     write_checkpoint(path, config, Idefics3ForConditionalGeneration, seed, {})
     write_json(path / "generation_config.json", {"bos_token_id": 1, "eos_token_id": [2, 0]})
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], special),
-        chat_template=IDEFICS3_CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
+    tokenizer = tiny_tokenizer(
+        special,
+        IDEFICS3_CHAT_TEMPLATE,
         eos="<end_of_utterance>",
         bos="<|im_start|>",
     )
@@ -89,8 +86,8 @@ def build_tiny_idefics3(out_dir: str | Path, seed: int) -> Path:
         size={"longest_edge": LONGEST_EDGE},
         max_image_size={"longest_edge": TILE},
         do_image_splitting=True,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
+        image_mean=HALF_NORM,
+        image_std=HALF_NORM,
     )
     processor = Idefics3Processor(
         image_processor=image_processor,

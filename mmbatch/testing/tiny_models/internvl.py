@@ -14,14 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mmbatch.testing.tiny_models._common import (
-    TINY_TEXT,
+    TINY_VISION,
     prepare_dir,
     qwen2_text,
+    tiny_tokenizer,
     write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import chatml_template
-from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -63,10 +63,7 @@ def build_tiny_internvl(out_dir: str | Path, seed: int) -> Path:
     config = InternVLConfig(
         text_config=qwen2_text(special["<|endoftext|>"], special["<|im_end|>"], 0),
         vision_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
+            **TINY_VISION,
             "image_size": [TILE, TILE],
             "patch_size": [14, 14],
         },
@@ -79,10 +76,9 @@ def build_tiny_internvl(out_dir: str | Path, seed: int) -> Path:
     write_checkpoint(path, config, InternVLForConditionalGeneration, seed, {})
     write_json(path / "generation_config.json", {"bos_token_id": 0, "eos_token_id": [2, 0]})
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], special),
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
+    tokenizer = tiny_tokenizer(
+        special,
+        CHAT_TEMPLATE,
         named=NAMED_TOKENS,
     )
     tile = {"height": TILE, "width": TILE}

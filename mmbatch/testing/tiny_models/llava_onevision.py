@@ -15,14 +15,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.testing.tiny_models._common import (
-    TINY_TEXT,
+    HALF_NORM,
+    TINY_VISION,
     prepare_dir,
     qwen2_text,
+    tiny_tokenizer,
     write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import chatml_template
-from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -40,14 +41,10 @@ TILE = 56
 GRID_PINPOINTS = [[TILE, TILE], [TILE, 2 * TILE], [2 * TILE, TILE], [2 * TILE, 2 * TILE]]
 TINY_SIGLIP: dict[str, Any] = {
     "model_type": "siglip_vision_model",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
+    **TINY_VISION,
     "image_size": TILE,
     "patch_size": 14,
 }
-SIGLIP_MEAN = [0.5, 0.5, 0.5]
 
 _HUB_LAYOUT = {
     "model.vision_tower.": "vision_tower.vision_model.",
@@ -84,21 +81,17 @@ def build_tiny_llava_onevision(out_dir: str | Path, seed: int) -> Path:
     write_checkpoint(path, config, LlavaOnevisionForConditionalGeneration, seed, _HUB_LAYOUT)
     write_json(path / "generation_config.json", {"bos_token_id": 0, "eos_token_id": [2, 0]})
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], special),
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
-    )
+    tokenizer = tiny_tokenizer(special, CHAT_TEMPLATE)
     tile = {"height": TILE, "width": TILE}
     image_processor = LlavaOnevisionImageProcessor(
         size=tile,
         crop_size=tile,
         image_grid_pinpoints=GRID_PINPOINTS,
-        image_mean=SIGLIP_MEAN,
-        image_std=SIGLIP_MEAN,
+        image_mean=HALF_NORM,
+        image_std=HALF_NORM,
     )
     video_processor = LlavaOnevisionVideoProcessor(
-        size=tile, image_mean=SIGLIP_MEAN, image_std=SIGLIP_MEAN
+        size=tile, image_mean=HALF_NORM, image_std=HALF_NORM
     )
     processor = LlavaOnevisionProcessor(
         image_processor=image_processor,

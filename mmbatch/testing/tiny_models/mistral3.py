@@ -13,14 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mmbatch.testing.tiny_models._common import (
-    TINY_TEXT,
+    HALF_NORM,
+    TINY_VISION,
     llama_text,
     prepare_dir,
+    tiny_tokenizer,
     write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import MISTRAL3_CHAT_TEMPLATE
-from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -62,10 +63,7 @@ def build_tiny_mistral3(out_dir: str | Path, seed: int) -> Path:
             eos_token_id=special["</s>"],
         ),
         vision_config={
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
+            **TINY_VISION,
             "head_dim": 32,
             "image_size": LONGEST_EDGE,
             "patch_size": PATCH,
@@ -79,10 +77,9 @@ def build_tiny_mistral3(out_dir: str | Path, seed: int) -> Path:
     write_checkpoint(path, config, Mistral3ForConditionalGeneration, seed, {})
     write_json(path / "generation_config.json", {"bos_token_id": 1, "eos_token_id": 2})
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], special),
-        chat_template=MISTRAL3_CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
+    tokenizer = tiny_tokenizer(
+        special,
+        MISTRAL3_CHAT_TEMPLATE,
         eos="</s>",
         pad="<unk>",
         bos="<s>",
@@ -90,8 +87,8 @@ def build_tiny_mistral3(out_dir: str | Path, seed: int) -> Path:
     image_processor = PixtralImageProcessor(
         size={"longest_edge": LONGEST_EDGE},
         patch_size=PATCH,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
+        image_mean=HALF_NORM,
+        image_std=HALF_NORM,
     )
     processor = PixtralProcessor(
         image_processor=image_processor,

@@ -14,17 +14,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mmbatch.testing.tiny_models._common import (
+    HALF_NORM,
     TINY_MROPE_SECTION,
     TINY_TEXT,
     prepare_dir,
+    tiny_tokenizer,
     write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
 from mmbatch.testing.tiny_models.tokenizer import (
     TINY_SPECIAL_TOKENS,
-    build_tokenizer,
-    wrap_tokenizer,
 )
 
 if TYPE_CHECKING:
@@ -88,17 +88,13 @@ def build_tiny_qwen3_vl(out_dir: str | Path, seed: int) -> Path:
     write_checkpoint(path, config, Qwen3VLForConditionalGeneration, seed, {})
     write_json(path / "generation_config.json", {"bos_token_id": 0, "eos_token_id": [2, 0]})
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], special),
-        chat_template=QWEN_CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
-    )
+    tokenizer = tiny_tokenizer(special, QWEN_CHAT_TEMPLATE)
     cells = {
         "patch_size": PATCH_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         "merge_size": MERGE_SIZE,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
+        "image_mean": HALF_NORM,
+        "image_std": HALF_NORM,
     }
     image_processor = Qwen2VLImageProcessor(
         size={"shortest_edge": FACTOR * FACTOR, "longest_edge": IMAGE_MAX_PIXELS}, **cells

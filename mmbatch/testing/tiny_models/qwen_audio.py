@@ -17,23 +17,19 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.testing.tiny_models._common import (
-    ROPE_THETA,
-    TINY_TEXT,
-    clean_config_dict,
+    WHISPER_POSITIONS,
     generation_config,
-    init_weights,
     prepare_dir,
-    rename_prefixes,
-    save_weights,
-    sinusoids,
+    qwen2_text,
+    tiny_tokenizer,
     whisper_features,
+    whisper_positions,
+    write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
 from mmbatch.testing.tiny_models.tokenizer import (
     TINY_SPECIAL_TOKENS,
-    build_tokenizer,
-    wrap_tokenizer,
 )
 
 if TYPE_CHECKING:
@@ -68,17 +64,10 @@ def tiny_audio_config() -> Any:
     from transformers import Qwen2AudioConfig
 
     special = TINY_SPECIAL_TOKENS
-    text = dict(
-        TINY_TEXT,
-        model_type="qwen2",
-        max_window_layers=TINY_TEXT["num_hidden_layers"],
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-        bos_token_id=special["<|endoftext|>"],
-        eos_token_id=special["<|im_end|>"],
-        pad_token_id=special["<|endoftext|>"],
-    )
     config = Qwen2AudioConfig(
-        text_config=text,
+        text_config=qwen2_text(
+            special["<|endoftext|>"], special["<|im_end|>"], special["<|endoftext|>"]
+        ),
         audio_config=dict(TINY_AUDIO),
         audio_token_index=special["<|AUDIO|>"],
     )
@@ -88,7 +77,6 @@ def tiny_audio_config() -> Any:
 
 def build_tiny_audio(out_dir: str | Path, seed: int) -> Path:
     """Write the tiny ``qwen2_audio`` checkpoint (config, weights, tokenizer, processor)."""
-    import torch
     from transformers import (
         Qwen2AudioForConditionalGeneration,
         Qwen2AudioProcessor,
@@ -97,23 +85,18 @@ def build_tiny_audio(out_dir: str | Path, seed: int) -> Path:
     path = prepare_dir(out_dir)
     config = tiny_audio_config()
 
-    torch.manual_seed(seed)
-    model = Qwen2AudioForConditionalGeneration(config).eval()
-    init_weights(model, seed, keep=lambda name: name.endswith("embed_positions.weight"))
-    positions = dict(model.named_parameters())["model.audio_tower.embed_positions.weight"]
-    with torch.no_grad():
-        positions.copy_(sinusoids(MAX_SOURCE_POSITIONS, TINY_AUDIO["d_model"]))
-    save_weights(path, model.state_dict(), rename_prefixes(_HUB_LAYOUT))
-    del model
-
-    write_json(path / "config.json", clean_config_dict(config))
+    write_checkpoint(
+        path,
+        config,
+        Qwen2AudioForConditionalGeneration,
+        seed,
+        _HUB_LAYOUT,
+        keep=lambda name: name == WHISPER_POSITIONS,
+        fill=whisper_positions,
+    )
     write_json(path / "generation_config.json", generation_config(TINY_SPECIAL_TOKENS))
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], TINY_SPECIAL_TOKENS),
-        chat_template=QWEN_CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
-    )
+    tokenizer = tiny_tokenizer(TINY_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE)
     feature_extractor = whisper_features(NUM_MEL_BINS, SAMPLING_RATE)
     processor = Qwen2AudioProcessor(
         feature_extractor=feature_extractor,

@@ -15,19 +15,15 @@ from mmbatch.testing.tiny_models._common import (
     ROPE_THETA,
     TINY_MROPE_SECTION,
     TINY_TEXT,
-    clean_config_dict,
     generation_config,
-    init_weights,
     prepare_dir,
-    rename_prefixes,
-    save_weights,
+    tiny_tokenizer,
+    write_checkpoint,
     write_json,
 )
 from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
 from mmbatch.testing.tiny_models.tokenizer import (
     TINY_SPECIAL_TOKENS,
-    build_tokenizer,
-    wrap_tokenizer,
 )
 
 if TYPE_CHECKING:
@@ -126,27 +122,16 @@ def tiny_vl_config(family: str) -> Any:
 
 def build_tiny_vl(out_dir: str | Path, family: str, seed: int) -> Path:
     """Write the tiny ``family`` checkpoint (config, weights, tokenizer, processor)."""
-    import torch
     from transformers import Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     path = prepare_dir(out_dir)
     config = tiny_vl_config(family)
     _, model_cls, processor_cls = _classes(family)
 
-    torch.manual_seed(seed)
-    model = model_cls(config).eval()
-    init_weights(model, seed)
-    save_weights(path, model.state_dict(), rename_prefixes(_HUB_LAYOUT))
-    del model
-
-    write_json(path / "config.json", clean_config_dict(config))
+    write_checkpoint(path, config, model_cls, seed, _HUB_LAYOUT)
     write_json(path / "generation_config.json", generation_config(TINY_SPECIAL_TOKENS))
 
-    tokenizer = wrap_tokenizer(
-        build_tokenizer(TINY_TEXT["vocab_size"], TINY_SPECIAL_TOKENS),
-        chat_template=QWEN_CHAT_TEMPLATE,
-        model_max_length=TINY_TEXT["max_position_embeddings"],
-    )
+    tokenizer = tiny_tokenizer(TINY_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE)
     image_processor = Qwen2VLImageProcessor(
         **_image_processor_kwargs(IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS)
     )

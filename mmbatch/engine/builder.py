@@ -1,9 +1,4 @@
-"""One engine per process and configuration, built on first use and kept.
-
-Callers that cannot hold an engine themselves (a ``Dataset.map`` function, which is pickled
-and must stay small) ask here instead: the first call in a process builds the engine, every
-later call with the same settings gets the same one, since building it again would cost the
-model load and the GPU memory a second time.
+"""How an engine is built: its settings checked, laid out over the host's GPUs, started.
 
 What is built follows the host's GPUs (``mmbatch.engine.layout``): a ``ReplicaEngine`` of
 one engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that
@@ -13,11 +8,14 @@ the settings are checked (``preflight``) before the engine is used: a mistake is
 ``ConfigError`` before any output is written. Replica processes start while this process
 checks (each has vLLM to import: no longer one import after the other), and a mistake ends
 them at once.
+
+Every face opens its engines here, directly (``start_engine``: a notebook's engine, closed
+by its caller) or through the per-process registry (``mmbatch.engine.registry``), which
+keeps what it builds for the next ask.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from contextlib import suppress
@@ -34,36 +32,6 @@ from mmbatch.types import Modality
 
 if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
-
-_ENGINES: dict[str, tuple[Engine, Layout]] = {}
-
-
-def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Engine:
-    """This process's engine for ``config``, built now if it is the first ask."""
-    return shared_engine_and_layout(config, media_per_prompt)[0]
-
-
-def shared_engine_and_layout(
-    config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout | None = None
-) -> tuple[Engine, Layout]:
-    """``shared_engine``, and the layout it was built with (for the job's summary);
-    ``layout``: the one already chosen for this host (``host_layout``)."""
-    key = json.dumps(
-        [
-            config.llm_kwargs(),
-            config.gpus,
-            config.engines_per_gpu,
-            config.render_threads,
-            sorted(media_per_prompt.items()),
-        ],
-        sort_keys=True,
-        default=repr,
-    )
-    built = _ENGINES.get(key)
-    if built is None:
-        layout = layout or host_layout(config)
-        built = _ENGINES[key] = (build_engine(config, media_per_prompt, layout), layout)
-    return built
 
 
 def host_layout(config: EngineConfig, requests: int | None = None) -> Layout:
@@ -89,7 +57,8 @@ def build_engine(
         return start_engine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
-    from mmbatch.engine.vllm_counts import ProcessingCounts, processing_counts
+    from mmbatch.engine.vllm import processing_counts
+    from mmbatch.engine.vllm_counts import ProcessingCounts
     from mmbatch.mainguard import check_main_guard
 
     check_main_guard()  # the engine processes are spawned: a script must be guarded
@@ -146,14 +115,6 @@ def may_start_processes() -> bool:
     return not any(m is not None and m.current_process().daemon for m in modules)
 
 
-def forget(engine: Engine) -> None:
-    """Drop ``engine`` from this process's engines (it is closing): the next ask builds
-    another."""
-    for key, (kept, _) in list(_ENGINES.items()):
-        if kept is engine:
-            del _ENGINES[key]
-
-
 def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
     """A new engine in this process for ``config``: ``check_engine``, then ``open_engine``."""
     check_engine(config, media_per_prompt)
@@ -196,8 +157,3 @@ def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> 
         reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
         where = f" (its log: {log})" if log is not None else ""
         raise FatalEngineError(f"the vLLM engine did not start{where}: {reason}") from exc
-
-
-def built_engines() -> int:
-    """How many engines this process has built through here (tests check reuse with it)."""
-    return len(_ENGINES)

@@ -1,8 +1,8 @@
 """Load some requests' media in one call: key them, decode each distinct item once, measure.
 
-This is the one-shot path (a test, a script that wants the decoded items in hand); a job's
-pipeline streams through ``mmbatch.media.feeder`` instead, which runs the same three steps
-(``Keyer``, ``decode``, the model's ``PromptLimits``) on worker threads and processes,
+The one-shot path, for tests that want the decoded items in hand: a job's pipeline streams
+through ``mmbatch.media.feeder`` instead, which runs the same three steps (``Keyer``,
+``decode``, the model's ``PromptLimits``: ``failure_of``) on worker threads and processes,
 bounded in bytes. Failures become error ``Result``s for exactly the requests that use the
 failing media.
 """
@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mmbatch.errors import RequestRejected
 from mmbatch.media.decode import decode
 from mmbatch.media.keys import Keyer
-from mmbatch.media.limits import PromptLimits, settle
+from mmbatch.media.limits import PromptLimits, failure_of, settle
 from mmbatch.media.options import MediaOptions
 from mmbatch.media.store import MediaStore
 from mmbatch.types import ItemError, LoadedRequest, MediaItem, Request, Result
@@ -61,31 +60,9 @@ class MediaLoader:
                     self.store.put(made)
                     window.media[key] = made
         for loaded in unit.loaded:
-            result = check(loaded, window.media, errors, self.limits)
+            result = failure_of(loaded, window.media, errors, self.limits)
             if result is None:
                 window.requests.append(loaded)
             else:
                 window.failures.append(result)
         return window
-
-
-def check(
-    loaded: LoadedRequest,
-    media: dict[str, MediaItem],
-    errors: dict[str, ItemError],
-    limits: PromptLimits | None,
-) -> Result | None:
-    """None if ``loaded`` can go to the engine: its media decoded and, with the model's
-    ``limits``, its prompt measured to fit; else its failure."""
-    bad = next((errors[k] for k in loaded.media_keys if k in errors), None)
-    if bad is not None:
-        return Result(loaded.id, error=bad)
-    if limits is not None:
-        try:
-            limits.check(loaded.request, [media[k] for k in loaded.media_keys])
-        except RequestRejected as exc:
-            return Result.failure(loaded.id, exc.stage, str(exc), exc.kind)
-        except Exception as exc:  # the processor's rules refuse this input in their own way
-            message = f"the model's processor cannot take it: {type(exc).__name__}: {exc}"
-            return Result.failure(loaded.id, "validate", message, "rejected")
-    return None

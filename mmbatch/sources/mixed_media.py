@@ -1,10 +1,14 @@
-"""Requests for ``mmbatch caption``: each file's modality picked by its suffix.
+"""Media of every kind in one listing, each file made into requests by its kind (its suffix).
 
-Images are one request each, audio files one per window, videos one clip each when asked to
-caption them whole, or one per clip cut from them (``mmbatch.sources.clips``). What the
-model takes decides what a walk collects: a folder or glob contributes only those files (a
-photo folder's stray wav is not the VL model's business), while a file named explicitly that
-the model cannot take, or a video without ``as_clip``, gets an error row saying so.
+``list_media`` lists images, videos and audio files together; ``media_requests`` makes
+their requests for a job that takes some kinds of media: images one request each, audio
+files one per window, videos one clip each when asked to take them whole, or one per clip
+cut from them (``mmbatch.sources.clips``). ``mmbatch caption``, a recipe over videos taken
+whole, ``mmbatch report`` (which kind a row's file is) and the notebook's ``caption`` all
+list their files here. What the job takes decides what a walk collects: a folder or glob
+contributes only those files (a photo folder's stray wav is not the VL model's business),
+while a file named explicitly that the job cannot take, or a video without ``as_clip``, gets
+an error row saying so.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from mmbatch.sources.files import (
     list_inputs,
 )
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.timeline import audio_windows
+from mmbatch.sources.timeline import audio_file_requests
 from mmbatch.types import ItemError, MediaRef, Modality, Request
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
@@ -33,12 +37,12 @@ MEDIA_SUFFIXES = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
 def list_media(
     inputs: Sequence[str], policy: SourcePolicy | None = None, log: ListingLog | None = None
 ) -> list[InputFile]:
-    """Every image, video and audio file of ``inputs``, once (what ``caption_requests``
+    """Every image, video and audio file of ``inputs``, once (what ``media_requests``
     takes; listing first lets a caller see which modalities the job holds)."""
     return list_inputs(inputs, MEDIA_SUFFIXES, policy, "media file", log)
 
 
-def caption_requests(
+def media_requests(
     files: Sequence[InputFile],
     prompt: str,
     system: str | None = None,
@@ -98,7 +102,7 @@ def caption_requests(
                 Request(file.id, text, (ref,), system, columns=file.columns, error=error)
             )
         elif kind == "audio":
-            requests.extend(audio_windows(file, text, system, audio))
+            requests.extend(audio_file_requests(file, text, system, audio))
         elif kind == "video" and clips is not None:
             requests.extend(video_clips(file, cuts[file.path], text, system, clips))
         else:

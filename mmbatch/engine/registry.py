@@ -1,0 +1,63 @@
+"""One engine per process and configuration, built on first use and kept until it closes.
+
+Callers that cannot hold an engine themselves (a ``Dataset.map`` function, which is pickled
+and must stay small; the runner, called again and again in one process) ask here instead:
+the first call in a process builds the engine (``mmbatch.engine.builder``), every later
+call with the same settings gets the same one, since building it again would cost the model
+load and the GPU memory a second time. An engine kept here that closes is dropped through
+its close hook (``on_close``), so the next ask builds another; the engine itself knows
+nothing of this registry.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+
+from mmbatch.engine.base import Engine
+from mmbatch.engine.builder import build_engine, host_layout
+from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.layout import Layout
+from mmbatch.types import Modality
+
+_ENGINES: dict[str, tuple[Engine, Layout]] = {}
+
+
+def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Engine:
+    """This process's engine for ``config``, built now if it is the first ask."""
+    return shared_engine_and_layout(config, media_per_prompt)[0]
+
+
+def shared_engine_and_layout(
+    config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout | None = None
+) -> tuple[Engine, Layout]:
+    """``shared_engine``, and the layout it was built with (for the job's summary);
+    ``layout``: the one already chosen for this host (``host_layout``)."""
+    key = json.dumps(
+        [
+            config.llm_kwargs(),
+            config.gpus,
+            config.engines_per_gpu,
+            config.render_threads,
+            sorted(media_per_prompt.items()),
+        ],
+        sort_keys=True,
+        default=repr,
+    )
+    built = _ENGINES.get(key)
+    if built is None:
+        layout = layout or host_layout(config)
+        engine = build_engine(config, media_per_prompt, layout)
+        built = _ENGINES[key] = (engine, layout)
+        on_close = getattr(engine, "on_close", None)
+        if on_close is not None:
+            on_close(partial(_forget, engine))
+    return built
+
+
+def _forget(engine: Engine) -> None:
+    """Drop ``engine`` (it is closing): the next ask builds another. By identity, so that
+    a closed engine's hook, run again, never drops the one built after it."""
+    for key, (kept, _) in list(_ENGINES.items()):
+        if kept is engine:
+            del _ENGINES[key]
