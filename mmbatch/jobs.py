@@ -38,18 +38,12 @@ from mmbatch.media.options import MediaOptions
 from mmbatch.out.clock import milestone, milestones, process_seconds
 from mmbatch.out.formats import FileFormat, check_shards, open_sink, output_format, read_output
 from mmbatch.out.order import RowOrder
-from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
+from mmbatch.out.paths import OutputPaths
+from mmbatch.out.resume import ResumePlan, prepare, write_record, written_rows
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink
-from mmbatch.out.stats import (
-    JobStats,
-    OutputTally,
-    count_output,
-    format_counts,
-    quarantine_path,
-)
-from mmbatch.out.summary import summary_path, with_last_measured, write_summary
-from mmbatch.out.tables import SPOOL_SUFFIX
+from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts
+from mmbatch.out.summary import with_last_measured, write_summary
 from mmbatch.out.writable import check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
@@ -114,6 +108,11 @@ class FileOutput:
 
     def __post_init__(self) -> None:
         check_shards(self.format, self.shard_rows)
+
+    @property
+    def paths(self) -> OutputPaths:
+        """The rows and every file the job writes beside them."""
+        return OutputPaths(self.path, self.format)
 
     @classmethod
     def at(
@@ -184,20 +183,11 @@ def run_job(
     # Before anything starts (decode workers, engine processes, vLLM's import): the rows and
     # vLLM's log are appended to, the rest replaced through temporary files beside them.
     log = engine.log_file if isinstance(engine, EngineConfig) else None
-    check_writable(out.path, [_spool_path(out) or out.path, Path(log) if log else None])
-    _remove_orphans(out)
-    progress = _progress_file(out, job.shape)
-    record = job_record_path(out.path)
-    plan = prepare(
-        progress,
-        job.requests,
-        job.fingerprint,
-        job.shape,
-        record=record,
-        force=out.force,
-        retry_errors=out.retry_errors,
-        write=False,
-    )
+    paths = out.paths
+    check_writable(paths.rows, [paths.progress, Path(log) if log else None])
+    _remove_orphans(paths)
+    progress = _progress_file(paths, job.shape)
+    plan = prepare(paths, job, force=out.force, retry_errors=out.retry_errors)
     note = plan.describe(out.path)
     if note:
         print(f"mmbatch: {note}", file=sys.stderr)
@@ -210,7 +200,7 @@ def run_job(
         live = _engine(engine, plan.pending, info)
         startup = process_seconds()
         milestone("engines_ready")
-    write_record(record, job.fingerprint)
+    write_record(paths.record, job.fingerprint)
     stats = JobStats()
     # With nothing left to run, the rows are still put in input order: a job killed between
     # its last row and that rewrite left them in the order they finished.
@@ -340,53 +330,37 @@ def _engine(
     return built
 
 
-def _progress_file(out: FileOutput, shape: RowShape) -> Path:
+def _progress_file(paths: OutputPaths, shape: RowShape) -> Path:
     """The JSONL file that resume reads: the output itself, or a columnar output's spool
     (recreated from the output's rows when a finished job is run again, once its first row
     shows it is an output of this kind: a table that is not is left as it is)."""
-    spool = _spool_path(out)
-    if spool is None:
-        return out.path
-    if not spool.exists() and out.path.exists():
+    spool = paths.progress
+    if paths.spooled and not spool.exists() and paths.rows.exists():
         how = "it is left as it is: name another --out"
         try:
-            rows = read_output(out.path)
+            rows = read_output(paths.rows)
             first = next(rows, None)
         except SourceError as exc:
             raise ConfigError(f"{exc}; {how}") from None
         if first is not None and not shape.is_row(first):
-            raise ConfigError(f"{out.path} is not an mmbatch output of this kind; {how}")
+            raise ConfigError(f"{paths.rows} is not an mmbatch output of this kind; {how}")
         write_atomic(spool, chain([first] if first is not None else [], rows))
     return spool
 
 
-def _spool_path(out: FileOutput) -> Path | None:
-    """Where a columnar output's rows are spooled as JSON lines (None: a JSONL output)."""
-    if out.format == "jsonl":
-        return None
-    return out.path.with_name(out.path.name + SPOOL_SUFFIX)
-
-
-def _remove_orphans(out: FileOutput) -> None:
+def _remove_orphans(paths: OutputPaths) -> None:
     """Remove the temporary files a job killed while writing its output, record, quarantine,
     summary or table left behind."""
-    out_path = out.path
-    for path in (
-        out_path,
-        job_record_path(out_path),
-        quarantine_path(out_path),
-        summary_path(out_path),
-        out_path.with_name(out_path.name + SPOOL_SUFFIX),
-    ):
+    for path in paths.replaced:
         remove_orphans(path)
-    table_temporary = out_path.with_name(f".{out_path.name}.tmp")
-    if out.format != "jsonl" and table_temporary.is_file():
-        table_temporary.unlink()
+    if paths.spooled and paths.temporary.is_file():
+        paths.temporary.unlink()
 
 
 def _count(out: FileOutput, job: Job) -> OutputTally:
-    rows = read_rows(out.path, job.shape) if out.format == "jsonl" else read_output(out.path)
-    return count_output(rows, job.shape, job.item_ids, quarantine_path(out.path))
+    paths = out.paths
+    rows = written_rows(paths, job.shape)
+    return count_output(rows, job.shape, job.item_ids, paths.quarantine)
 
 
 def _report(
@@ -412,10 +386,10 @@ def _report(
         }
     )
     if not stats.total:  # nothing was run: the last run's speed stands
-        whole = with_last_measured(out.path, whole)
+        whole = with_last_measured(out.paths, whole)
     # The folder the job ran in: relative sources in its rows are relative to it.
     info = {**info, "output_format": out.format, "cwd": os.getcwd()}
-    summary = write_summary(out.path, whole, info)
+    summary = write_summary(out.paths, whole, info)
     report = JobReport(out.path, len(job.item_ids), kept, stats, tally, summary, job.notes)
     report.startup_seconds, report.process_seconds = startup, seconds
     return report

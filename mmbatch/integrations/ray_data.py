@@ -41,9 +41,9 @@ from mmbatch.errors import ConfigError, FatalEngineError
 from mmbatch.jobs import FileOutput, Job, JobReport, rows_of, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.out.folders import ForeignFile, drop_rows, folder_format, read_folder
-from mmbatch.out.resume import check_same_job, job_record_path, write_record
+from mmbatch.out.resume import check_same_job, write_record
 from mmbatch.out.rows import FLAT, RowShape, output_row
-from mmbatch.out.stats import JobStats, count_output, quarantine_path
+from mmbatch.out.stats import JobStats, count_output
 from mmbatch.out.summary import write_summary
 from mmbatch.types import ItemError, MediaRef, Request, Result, Sampling
 
@@ -257,7 +257,7 @@ def run_on_ray(
     for item_id in sorted(made):
         run.record(shape.outcome(rows_by_id[item_id]))
     run.finished = time.perf_counter()
-    tally = count_output(rows_by_id.values(), shape, inputs, quarantine_path(out.path))
+    tally = count_output(rows_by_id.values(), shape, inputs, out.paths.quarantine)
     whole = (
         run.to_dict()
         | tally.counts()
@@ -267,7 +267,7 @@ def run_on_ray(
         }
     )
     info = {**job.info, "output_format": out.format}
-    summary = write_summary(out.path, whole, info)
+    summary = write_summary(out.paths, whole, info)
     return JobReport(out.path, len(inputs), len(done), run, tally, summary)
 
 
@@ -286,7 +286,7 @@ def _check_output(out: FileOutput, job: RayJob) -> None:
 def _resume(out: FileOutput, job: RayJob, inputs: set[str]) -> set[str]:
     """The input ids whose rows are already in the folder (after ``retry_errors`` dropped
     the error rows), with the job record checked and written: the local resume rules."""
-    record = job_record_path(out.path)
+    record = out.paths.record
     shape = job.shape
     before = {shape.row_id(row) for row in _read(out, shape)}
     if before and not out.force:
