@@ -21,6 +21,7 @@ from conftest import TINY_ENGINE_KWARGS
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
 from mmbatch.engine.config import EngineConfig
+from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.hashing import media_key
 from mmbatch.media.options import ImageOptions
@@ -355,6 +356,40 @@ def test_row_folders_are_read_back_and_partial_files_set_aside(tmp_path: Path) -
     assert (parquet / ".partial-cut.parquet").exists()
     with pytest.raises(ValueError, match="must hold only"):
         list(read_folder(tmp_path, "parquet", FLAT))
+
+
+def test_a_row_folder_resumes_by_the_local_runners_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray's driver plans with ``plan_resume``, as ``run_job`` does: another job's folder is
+    refused, error rows are retried, an item whose prompt changed is redone, and it is said
+    the same way."""
+    from mmbatch.jobs import FileOutput, plan_resume
+    from mmbatch.out.resume import write_record
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    error = {"stage": "decode", "kind": "corrupt", "message": "truncated"}
+    written = [
+        {"id": "x", "prompt": "p", "text": "kept", "error": None},
+        {"id": "y", "prompt": "p", "text": None, "error": error},
+        {"id": "z", "prompt": "an older prompt", "text": "stale", "error": None},
+    ]
+    (folder / "a.json").write_text("".join(json.dumps(row) + "\n" for row in written))
+    picture = (MediaRef("image", "x.jpg"),)
+    job = Job([Request(i, "p", picture) for i in "xyzw"], fingerprint={"prompt": "p"})
+    out = FileOutput(folder, "jsonl", retry_errors=True, row_folder=True)
+    write_record(out.paths.record, {"prompt": "another"})
+    with pytest.raises(ConfigError, match="was written by a different job"):
+        plan_resume(job, out)
+    write_record(out.paths.record, job.fingerprint)
+    plan = plan_resume(job, out)
+    assert [r.id for r in plan.pending] == ["y", "z", "w"]
+    assert (plan.kept_ok, plan.retried, plan.changed) == (1, 1, 1)
+    said = capsys.readouterr().err
+    assert f"mmbatch: resuming {folder}: 1 items already have a row" in said
+    assert "1 error rows removed to be retried" in said
+    assert [FLAT.row_id(row) for row in read_folder(folder, "jsonl", FLAT)] == ["x"]
 
 
 def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:

@@ -20,7 +20,9 @@ before the job appends again. Rerunning the same command therefore:
    ever has two rows, and the items are done again.
 
 Columnar outputs (Parquet, datasets folders) resume the same way through the JSONL spool
-their sink writes rows to. The files are named in ``mmbatch.out.paths``.
+their sink writes rows to, and a folder of Ray's row files through the files themselves
+(``mmbatch.out.folders.FolderRows``): one plan, the same checks and the same message for the
+local runner and Ray's driver. The files are named in ``mmbatch.out.paths``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Protocol
 
 from mmbatch.errors import ConfigError, OutputError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic, write_text_atomic
+from mmbatch.out.folders import FolderRows, folder_format
 from mmbatch.out.formats import read_output
 from mmbatch.out.paths import OutputPaths
 from mmbatch.out.rows import RowShape, asked_of
@@ -156,7 +159,8 @@ def _prepare(
 
 
 class WrittenRows(Protocol):
-    """The rows an earlier run left, as resume reads and repairs them."""
+    """The rows an earlier run left, as resume reads and repairs them: a JSONL file
+    (``JsonlRows``) or a folder of Ray's row files (``mmbatch.out.folders.FolderRows``)."""
 
     @property
     def path(self) -> Path: ...
@@ -213,12 +217,16 @@ class JsonlRows:
 
 
 def _written(paths: OutputPaths) -> WrittenRows:
+    if paths.row_folder:
+        return FolderRows(paths.rows, folder_format(paths.format))
     return JsonlRows(paths.progress)
 
 
 def written_rows(paths: OutputPaths, shape: RowShape) -> Iterator[dict[str, Any]]:
     """Every row of the output at ``paths``, for counting: a JSONL file's checked
-    (``read_rows``), a finished columnar output read back."""
+    (``read_rows``), a row folder's whole files, a finished columnar output read back."""
+    if paths.row_folder:
+        return _written(paths).whole_rows(shape)
     if paths.format == "jsonl":
         return read_rows(paths.rows, shape)
     return read_output(paths.rows)
