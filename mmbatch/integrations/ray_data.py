@@ -18,7 +18,10 @@ The driver resumes and reports with the local runner's own code (``mmbatch.jobs.
 and ``summarize``): the job's fingerprint in ``OUT.job.json`` (another job's folder is refused
 unless forced), ids already in the folder skipped, ``--retry-errors``, items whose prompt
 changed redone, a file cut short set aside and redone, and the summary, the quarantine file
-and the exit code counted over the whole folder.
+and the exit code counted over the whole folder. Before any of that, and before any actor
+starts, it checks the engine settings as far as it can without a GPU; each actor then opens
+its engine the way every face does (``mmbatch.engine.shared.start_engine``), its start-up
+log in the engine's log file and a failure said as a ``FatalEngineError``.
 
 Why hash before the shuffle, and read the file again in the actor: the shuffle then moves a
 32-character key per row instead of the picture's bytes. The key decides placement only;
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
-from mmbatch.errors import ConfigError, FatalEngineError
+from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.jobs import (
     FileOutput,
     Job,
@@ -229,6 +232,9 @@ def media_groups(ds: Dataset, options: ImageOptions, partitions: int) -> Dataset
     # and it runs as plain tasks. Set on a copy, so that the caller's dataset is unchanged.
     ds = Dataset.copy(ds, _deep_copy=True)
     ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    # A replica's error (an engine that did not start) reaches the driver as itself, whose
+    # wording the driver keeps, not as Ray's UserCodeException.
+    ds.context.raise_original_map_exception = True
     keyed = ds.map_batches(_add_media_group, fn_kwargs={"options": options}, batch_format="pyarrow")
     grouped = keyed.groupby(GROUP_COLUMN, num_partitions=partitions)
     return grouped.map_groups(_pack_group, batch_format="pyarrow")
@@ -244,6 +250,7 @@ def run_on_ray(
     out = replace(out if isinstance(out, FileOutput) else FileOutput(Path(out)), row_folder=True)
     _check_output(out, job)
     _check_resources(ray, resources.num_gpus(job.engine), resources.replicas)
+    check_engine_settings(job.engine)
     whole = _whole_job(ds, job)
     plan = plan_resume(whole, out)
     write_record(out.paths.record, whole.fingerprint)
@@ -268,6 +275,19 @@ def run_on_ray(
     return summarize(whole, out, plan, run, whole.info)
 
 
+def check_engine_settings(config: EngineConfig) -> None:
+    """``ConfigError`` (one line) for engine settings vLLM would refuse, as far as the
+    driver can tell without the replicas' devices (it may have no GPU): every argument's
+    name, and the model as vLLM reads it with them (``dtype``, a ``max_model_len`` within
+    its context, ...). So the model must be reachable from the driver too. The replicas
+    check the rest as they start (``check_engine``)."""
+    from mmbatch.engine.logs import engine_log
+    from mmbatch.engine.vllm import model_config
+
+    with engine_log(None if config.log_file is None else os.devnull):  # as check_engine
+        model_config(config)
+
+
 def _check_output(out: FileOutput, job: RayJob) -> None:
     folder_format(out.format)
     if job.recipe is not None and out.format != "jsonl":
@@ -280,10 +300,24 @@ def _check_output(out: FileOutput, job: RayJob) -> None:
         )
 
 
-def _stopped(exc: Exception, whole: Job, out: FileOutput) -> FatalEngineError:
-    """What stopped the Ray job, as the local runner says it: with what the folder holds
-    and how to go on."""
+def _stopped(exc: Exception, whole: Job, out: FileOutput) -> MmbatchError:
+    """What stopped the Ray job, as the local runner says it: a replica's own error with
+    its wording (a setting its engine refused, an engine that did not start), else Ray's;
+    either way with what the folder holds and how to go on."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, ConfigError):
+        return ConfigError(_without_ray_note(cause))
+    if isinstance(cause, FatalEngineError):
+        return engine_stopped(FatalEngineError(_without_ray_note(cause)), whole, out)
     return engine_stopped(FatalEngineError(f"the Ray job failed: {exc}"), whole, out)
+
+
+RAY_NOTE = "\nFailed to apply UDF transform after "
+"""How Ray Data begins the note it appends to the message of an error it re-raises."""
+
+
+def _without_ray_note(exc: Exception) -> str:
+    return str(exc).split(RAY_NOTE, 1)[0]
 
 
 class EngineReplica:
@@ -296,13 +330,21 @@ class EngineReplica:
     """
 
     def __init__(self, job: RayJob, engine: Engine | None = None) -> None:
-        """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process."""
+        """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process.
+
+        An engine that cannot start fails the actor's first batch, not its constructor: an
+        error raised here reaches the driver only as "the actor died", an error raised from
+        a batch as itself (``media_groups`` asks Ray Data for that)."""
+        self.job = job
+        self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine.vllm import VLLMEngine
+            from mmbatch.engine.shared import start_engine
 
             kind = job.recipe.media.kind if job.recipe else "image"
-            engine = VLLMEngine(job.engine, {kind: 1})
-        self.job = job
+            try:
+                engine = start_engine(job.engine, {kind: 1})
+            except MmbatchError as exc:
+                self.failed = exc
         self.engine = engine
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
@@ -310,6 +352,9 @@ class EngineReplica:
 
         import pyarrow as pa
 
+        if self.failed is not None:  # a copy: Ray Data adds a note to the error it raises
+            raise type(self.failed)(*self.failed.args)
+        assert self.engine is not None
         items = _unpack_groups(batch, self.job.prompt)
         submission = start_in_memory(self.job.batch_job(items), self.engine)
         loop = asyncio.get_running_loop()
