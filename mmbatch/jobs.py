@@ -14,6 +14,10 @@ job. ``run_job`` then
 5. counts the whole output (earlier runs' rows too), writes the quarantine file and the
    summary, and returns the report the face prints.
 
+Steps 1 and 5 are ``plan_resume`` and ``summarize``, which Ray's driver calls too around the
+work it spreads over the cluster (``mmbatch.integrations.ray_data``): one resume, one
+summary, one report, whichever runs the items.
+
 ``run_in_memory`` is the same run without a file: the rows come back as a list, for
 callers that own their output (a ``Dataset.map`` batch, a Ray replica's block).
 """
@@ -38,18 +42,12 @@ from mmbatch.media.options import MediaOptions
 from mmbatch.out.clock import milestone, milestones, process_seconds
 from mmbatch.out.formats import FileFormat, check_shards, open_sink, output_format, read_output
 from mmbatch.out.order import RowOrder
-from mmbatch.out.resume import ResumePlan, job_record_path, prepare, read_rows, write_record
+from mmbatch.out.paths import OutputPaths
+from mmbatch.out.resume import ResumePlan, prepare, write_record, written_rows
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink
-from mmbatch.out.stats import (
-    JobStats,
-    OutputTally,
-    count_output,
-    format_counts,
-    quarantine_path,
-)
-from mmbatch.out.summary import summary_path, with_last_measured, write_summary
-from mmbatch.out.tables import SPOOL_SUFFIX
+from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts
+from mmbatch.out.summary import with_last_measured, write_summary
 from mmbatch.out.writable import check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
@@ -111,9 +109,17 @@ class FileOutput:
     shard_rows: int | None = None
     """Write a folder of shards of this many rows (Parquet, WebDataset); None: one file
     (WebDataset: ``mmbatch.out.shards.DEFAULT_SHARD_ROWS``)."""
+    row_folder: bool = False
+    """The rows are a folder of row files that Ray's writers add to (``jsonl`` or
+    ``parquet``: ``mmbatch.integrations.ray_data``), not one output this process writes."""
 
     def __post_init__(self) -> None:
         check_shards(self.format, self.shard_rows)
+
+    @property
+    def paths(self) -> OutputPaths:
+        """The rows and every file the job writes beside them."""
+        return OutputPaths(self.path, self.format, self.row_folder)
 
     @classmethod
     def at(
@@ -181,26 +187,8 @@ def run_job(
     run = run or RunConfig()
     milestone("inputs_listed")
     _check_layout(engine)  # a configuration mistake stops the job before any output
-    # Before anything starts (decode workers, engine processes, vLLM's import): the rows and
-    # vLLM's log are appended to, the rest replaced through temporary files beside them.
     log = engine.log_file if isinstance(engine, EngineConfig) else None
-    check_writable(out.path, [_spool_path(out) or out.path, Path(log) if log else None])
-    _remove_orphans(out)
-    progress = _progress_file(out, job.shape)
-    record = job_record_path(out.path)
-    plan = prepare(
-        progress,
-        job.requests,
-        job.fingerprint,
-        job.shape,
-        record=record,
-        force=out.force,
-        retry_errors=out.retry_errors,
-        write=False,
-    )
-    note = plan.describe(out.path)
-    if note:
-        print(f"mmbatch: {note}", file=sys.stderr)
+    plan = plan_resume(job, out, Path(log) if log else None)
     # The engine starts before anything is written: a setting it refuses leaves no output.
     info = dict(job.info)
     live = None
@@ -210,12 +198,44 @@ def run_job(
         live = _engine(engine, plan.pending, info)
         startup = process_seconds()
         milestone("engines_ready")
-    write_record(record, job.fingerprint)
+    write_record(out.paths.record, job.fingerprint)
     stats = JobStats()
     # With nothing left to run, the rows are still put in input order: a job killed between
     # its last row and that rewrite left them in the order they finished.
+    progress = out.paths.progress
     if plan.pending or progress != out.path or progress.exists():
         stats = _write_rows(job, out, plan.pending, live, run)
+    return summarize(job, out, plan, stats, info, startup)
+
+
+def plan_resume(job: Job, out: FileOutput, log: Path | None = None) -> ResumePlan:
+    """Make ``out`` ready for ``job`` before anything starts (decode workers, engines, vLLM's
+    import), and return what is left to do: the files the job writes can be made (``log``:
+    vLLM's, appended to), a killed run's temporary files go, and the rows already there are
+    checked and kept (``mmbatch.out.resume``), which is said. The job record is the caller's
+    to write (``write_record``), once the job is sure to start."""
+    paths = out.paths
+    check_writable(paths.rows, [paths.progress, log])
+    _remove_orphans(paths)
+    _restore_spool(paths, job.shape)
+    plan = prepare(paths, job, force=out.force, retry_errors=out.retry_errors)
+    note = plan.describe(out.path)
+    if note:
+        print(f"mmbatch: {note}", file=sys.stderr)
+    return plan
+
+
+def summarize(
+    job: Job,
+    out: FileOutput,
+    plan: ResumePlan,
+    stats: JobStats,
+    info: Mapping[str, Any],
+    startup: float | None = None,
+) -> JobReport:
+    """Count every row of ``job``'s items in ``out`` (earlier runs' too), write the
+    quarantine file and the summary (with this run's ``stats`` and what ``info`` says of the
+    job), and return the report a face prints."""
     try:
         return _report(job, out, plan, stats, info, startup)
     except OutputError as exc:
@@ -223,6 +243,17 @@ def run_job(
             f"{exc}; every row is in {out.path}: free space and run the same command again "
             "to write the summary"
         ) from exc
+
+
+def engine_stopped(exc: FatalEngineError, job: Job, out: FileOutput) -> FatalEngineError:
+    """``exc``, saying what ``out`` holds now and how to go on: the rows finished are kept,
+    and the same command resumes."""
+    tally = _count(out, job)
+    left = len(job.item_ids) - tally.done
+    return FatalEngineError(
+        f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
+        f"({left} items left); run the same command again to resume."
+    )
 
 
 def _write_rows(
@@ -239,12 +270,7 @@ def _write_rows(
         return stats
     except FatalEngineError as exc:
         sink.close()
-        tally = _count(out, job)
-        left = len(job.item_ids) - tally.done
-        raise FatalEngineError(
-            f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
-            f"({left} items left); run the same command again to resume."
-        ) from exc
+        raise engine_stopped(exc, job, out) from exc
     except KeyboardInterrupt:
         sink.close()  # every row written is made durable; the record says whose they are
         tally = _count(out, job)
@@ -341,53 +367,36 @@ def _engine(
     return built
 
 
-def _progress_file(out: FileOutput, shape: RowShape) -> Path:
-    """The JSONL file that resume reads: the output itself, or a columnar output's spool
-    (recreated from the output's rows when a finished job is run again, once its first row
-    shows it is an output of this kind: a table that is not is left as it is)."""
-    spool = _spool_path(out)
-    if spool is None:
-        return out.path
-    if not spool.exists() and out.path.exists():
+def _restore_spool(paths: OutputPaths, shape: RowShape) -> None:
+    """Recreate a columnar output's spool (what resume reads) from the output's rows when a
+    finished job is run again, once its first row shows it is an output of this kind: a
+    table that is not is left as it is."""
+    spool = paths.spool
+    if paths.spooled and not spool.exists() and paths.rows.exists():
         how = "it is left as it is: name another --out"
         try:
-            rows = read_output(out.path)
+            rows = read_output(paths.rows)
             first = next(rows, None)
         except SourceError as exc:
             raise ConfigError(f"{exc}; {how}") from None
         if first is not None and not shape.is_row(first):
-            raise ConfigError(f"{out.path} is not an mmbatch output of this kind; {how}")
+            raise ConfigError(f"{paths.rows} is not an mmbatch output of this kind; {how}")
         write_atomic(spool, chain([first] if first is not None else [], rows))
-    return spool
 
 
-def _spool_path(out: FileOutput) -> Path | None:
-    """Where a columnar output's rows are spooled as JSON lines (None: a JSONL output)."""
-    if out.format == "jsonl":
-        return None
-    return out.path.with_name(out.path.name + SPOOL_SUFFIX)
-
-
-def _remove_orphans(out: FileOutput) -> None:
+def _remove_orphans(paths: OutputPaths) -> None:
     """Remove the temporary files a job killed while writing its output, record, quarantine,
     summary or table left behind."""
-    out_path = out.path
-    for path in (
-        out_path,
-        job_record_path(out_path),
-        quarantine_path(out_path),
-        summary_path(out_path),
-        out_path.with_name(out_path.name + SPOOL_SUFFIX),
-    ):
+    for path in paths.replaced:
         remove_orphans(path)
-    table_temporary = out_path.with_name(f".{out_path.name}.tmp")
-    if out.format != "jsonl" and table_temporary.is_file():
-        table_temporary.unlink()
+    if paths.spooled and paths.temporary.is_file():
+        paths.temporary.unlink()
 
 
 def _count(out: FileOutput, job: Job) -> OutputTally:
-    rows = read_rows(out.path, job.shape) if out.format == "jsonl" else read_output(out.path)
-    return count_output(rows, job.shape, job.item_ids, quarantine_path(out.path))
+    paths = out.paths
+    rows = written_rows(paths, job.shape)
+    return count_output(rows, job.shape, job.item_ids, paths.quarantine)
 
 
 def _report(
@@ -395,7 +404,7 @@ def _report(
     out: FileOutput,
     plan: ResumePlan,
     stats: JobStats,
-    info: dict[str, Any],
+    info: Mapping[str, Any],
     startup: float | None,
 ) -> JobReport:
     tally = _count(out, job)
@@ -413,10 +422,10 @@ def _report(
         }
     )
     if not stats.total:  # nothing was run: the last run's speed stands
-        whole = with_last_measured(out.path, whole)
+        whole = with_last_measured(out.paths, whole)
     # The folder the job ran in: relative sources in its rows are relative to it.
     info = {**info, "output_format": out.format, "cwd": os.getcwd()}
-    summary = write_summary(out.path, whole, info)
+    summary = write_summary(out.paths, whole, info)
     report = JobReport(out.path, len(job.item_ids), kept, stats, tally, summary, job.notes)
     report.startup_seconds, report.process_seconds = startup, seconds
     return report

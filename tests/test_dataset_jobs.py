@@ -17,6 +17,7 @@ from test_gallery import browse
 from mmbatch.cli import EXIT_ITEMS_FAILED, main
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.out.formats import read_output
+from mmbatch.out.paths import OutputPaths
 from mmbatch.out.summary import read_summary
 from mmbatch.types import MediaRef, Request, Sampling
 
@@ -75,7 +76,7 @@ def test_a_parquet_dataset_to_parquet_and_datasets_then_the_gallery(
         "kind": "other",
         "message": f"{parquet_dataset}#3: no image (the cell is empty)",
     }
-    summary = read_summary(out)
+    summary = read_summary(OutputPaths(out))
     assert summary is not None
     assert summary["stats"]["total"] == 5
     assert summary["stats"]["ok"] == 3

@@ -14,8 +14,9 @@ from mmbatch.errors import ConfigError
 from mmbatch.jobs import FileOutput, Job, run_job
 from mmbatch.out import tables as table_sinks
 from mmbatch.out.formats import output_format, read_output
-from mmbatch.out.summary import read_summary, summary_path, write_summary
-from mmbatch.out.tables import SPOOL_SUFFIX, TableSink
+from mmbatch.out.paths import OutputPaths
+from mmbatch.out.summary import read_summary, write_summary
+from mmbatch.out.tables import TableSink
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
 from mmbatch.testing.fake_engine import FakeEngine
@@ -48,7 +49,7 @@ def test_columnar_outputs_hold_the_jsonl_rows(samples: Path, tmp_path: Path, fmt
     errors = [r for r in rows if r["error"]]
     assert [Path(r["id"]).name for r in errors] == ["truncated.jpg"]
     assert errors[0]["error"]["stage"] == "decode"
-    assert not Path(str(target) + SPOOL_SUFFIX).exists()  # the spool is gone once converted
+    assert not OutputPaths(target).spool.exists()  # the spool is gone once converted
     if fmt == "parquet":
         assert pq.read_schema(target).field("text").type == "string"
     else:
@@ -123,12 +124,34 @@ def test_a_columnar_output_replaces_an_older_one(tmp_path: Path) -> None:
 
 def test_summary_sits_beside_the_output(tmp_path: Path) -> None:
     out = tmp_path / "captions.jsonl"
-    assert read_summary(out) is None
-    written = write_summary(out, {"total": 3, "ok": 2}, {"model": "m"})
-    assert written == summary_path(out) == tmp_path / "captions.jsonl.summary.json"
-    summary = read_summary(out)
+    paths = OutputPaths(out)
+    assert read_summary(paths) is None
+    written = write_summary(paths, {"total": 3, "ok": 2}, {"model": "m"})
+    assert written == paths.summary == tmp_path / "captions.jsonl.summary.json"
+    summary = read_summary(paths)
     assert summary is not None
     assert summary["stats"] == {"total": 3, "ok": 2}
     assert summary["job"] == {"model": "m"}
     assert json.loads(written.read_text())["output"] == str(out)
-    assert summary_path(tmp_path / "folder") == tmp_path / "folder.summary.json"
+
+
+def test_an_outputs_files_keep_their_names(tmp_path: Path) -> None:
+    """Every file beside an output, by the names earlier versions gave them: an output
+    written before resumes only if its record, spool and summary are found again."""
+    names = {
+        "record": "x.parquet.job.json",
+        "summary": "x.parquet.summary.json",
+        "quarantine": "x.parquet.quarantine.jsonl",
+        "vllm_log": "x.parquet.vllm.log",
+        "spool": "x.parquet.rows.jsonl",
+        "temporary": ".x.parquet.tmp",
+    }
+    paths = OutputPaths(tmp_path / "x.parquet", "parquet")
+    assert {name: getattr(paths, name) for name in names} == {
+        name: tmp_path / file for name, file in names.items()
+    }
+    assert paths.progress == paths.spool  # a columnar output resumes from its spool
+    assert OutputPaths(tmp_path / "x.jsonl").progress == tmp_path / "x.jsonl"
+    folder = OutputPaths(tmp_path / "rows", "parquet", row_folder=True)  # Ray's: no spool
+    assert folder.progress == tmp_path / "rows"
+    assert folder.summary == tmp_path / "rows.summary.json"

@@ -22,6 +22,7 @@ from conftest import TINY_ENGINE_KWARGS
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
 from mmbatch.cli.run import recipe_job
 from mmbatch.engine.config import EngineConfig
+from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.hashing import media_key
 from mmbatch.media.options import ImageOptions
@@ -154,6 +155,7 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     # --retry-errors redoes only the error rows (they fail again: the files are still bad).
     assert main([*argv, "--retry-errors"]) == EXIT_ITEMS_FAILED
     assert "6 error rows removed to be retried" in capsys.readouterr().err
+    assert (tmp_path / "ray-out.vllm.log").stat().st_size > 0  # the replica's engine log
     again = rows_on_disk(out)
     assert sorted(again) == sorted(ray_rows)
     assert {k: v for k, v in again.items() if v["error"] is None} == {
@@ -357,6 +359,40 @@ def test_row_folders_are_read_back_and_partial_files_set_aside(tmp_path: Path) -
         list(read_folder(tmp_path, "parquet", FLAT))
 
 
+def test_a_row_folder_resumes_by_the_local_runners_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray's driver plans with ``plan_resume``, as ``run_job`` does: another job's folder is
+    refused, error rows are retried, an item whose prompt changed is redone, and it is said
+    the same way."""
+    from mmbatch.jobs import FileOutput, plan_resume
+    from mmbatch.out.resume import write_record
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    error = {"stage": "decode", "kind": "corrupt", "message": "truncated"}
+    written = [
+        {"id": "x", "prompt": "p", "text": "kept", "error": None},
+        {"id": "y", "prompt": "p", "text": None, "error": error},
+        {"id": "z", "prompt": "an older prompt", "text": "stale", "error": None},
+    ]
+    (folder / "a.json").write_text("".join(json.dumps(row) + "\n" for row in written))
+    picture = (MediaRef("image", "x.jpg"),)
+    job = Job([Request(i, "p", picture) for i in "xyzw"], fingerprint={"prompt": "p"})
+    out = FileOutput(folder, "jsonl", retry_errors=True, row_folder=True)
+    write_record(out.paths.record, {"prompt": "another"})
+    with pytest.raises(ConfigError, match="was written by a different job"):
+        plan_resume(job, out)
+    write_record(out.paths.record, job.fingerprint)
+    plan = plan_resume(job, out)
+    assert [r.id for r in plan.pending] == ["y", "z", "w"]
+    assert (plan.kept_ok, plan.retried, plan.changed) == (1, 1, 1)
+    said = capsys.readouterr().err
+    assert f"mmbatch: resuming {folder}: 1 items already have a row" in said
+    assert "1 error rows removed to be retried" in said
+    assert [FLAT.row_id(row) for row in read_folder(folder, "jsonl", FLAT)] == ["x"]
+
+
 def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:
     from mmbatch.integrations.ray_data import RayResources
 
@@ -407,15 +443,92 @@ def test_a_cluster_that_can_never_hold_the_replicas_fails_at_once(
 def test_asking_a_gpu_of_a_cluster_without_one_exits_2_before_any_output(
     local_ray,  # type: ignore[no-untyped-def]
     samples: Path,
+    tiny_vl_model: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     out = tmp_path / "rows"
-    argv = ["caption", str(samples / "sunset.jpg"), "--model", "m", "--out", str(out)]
+    model = str(tiny_vl_model)  # the settings are checked (and pass) before the cluster is
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", model, "--out", str(out)]
     assert main([*argv, "--ray", "--gpus-per-replica", "1"]) == EXIT_JOB_FAILED
     assert "has 0 and no autoscaler to add more" in capsys.readouterr().err
     assert not out.exists()
     assert not (tmp_path / "rows.job.json").exists()
+
+
+@pytest.mark.ray
+def test_a_typo_in_an_engine_setting_exits_2_before_any_replica_starts(
+    local_ray,  # type: ignore[no-untyped-def]
+    samples: Path,
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A misspelt engine argument, or a value vLLM does not take, is one line and exit 2
+    before any actor starts: no output folder, no job record, no engine log."""
+    from mmbatch.integrations.ray_data import RayJob, RayResources, requests_dataset, run_on_ray
+
+    out = tmp_path / "rows"
+    nothing_written = [out, tmp_path / "rows.job.json", tmp_path / "rows.vllm.log"]
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", str(tiny_vl_model)]
+    argv += ["--out", str(out), "--ray", "--gpus-per-replica", "0"]
+    typos = {
+        "max_model_lenn=5": "engine argument 'max_model_lenn': vLLM has no such argument "
+        "(did you mean 'max_model_len'?)",
+        "max_model_len=many": "engine argument max_model_len='many': Input should be a valid "
+        "integer",
+    }
+    for typo, said in typos.items():
+        assert main([*argv, "--engine-arg", typo]) == EXIT_JOB_FAILED
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[-1].startswith(f"mmbatch: error: {said}")  # the last line, and the only
+        assert sum("error" in line for line in lines) == 1
+        assert not [path for path in nothing_written if path.exists()]
+
+    # From Python the driver checks them as well, before it writes anything.
+    picture = Request("a", "Describe.", (MediaRef("image", str(samples / "sunset.jpg")),))
+    log = tmp_path / "vllm.log"
+    engine = EngineConfig(str(tiny_vl_model), {"dtype": "flaot16"}, log_file=str(log))
+    with pytest.raises(ConfigError, match="engine argument dtype='flaot16'"):
+        run_on_ray(requests_dataset([picture]), RayJob(engine), RayResources(), out)
+    assert not [path for path in [*nothing_written, log] if path.exists()]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_engine_that_does_not_start_on_ray_says_why_as_the_local_runner_does(
+    local_ray,  # type: ignore[no-untyped-def]
+    samples: Path,
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Weights that cannot be read pass every check of the settings; the replica's engine
+    then fails to start, and the job says so in the engine's own words (no "the actor
+    died"), with its log beside the output and the rows left to do."""
+    import shutil
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_vl_model, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:64])
+    out = tmp_path / "rows"
+    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", str(broken), "--out", str(out)]
+    argv += [*engine_args, "--ray", "--gpus-per-replica", "0"]
+    assert main(argv) == EXIT_JOB_FAILED
+    err = capsys.readouterr().err
+    log = tmp_path / "rows.vllm.log"
+    said = err[err.index("mmbatch: error: ") :].splitlines()
+    assert said[0].startswith(
+        f"mmbatch: error: the vLLM engine did not start (its log: {log}): SafetensorError: "
+    )
+    assert said[1:] == [
+        f"The 0 rows finished are saved in {out} (1 items left); run the same command again "
+        "to resume."
+    ]
+    assert "actor died" not in err
+    assert log.stat().st_size > 0
 
 
 def test_without_ray_the_error_says_how_to_install_it(samples: Path, tmp_path: Path) -> None:

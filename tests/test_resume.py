@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from mmbatch.errors import ConfigError
-from mmbatch.out.resume import job_record_path, prepare, repair_torn_tail
+from mmbatch.jobs import Job
+from mmbatch.out.paths import OutputPaths
+from mmbatch.out.resume import ResumePlan, prepare, repair_torn_tail, write_record
 from mmbatch.out.resume import read_rows as read_checked
 from mmbatch.out.rows import FLAT
 from mmbatch.out.sinks import JsonlSink
-from mmbatch.out.stats import count_output, quarantine_path
+from mmbatch.out.stats import count_output
 from mmbatch.types import MediaRef, Request
 
 FINGERPRINT = {"command": "caption", "model": "m", "prompt": "Describe.", "sampling": {"t": 0}}
@@ -22,6 +24,16 @@ def requests(n: int) -> list[Request]:
     return [
         Request(f"item-{i}", "Describe.", (MediaRef("image", f"/data/{i}.jpg"),)) for i in range(n)
     ]
+
+
+def resume(
+    out: Path, todo: list[Request], fingerprint: dict[str, object] = FINGERPRINT, **rules: bool
+) -> ResumePlan:
+    """``prepare`` the output, then record the job, as a run that starts does."""
+    paths = OutputPaths(out)
+    plan = prepare(paths, Job(todo, fingerprint=fingerprint), **rules)
+    write_record(paths.record, fingerprint)
+    return plan
 
 
 def row(item_id: str, error: dict[str, str] | None = None) -> dict[str, object]:
@@ -93,19 +105,19 @@ def test_two_rows_for_one_id_are_refused(tmp_path: Path) -> None:
 
 def test_fresh_job_does_everything_and_records_its_fingerprint(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    plan = prepare(out, requests(3), FINGERPRINT, FLAT)
+    plan = resume(out, requests(3))
     assert [r.id for r in plan.pending] == ["item-0", "item-1", "item-2"]
     assert plan.describe(out) is None
-    record = json.loads(job_record_path(out).read_text())
+    record = json.loads(OutputPaths(out).record.read_text())
     assert record["fingerprint"] == FINGERPRINT
-    assert job_record_path(out).name == "o.jsonl.job.json"
+    assert OutputPaths(out).record.name == "o.jsonl.job.json"
 
 
 def test_resume_skips_items_with_a_row_ok_or_error(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(4), FINGERPRINT, FLAT)
+    resume(out, requests(4))
     write_rows(out, [row("item-2"), row("item-0", {"stage": "decode", "message": "bad"})])
-    plan = prepare(out, requests(4), FINGERPRINT, FLAT)
+    plan = resume(out, requests(4))
     assert [r.id for r in plan.pending] == ["item-1", "item-3"]
     assert (plan.kept_ok, plan.kept_failed, plan.retried) == (1, 1, 0)
     assert "2 items already have a row, 1 of them errors" in (plan.describe(out) or "")
@@ -113,9 +125,9 @@ def test_resume_skips_items_with_a_row_ok_or_error(tmp_path: Path) -> None:
 
 def test_resume_repairs_the_torn_line_and_redoes_its_item(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(3), FINGERPRINT, FLAT)
+    resume(out, requests(3))
     write_rows(out, [row("item-0")], tail=b'{"id": "item-1", "tex')
-    plan = prepare(out, requests(3), FINGERPRINT, FLAT)
+    plan = resume(out, requests(3))
     assert [r.id for r in plan.pending] == ["item-1", "item-2"]
     assert plan.repaired_bytes == len(b'{"id": "item-1", "tex')
     assert "torn last line" in (plan.describe(out) or "")
@@ -127,11 +139,11 @@ def test_resume_repairs_the_torn_line_and_redoes_its_item(tmp_path: Path) -> Non
 
 def test_retry_errors_removes_error_rows_so_no_id_gets_two(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(3), FINGERPRINT, FLAT)
+    resume(out, requests(3))
     bad = {"stage": "decode", "kind": "corrupt", "message": "bad"}
     other_job_error = row("not-in-this-job", bad)
     write_rows(out, [row("item-0", bad), row("item-1"), row("item-2", bad), other_job_error])
-    plan = prepare(out, requests(3), FINGERPRINT, FLAT, retry_errors=True)
+    plan = resume(out, requests(3), retry_errors=True)
     assert [r.id for r in plan.pending] == ["item-0", "item-2"]
     assert plan.retried == 2
     # Only this job's error rows go; rows of other ids are not this job's to drop.
@@ -140,16 +152,16 @@ def test_retry_errors_removes_error_rows_so_no_id_gets_two(tmp_path: Path) -> No
 
 def test_another_fingerprint_is_refused_with_what_changed_unless_forced(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
-    prepare(out, requests(2), FINGERPRINT, FLAT)
+    resume(out, requests(2))
     write_rows(out, [row("item-0")])
     changed = {**FINGERPRINT, "prompt": "List tags."}
     with pytest.raises(ConfigError, match=r'\(prompt "Describe\." -> "List tags\."\).*--force'):
-        prepare(out, requests(2), changed, FLAT)
+        resume(out, requests(2), changed)
     assert out.read_bytes() == (json.dumps(row("item-0")) + "\n").encode()  # untouched
-    plan = prepare(out, requests(2), changed, FLAT, force=True)
+    plan = resume(out, requests(2), changed, force=True)
     assert [r.id for r in plan.pending] == ["item-1"]
-    assert json.loads(job_record_path(out).read_text())["fingerprint"] == changed
-    assert prepare(out, requests(2), changed, FLAT).pending == plan.pending  # now the job's own
+    assert json.loads(OutputPaths(out).record.read_text())["fingerprint"] == changed
+    assert resume(out, requests(2), changed).pending == plan.pending  # now the job's own
 
 
 def test_a_setting_a_newer_version_adds_unset_is_the_same_job(tmp_path: Path) -> None:
@@ -157,23 +169,21 @@ def test_a_setting_a_newer_version_adds_unset_is_the_same_job(tmp_path: Path) ->
     version that records it unset: the digests differ, the settings do not."""
     out = tmp_path / "o.jsonl"
     older = {**FINGERPRINT, "sampling": {"max_tokens": 16}}
-    prepare(out, requests(2), older, FLAT)
+    resume(out, requests(2), older)
     write_rows(out, [row("item-0")])
     newer = {**FINGERPRINT, "sampling": {"max_tokens": 16, "logprobs": None}}
-    assert [r.id for r in prepare(out, requests(2), newer, FLAT).pending] == ["item-1"]
+    assert [r.id for r in resume(out, requests(2), newer).pending] == ["item-1"]
     set_now = {**FINGERPRINT, "sampling": {"max_tokens": 16, "logprobs": 2}}
     with pytest.raises(ConfigError, match=r"sampling\.logprobs null -> 2"):
-        prepare(out, requests(2), set_now, FLAT)
+        resume(out, requests(2), set_now)
 
 
 def test_rows_without_a_job_record_are_not_appended_to(tmp_path: Path) -> None:
     out = tmp_path / "o.jsonl"
     write_rows(out, [row("item-0")])
     with pytest.raises(ConfigError, match=r"no job record \(o\.jsonl\.job\.json\)"):
-        prepare(out, requests(2), FINGERPRINT, FLAT)
-    assert [r.id for r in prepare(out, requests(2), FINGERPRINT, FLAT, force=True).pending] == [
-        "item-1"
-    ]
+        resume(out, requests(2))
+    assert [r.id for r in resume(out, requests(2), force=True).pending] == ["item-1"]
 
 
 def test_finish_counts_by_kind_and_writes_the_quarantine(tmp_path: Path) -> None:
@@ -181,11 +191,11 @@ def test_finish_counts_by_kind_and_writes_the_quarantine(tmp_path: Path) -> None
     corrupt = {"stage": "decode", "kind": "corrupt", "message": "truncated"}
     empty = {"stage": "load", "kind": "empty", "message": "empty file (0 bytes)"}
     write_rows(out, [row("item-0", corrupt), row("item-1"), row("item-2", empty)])
-    tally = count_output(read_rows(out), FLAT, ids(3), quarantine_path(out))
+    tally = count_output(read_rows(out), FLAT, ids(3), OutputPaths(out).quarantine)
     assert (tally.ok, tally.failed) == (1, 2)
     assert tally.failed_by_kind == {"corrupt": 1, "empty": 1}
     assert tally.failed_by_stage == {"decode": 1, "load": 1}
-    assert tally.quarantine == quarantine_path(out) == tmp_path / "o.jsonl.quarantine.jsonl"
+    assert tally.quarantine == OutputPaths(out).quarantine == tmp_path / "o.jsonl.quarantine.jsonl"
     quarantined = [json.loads(line) for line in tally.quarantine.read_text().splitlines()]
     assert quarantined == [
         {"id": "item-0", "source": "/data/item-0.jpg", **corrupt},
@@ -193,8 +203,10 @@ def test_finish_counts_by_kind_and_writes_the_quarantine(tmp_path: Path) -> None
     ]
     # Once the failures are retried away, the stale quarantine goes too.
     write_rows(out, [row("item-0"), row("item-1"), row("item-2")])
-    assert count_output(read_rows(out), FLAT, ids(3), quarantine_path(out)).quarantine is None
-    assert not quarantine_path(out).exists()
+    assert (
+        count_output(read_rows(out), FLAT, ids(3), OutputPaths(out).quarantine).quarantine is None
+    )
+    assert not OutputPaths(out).quarantine.exists()
 
 
 def test_jsonl_sink_starts_afresh_unless_appending(tmp_path: Path) -> None:
@@ -238,7 +250,7 @@ def test_force_never_touches_a_file_that_is_not_all_rows(
 
     out = tmp_path / "theirs.jsonl"
     out.write_bytes(content)
-    job_record_path(out).write_text(  # even beside a job record copied from elsewhere
+    OutputPaths(out).record.write_text(  # even beside a job record copied from elsewhere
         json.dumps({"version": 1, "digest": "x", "fingerprint": {}})
     )
     argv = ["caption", str(samples / "sunset.jpg"), "--model", "fake", "--out", str(out)]

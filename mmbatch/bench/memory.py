@@ -86,7 +86,9 @@ def measure(argv: list[str]) -> tuple[int, float, int]:
 def caption_command(folder: Path, model: str, work: Path, extra: list[str]) -> list[str]:
     """``mmbatch caption`` over ``folder`` into a fresh output."""
     out = work / "captions.jsonl"
-    for stale in (out, out.with_name(out.name + ".job.json")):
+    from mmbatch.out.paths import OutputPaths
+
+    for stale in (out, OutputPaths(out).record):
         stale.unlink(missing_ok=True)
     command = [sys.executable, "-m", "mmbatch", "caption", str(folder), "--model", model]
     command += ["--out", str(out), "--max-tokens", "8", "--no-progress"]

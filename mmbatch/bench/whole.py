@@ -20,6 +20,7 @@ from typing import Any
 
 from mmbatch.bench.sides import run_side, side_environment, side_spec_for
 from mmbatch.bench.workloads import CAPTION
+from mmbatch.out.paths import OutputPaths
 
 NAIVE_JOB = Path(__file__).with_name("naive_job.py")
 WHOLE_BASES = ("naive",)
@@ -86,7 +87,7 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
         startup, work = times["engine_ready"] - began, times["done"] - times["engine_ready"]
         failed, phases = 0, {"vllm_imported": round(times["vllm_imported"] - began, 2)}
     else:
-        stats = json.loads(out.with_name(out.name + ".summary.json").read_text())["stats"]
+        stats = json.loads(OutputPaths(out).summary.read_text())["stats"]
         startup, work = (
             stats["startup_seconds"],
             stats["process_seconds"] - stats["startup_seconds"],

@@ -200,10 +200,9 @@ def add_verbose_option(
 def engine_log_from(args: argparse.Namespace) -> str | None:
     """Where vLLM's log goes: beside ``--out`` (``OUT.vllm.log``), or with ``-v`` the
     terminal (None)."""
-    if args.verbose:
-        return None
-    out = Path(args.out)
-    return str(out.with_name(out.name + ".vllm.log"))
+    from mmbatch.out.paths import OutputPaths
+
+    return None if args.verbose else str(OutputPaths(Path(args.out)).vllm_log)
 
 
 @contextmanager

@@ -67,10 +67,9 @@ def run(
         ray_data.import_ray()
     except ImportError as exc:
         raise ConfigError(str(exc)) from exc
-    # The replicas read the model; the engine arguments' names are checked here, at once.
-    from mmbatch.engine.vllm import check_engine_arguments
-
-    check_engine_arguments(engine.engine_kwargs)
+    # The driver checks the engine settings before any actor starts (``run_on_ray``); here
+    # too, before Ray starts (and prints its own lines): a mistake is then one line.
+    ray_data.check_engine_settings(engine)
     if getattr(args, "keep_columns", None) not in (None, "none"):
         raise ConfigError("--keep-columns is not supported with --ray yet")
     if getattr(args, "shard_rows", None) is not None:

@@ -38,11 +38,12 @@ def register(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from mmbatch.jsonl import printable
     from mmbatch.out.formats import read_output
+    from mmbatch.out.paths import OutputPaths
     from mmbatch.out.summary import read_summary
     from mmbatch.review.gallery import render
     from mmbatch.review.views import card_rows, job_folder
 
-    summary = read_summary(args.out)
+    summary = read_summary(OutputPaths(Path(args.out)))
     rows, media = card_rows(list(read_output(args.out)), summary)
     shown = _select(rows, args.max_items)
     # Relative sources: where the job ran, else beside the output, else here.

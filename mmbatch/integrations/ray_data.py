@@ -14,10 +14,14 @@ The flow on the cluster::
          the local runner (``mmbatch.jobs.run_in_memory``), one row per item, checked
       -> Ray's writer (JSON lines or Parquet) -> one row per input id, checked on the driver.
 
-The driver keeps the local resume rules (``mmbatch.out.resume``): the job's fingerprint in
-``OUT.job.json`` (another job's folder is refused unless forced), ids already in the folder
-skipped, ``--retry-errors``, a file cut short set aside and redone, and the summary, the
-quarantine file and the exit code counted over the whole folder with the local counter.
+The driver resumes and reports with the local runner's own code (``mmbatch.jobs.plan_resume``
+and ``summarize``): the job's fingerprint in ``OUT.job.json`` (another job's folder is refused
+unless forced), ids already in the folder skipped, ``--retry-errors``, items whose prompt
+changed redone, a file cut short set aside and redone, and the summary, the quarantine file
+and the exit code counted over the whole folder. Before any of that, and before any actor
+starts, it checks the engine settings as far as it can without a GPU; each actor then opens
+its engine the way every face does (``mmbatch.engine.shared.start_engine``), its start-up
+log in the engine's log file and a failure said as a ``FatalEngineError``.
 
 Why hash before the shuffle, and read the file again in the actor: the shuffle then moves a
 32-character key per row instead of the picture's bytes. The key decides placement only;
@@ -31,20 +35,28 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
-from mmbatch.errors import ConfigError, FatalEngineError
-from mmbatch.jobs import FileOutput, Job, JobReport, rows_of, start_in_memory
+from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
+from mmbatch.jobs import (
+    FileOutput,
+    Job,
+    JobReport,
+    engine_stopped,
+    plan_resume,
+    rows_of,
+    start_in_memory,
+    summarize,
+)
 from mmbatch.media.options import ImageOptions, MediaOptions
-from mmbatch.out.folders import ForeignFile, drop_rows, folder_format, read_folder
-from mmbatch.out.resume import check_same_job, job_record_path, write_record
+from mmbatch.out.folders import folder_format
+from mmbatch.out.resume import write_record, written_rows
 from mmbatch.out.rows import FLAT, RowShape, output_row
-from mmbatch.out.stats import JobStats, count_output, quarantine_path
-from mmbatch.out.summary import write_summary
+from mmbatch.out.stats import JobStats
 from mmbatch.types import ItemError, MediaRef, Request, Result, Sampling
 
 if TYPE_CHECKING:
@@ -106,7 +118,7 @@ class RayJob:
         return recipe_shape(self.recipe)
 
     def batch_job(self, items: Sequence[Request]) -> Job:
-        """The job of one batch of items."""
+        """The job of ``items``: a batch's, or on the driver every input's."""
         if self.recipe is None:
             return Job(items, self.sampling, self.media)
         from mmbatch.recipe.requests import item_requests, recipe_media
@@ -220,6 +232,9 @@ def media_groups(ds: Dataset, options: ImageOptions, partitions: int) -> Dataset
     # and it runs as plain tasks. Set on a copy, so that the caller's dataset is unchanged.
     ds = Dataset.copy(ds, _deep_copy=True)
     ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    # A replica's error (an engine that did not start) reaches the driver as itself, whose
+    # wording the driver keeps, not as Ray's UserCodeException.
+    ds.context.raise_original_map_exception = True
     keyed = ds.map_batches(_add_media_group, fn_kwargs={"options": options}, batch_format="pyarrow")
     grouped = keyed.groupby(GROUP_COLUMN, num_partitions=partitions)
     return grouped.map_groups(_pack_group, batch_format="pyarrow")
@@ -229,46 +244,48 @@ def run_on_ray(
     ds: Dataset, job: RayJob, resources: RayResources, out: FileOutput | str | Path
 ) -> JobReport:
     """Caption the rows of ``ds`` into the folder ``out`` (of JSON-lines or Parquet files),
-    skipping ids already there (the local resume rules), and check that every input id ends
-    with exactly one row."""
+    resuming there with the local runner's rules, and check that every input id ends with
+    exactly one row."""
     ray = import_ray()
-    out = out if isinstance(out, FileOutput) else FileOutput(Path(out))
+    out = replace(out if isinstance(out, FileOutput) else FileOutput(Path(out)), row_folder=True)
     _check_output(out, job)
     _check_resources(ray, resources.num_gpus(job.engine), resources.replicas)
+    check_engine_settings(job.engine)
+    whole = _whole_job(ds, job)
+    plan = plan_resume(whole, out)
+    write_record(out.paths.record, whole.fingerprint)
     started = time.perf_counter()
-    inputs = _input_ids(ds, job)
-    shape = job.shape
-    done = _resume(out, job, inputs)
-    if len(done) < len(inputs):
-        rows = caption_dataset(ds, job, resources, skip_ids=done)
+    pending = {r.row_id for r in plan.pending}
+    if pending:
+        rows = caption_dataset(ds, job, resources, skip_ids=whole.item_ids - pending)
         try:
             if out.format == "parquet":
                 rows.write_parquet(str(out.path))
             else:
                 rows.write_json(str(out.path), force_ascii=False)
         except ray.exceptions.RayError as exc:
-            raise FatalEngineError(
-                f"the Ray job failed: {exc}; rows finished so far are in {out.path}, and "
-                "running the same command again resumes there"
-            ) from exc
-    rows_by_id = _check_one_row_per_input(inputs, _read(out, shape), shape)
-    made = inputs - done
-    run = JobStats(total=len(made), started=started)
-    for item_id in sorted(made):
-        run.record(shape.outcome(rows_by_id[item_id]))
-    run.finished = time.perf_counter()
-    tally = count_output(rows_by_id.values(), shape, inputs, quarantine_path(out.path))
-    whole = (
-        run.to_dict()
-        | tally.counts()
-        | {
-            "total": len(inputs),
-            "rows_from_earlier_runs": len(done),
-        }
+            raise _stopped(exc, whole, out) from exc
+    rows_by_id = _check_one_row_per_input(
+        whole.item_ids, list(written_rows(out.paths, whole.shape)), whole.shape
     )
-    info = {**job.info, "output_format": out.format}
-    summary = write_summary(out.path, whole, info)
-    return JobReport(out.path, len(inputs), len(done), run, tally, summary)
+    run = JobStats(total=len(pending), started=started)
+    for item_id in sorted(pending):
+        run.record(whole.shape.outcome(rows_by_id[item_id]))
+    run.finished = time.perf_counter()
+    return summarize(whole, out, plan, run, whole.info)
+
+
+def check_engine_settings(config: EngineConfig) -> None:
+    """``ConfigError`` (one line) for engine settings vLLM would refuse, as far as the
+    driver can tell without the replicas' devices (it may have no GPU): every argument's
+    name, and the model as vLLM reads it with them (``dtype``, a ``max_model_len`` within
+    its context, ...). So the model must be reachable from the driver too. The replicas
+    check the rest as they start (``check_engine``)."""
+    from mmbatch.engine.logs import engine_log
+    from mmbatch.engine.vllm import model_config
+
+    with engine_log(None if config.log_file is None else os.devnull):  # as check_engine
+        model_config(config)
 
 
 def _check_output(out: FileOutput, job: RayJob) -> None:
@@ -283,28 +300,24 @@ def _check_output(out: FileOutput, job: RayJob) -> None:
         )
 
 
-def _resume(out: FileOutput, job: RayJob, inputs: set[str]) -> set[str]:
-    """The input ids whose rows are already in the folder (after ``retry_errors`` dropped
-    the error rows), with the job record checked and written: the local resume rules."""
-    record = job_record_path(out.path)
-    shape = job.shape
-    before = {shape.row_id(row) for row in _read(out, shape)}
-    if before and not out.force:
-        check_same_job(out.path, record, job.fingerprint)
-    if before and out.retry_errors:
-        dropped = drop_rows(out.path, folder_format(out.format), shape, inputs)
-        if dropped:
-            print(f"mmbatch: {dropped} error rows removed to be retried", file=sys.stderr)
-        before = {shape.row_id(row) for row in _read(out, shape)}
-    write_record(record, job.fingerprint)
-    done = inputs & before
-    if done:
-        print(
-            f"mmbatch: resuming {out.path}: {len(done)} items already have a row; "
-            f"{len(inputs) - len(done)} items to do",
-            file=sys.stderr,
-        )
-    return done
+def _stopped(exc: Exception, whole: Job, out: FileOutput) -> MmbatchError:
+    """What stopped the Ray job, as the local runner says it: a replica's own error with
+    its wording (a setting its engine refused, an engine that did not start), else Ray's;
+    either way with what the folder holds and how to go on."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, ConfigError):
+        return ConfigError(_without_ray_note(cause))
+    if isinstance(cause, FatalEngineError):
+        return engine_stopped(FatalEngineError(_without_ray_note(cause)), whole, out)
+    return engine_stopped(FatalEngineError(f"the Ray job failed: {exc}"), whole, out)
+
+
+RAY_NOTE = "\nFailed to apply UDF transform after "
+"""How Ray Data begins the note it appends to the message of an error it re-raises."""
+
+
+def _without_ray_note(exc: Exception) -> str:
+    return str(exc).split(RAY_NOTE, 1)[0]
 
 
 class EngineReplica:
@@ -317,13 +330,21 @@ class EngineReplica:
     """
 
     def __init__(self, job: RayJob, engine: Engine | None = None) -> None:
-        """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process."""
+        """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process.
+
+        An engine that cannot start fails the actor's first batch, not its constructor: an
+        error raised here reaches the driver only as "the actor died", an error raised from
+        a batch as itself (``media_groups`` asks Ray Data for that)."""
+        self.job = job
+        self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine.vllm import VLLMEngine
+            from mmbatch.engine.shared import start_engine
 
             kind = job.recipe.media.kind if job.recipe else "image"
-            engine = VLLMEngine(job.engine, {kind: 1})
-        self.job = job
+            try:
+                engine = start_engine(job.engine, {kind: 1})
+            except MmbatchError as exc:
+                self.failed = exc
         self.engine = engine
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
@@ -331,6 +352,9 @@ class EngineReplica:
 
         import pyarrow as pa
 
+        if self.failed is not None:  # a copy: Ray Data adds a note to the error it raises
+            raise type(self.failed)(*self.failed.args)
+        assert self.engine is not None
         items = _unpack_groups(batch, self.job.prompt)
         submission = start_in_memory(self.job.batch_job(items), self.engine)
         loop = asyncio.get_running_loop()
@@ -401,8 +425,7 @@ def _pack_group(group: pa.Table) -> pa.Table:
 
     packed: dict[str, Any] = {GROUP_COLUMN: [group[GROUP_COLUMN][0].as_py()]}
     for name in INPUT_COLUMNS:
-        values = group[name].to_pylist() if name in group.column_names else [None] * len(group)
-        packed[name] = [[None if v is None else str(v) for v in values]]
+        packed[name] = [_column(group, name)]
     return pa.table(packed)
 
 
@@ -410,19 +433,36 @@ def _unpack_groups(batch: pa.Table, default_prompt: str | None) -> list[Request]
     requests = []
     columns = {name: batch[name].to_pylist() for name in INPUT_COLUMNS}
     for g in range(batch.num_rows):
-        ids, paths, prompts, systems = (columns[name][g] for name in INPUT_COLUMNS)
-        for item_id, path, prompt, system in zip(ids, paths, prompts, systems, strict=True):
-            text = prompt if prompt is not None else default_prompt or ""
-            requests.append(
-                Request(
-                    id=item_id,
-                    prompt=text,
-                    media=(MediaRef("image", path or ""),),
-                    system=system,
-                    error=None if text else ItemError("source", "the row has no prompt"),
-                )
-            )
+        rows = zip(*(columns[name][g] for name in INPUT_COLUMNS), strict=True)
+        requests += [_input_request(*row, default_prompt=default_prompt) for row in rows]
     return requests
+
+
+def _input_request(
+    item_id: str,
+    path: str | None,
+    prompt: str | None,
+    system: str | None,
+    *,
+    default_prompt: str | None,
+) -> Request:
+    """The request of one input row, the same on the driver (``_whole_job``) and in the
+    actor that runs it."""
+    text = prompt if prompt is not None else default_prompt or ""
+    return Request(
+        id=item_id,
+        prompt=text,
+        media=(MediaRef("image", path or ""),),
+        system=system,
+        error=None if text else ItemError("source", "the row has no prompt"),
+    )
+
+
+def _column(batch: pa.Table, name: str) -> list[str | None]:
+    """An input column as text (None where it is missing), as the replicas read it."""
+    if name not in batch.column_names:
+        return [None] * batch.num_rows
+    return [None if v is None else str(v) for v in batch[name].to_pylist()]
 
 
 def _strings(values: list[str]) -> pa.Array:
@@ -431,34 +471,29 @@ def _strings(values: list[str]) -> pa.Array:
     return pa.array(values, pa.string())
 
 
-def _input_ids(ds: Dataset, job: RayJob) -> set[str]:
-    """Every input id, once; the inputs must name each id once (they are the output's key)."""
-    import pyarrow.compute as pc
-
+def _whole_job(ds: Dataset, job: RayJob) -> Job:
+    """The job of every input row as the replicas run it (``RayJob.batch_job``), with the
+    job's fingerprint and info: what resume and the summary read on the driver. The inputs
+    must name each id once: an id names one output row."""
     names = set(ds.schema().names)
     missing = {"id", "path"} - names
     if missing:
         raise ConfigError(f"the input rows need the columns {sorted(missing)}")
     if "prompt" not in names and job.prompt is None:
         raise ConfigError("the input rows have no 'prompt' column and the job no default prompt")
+    items: list[Request] = []
     seen: set[str] = set()
-    total = 0
-    for batch in ds.select_columns(["id"]).iter_batches(batch_format="pyarrow", batch_size=None):
+    present = [name for name in INPUT_COLUMNS if name in names]
+    for batch in ds.select_columns(present).iter_batches(batch_format="pyarrow", batch_size=None):
         if batch["id"].null_count:
             raise ConfigError("every input row needs an id; an id names one output row")
-        ids = pc.cast(batch["id"], "string").to_pylist()
-        total += len(ids)
-        seen.update(ids)
-        if len(seen) != total:
+        rows = zip(*(_column(batch, name) for name in INPUT_COLUMNS), strict=True)
+        batch_items = [_input_request(*row, default_prompt=job.prompt) for row in rows]
+        seen.update(item.id for item in batch_items)
+        items += batch_items
+        if len(seen) != len(items):
             raise ConfigError("input ids must be unique; an id names one output row")
-    return seen
-
-
-def _read(out: FileOutput, shape: RowShape) -> list[dict[str, Any]]:
-    try:
-        return list(read_folder(out.path, folder_format(out.format), shape))
-    except ForeignFile as exc:
-        raise ConfigError(str(exc)) from None
+    return replace(job.batch_job(items), fingerprint=job.fingerprint, info=job.info)
 
 
 def _check_resources(ray: Any, gpus: float, replicas: int = 1) -> None:

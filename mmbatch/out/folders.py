@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,21 +73,48 @@ def read_folder(folder: Path, fmt: FolderFormat, shape: RowShape) -> Iterator[di
         yield from rows
 
 
-def drop_rows(folder: Path, fmt: FolderFormat, shape: RowShape, ids: set[str]) -> int:
-    """Rewrite each row file of ``folder`` without the error rows of ``ids``; return how many
-    rows went (``--retry-errors``)."""
-    dropped = 0
+def drop_rows(folder: Path, fmt: FolderFormat, shape: RowShape, ids: set[str]) -> None:
+    """Rewrite each row file of ``folder`` without the rows of ``ids`` (to be redone)."""
     for path in row_files(folder, fmt):
         rows = _read_file(path, fmt, shape)
-        kept = [r for r in rows if shape.outcome(r).ok or shape.row_id(r) not in ids]
+        kept = [r for r in rows if shape.row_id(r) not in ids]
         if len(kept) == len(rows):
             continue
-        dropped += len(rows) - len(kept)
         if fmt == "jsonl":
             write_atomic(path, kept)
         else:
             _write_parquet_atomic(path, kept)
-    return dropped
+
+
+@dataclass(frozen=True)
+class FolderRows:
+    """A row folder as resume reads it (``mmbatch.out.resume.WrittenRows``): a file cut
+    short is set aside as it is read, so there is nothing left to repair after."""
+
+    path: Path
+    format: FolderFormat
+
+    def has_rows(self) -> bool:
+        return bool(self._files())
+
+    def check_is_output(self, shape: RowShape, record: Path) -> None:
+        self._files()  # a file that is not a row file is refused before anything changes
+
+    def whole_rows(self, shape: RowShape) -> Iterator[dict[str, Any]]:
+        self._files()
+        return read_folder(self.path, self.format, shape)
+
+    def repair(self) -> int:
+        return 0
+
+    def drop(self, shape: RowShape, ids: set[str]) -> None:
+        drop_rows(self.path, self.format, shape, ids)
+
+    def _files(self) -> list[Path]:
+        try:
+            return row_files(self.path, self.format)
+        except ForeignFile as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _read_file(path: Path, fmt: FolderFormat, shape: RowShape) -> list[dict[str, Any]]:

@@ -20,7 +20,9 @@ before the job appends again. Rerunning the same command therefore:
    ever has two rows, and the items are done again.
 
 Columnar outputs (Parquet, datasets folders) resume the same way through the JSONL spool
-their sink writes rows to.
+their sink writes rows to, and a folder of Ray's row files through the files themselves
+(``mmbatch.out.folders.FolderRows``): one plan, the same checks and the same message for the
+local runner and Ray's driver. The files are named in ``mmbatch.out.paths``.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from mmbatch.errors import ConfigError, OutputError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic, write_text_atomic
+from mmbatch.out.folders import FolderRows, folder_format
+from mmbatch.out.formats import read_output
+from mmbatch.out.paths import OutputPaths
 from mmbatch.out.rows import RowShape, asked_of
 from mmbatch.types import Request
 
@@ -42,10 +47,23 @@ RECORD_VERSION = 1
 _TAIL_CHUNK = 1 << 16
 
 
-def job_record_path(out: str | Path) -> Path:
-    """Where the fingerprint of the job writing ``out`` is kept."""
-    out = Path(out)
-    return out.with_name(out.name + ".job.json")
+class JobFacts(Protocol):
+    """What resume needs to know of a job (``mmbatch.jobs.Job`` is one)."""
+
+    @property
+    def requests(self) -> Sequence[Request]:
+        """Every request of the job, those already done included."""
+        ...
+
+    @property
+    def fingerprint(self) -> Mapping[str, Any]:
+        """What makes two runs the same job (kept in the job record)."""
+        ...
+
+    @property
+    def shape(self) -> RowShape:
+        """How a written row is read back."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -88,73 +106,49 @@ class ResumePlan:
 
 
 def prepare(
-    out: str | Path,
-    requests: Sequence[Request],
-    fingerprint: Mapping[str, Any],
-    shape: RowShape,
-    *,
-    record: str | Path | None = None,
-    force: bool = False,
-    retry_errors: bool = False,
-    write: bool = True,
+    paths: OutputPaths, job: JobFacts, *, force: bool = False, retry_errors: bool = False
 ) -> ResumePlan:
-    """Make the JSONL file ``out`` ready to be appended to by the job ``fingerprint``
-    describes, and return the requests that still need a row. The fingerprint is kept in
-    ``record`` (default ``OUT.job.json``); with ``write=False`` the caller writes it
-    (``write_record``) once the job is sure to start. Raises ``ConfigError``, before
-    touching ``out``, when ``out`` is not an output of ``shape``'s rows, or holds another
-    job's rows and ``force`` is off."""
-    out = Path(out)
-    record = Path(record) if record is not None else job_record_path(out)
+    """Make the output at ``paths`` ready for ``job`` to add its rows to, and return the
+    requests that still need a row. Raises ``ConfigError``, before touching the rows, when
+    they are not rows of ``job.shape``, or are another job's and ``force`` is off. The job
+    record is the caller's to write (``write_record``), once the job is sure to start."""
+    rows = _written(paths)
     try:
-        return _prepare(out, requests, fingerprint, shape, record, force, retry_errors, write)
+        return _prepare(rows, paths.record, job, force, retry_errors)
     except OSError as exc:
-        raise OutputError(f"cannot use {str(out)!r}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot use {str(rows.path)!r}: {exc.strerror or exc}") from None
 
 
 def _prepare(
-    out: Path,
-    requests: Sequence[Request],
-    fingerprint: Mapping[str, Any],
-    shape: RowShape,
-    record: Path,
-    force: bool,
-    retry_errors: bool,
-    write: bool,
+    written: WrittenRows, record: Path, job: JobFacts, force: bool, retry_errors: bool
 ) -> ResumePlan:
-    if out.is_dir():
-        raise ConfigError(f"{out} is a folder; --out names the file the rows go to")
-    if not out.exists() or out.stat().st_size == 0:
-        if write:
-            write_record(record, fingerprint)
-        return ResumePlan(pending=list(requests))
-    _check_is_output(out, shape, record)
+    if not written.has_rows():
+        return ResumePlan(pending=list(job.requests))
+    shape = job.shape
+    written.check_is_output(shape, record)
     if not force:
-        check_same_job(out, record, fingerprint)
+        check_same_job(written.path, record, job.fingerprint)
     # Every whole row is read and checked before anything is cut or rewritten: a file holding
     # a line that is not one of this job's rows is refused as it is.
-    keep = whole_rows_end(out)
-    asked = asked_of(requests)
+    asked = asked_of(job.requests)
     ok_ids: set[str] = set()
     failed_ids: set[str] = set()
     changed: set[str] = set()
-    for row in read_rows(out, shape, end=keep):
+    for row in written.whole_rows(shape):
         outcome = shape.outcome(row)
         item_id = outcome.request_id
         (ok_ids if outcome.ok else failed_ids).add(item_id)
         before = shape.asked(row) if item_id in asked and not force else None
         if before is not None and before != asked[item_id]:
             changed.add(item_id)
-    repaired = _cut(out, keep)
+    repaired = written.repair()
     retried = failed_ids & asked.keys() if retry_errors else set()
     redo = retried | changed
     if redo:
-        _drop_rows(out, shape, redo)
-    if write:
-        write_record(record, fingerprint)
+        written.drop(shape, redo)
     done = (ok_ids | failed_ids) - redo
     return ResumePlan(
-        pending=[r for r in requests if r.row_id not in done],
+        pending=[r for r in job.requests if r.row_id not in done],
         kept_ok=len((ok_ids - redo) & asked.keys()),
         kept_failed=len((failed_ids - redo) & asked.keys()),
         retried=len(retried),
@@ -162,6 +156,80 @@ def _prepare(
         repaired_bytes=repaired,
         example_changed=min(changed - retried, default=None),
     )
+
+
+class WrittenRows(Protocol):
+    """The rows an earlier run left, as resume reads and repairs them: a JSONL file
+    (``JsonlRows``) or a folder of Ray's row files (``mmbatch.out.folders.FolderRows``)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    def has_rows(self) -> bool:
+        """Whether there is anything to resume from (``ConfigError`` for a path that cannot
+        hold these rows)."""
+        ...
+
+    def check_is_output(self, shape: RowShape, record: Path) -> None:
+        """``ConfigError`` for rows that are not an output of ``shape``, before any change."""
+        ...
+
+    def whole_rows(self, shape: RowShape) -> Iterator[dict[str, Any]]:
+        """Every whole row, checked; ``repair`` then removes what was not whole."""
+        ...
+
+    def repair(self) -> int:
+        """Remove what a killed writer left unfinished; the bytes removed."""
+        ...
+
+    def drop(self, shape: RowShape, ids: set[str]) -> None:
+        """Remove the rows of ``ids`` (atomically), so each is redone and no id gets two."""
+        ...
+
+
+class JsonlRows:
+    """Rows in one JSONL file, appended whole: at most a torn last line to cut off."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._whole_end: int | None = None
+
+    def has_rows(self) -> bool:
+        if self.path.is_dir():
+            raise ConfigError(f"{self.path} is a folder; --out names the file the rows go to")
+        return self.path.exists() and self.path.stat().st_size > 0
+
+    def check_is_output(self, shape: RowShape, record: Path) -> None:
+        _check_is_output(self.path, shape, record)
+
+    def whole_rows(self, shape: RowShape) -> Iterator[dict[str, Any]]:
+        self._whole_end = whole_rows_end(self.path)
+        return read_rows(self.path, shape, end=self._whole_end)
+
+    def repair(self) -> int:
+        assert self._whole_end is not None, "whole_rows first"
+        return _cut(self.path, self._whole_end)
+
+    def drop(self, shape: RowShape, ids: set[str]) -> None:
+        write_atomic(
+            self.path, (row for row in read_rows(self.path, shape) if shape.row_id(row) not in ids)
+        )
+
+
+def _written(paths: OutputPaths) -> WrittenRows:
+    if paths.row_folder:
+        return FolderRows(paths.rows, folder_format(paths.format))
+    return JsonlRows(paths.progress)
+
+
+def written_rows(paths: OutputPaths, shape: RowShape) -> Iterator[dict[str, Any]]:
+    """Every row of the output at ``paths``, for counting: a JSONL file's checked
+    (``read_rows``), a row folder's whole files, a finished columnar output read back."""
+    if paths.row_folder:
+        return _written(paths).whole_rows(shape)
+    if paths.format == "jsonl":
+        return read_rows(paths.rows, shape)
+    return read_output(paths.rows)
 
 
 def read_rows(
@@ -311,12 +379,6 @@ def write_record(record: Path, fingerprint: Mapping[str, Any]) -> None:
         "fingerprint": dict(fingerprint),
     }
     write_text_atomic(record, json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def _drop_rows(out: Path, shape: RowShape, ids: set[str]) -> None:
-    """Rewrite ``out`` without the rows of ``ids`` (atomically), so that each is redone and
-    no id ever has two rows."""
-    write_atomic(out, (row for row in read_rows(out, shape) if shape.row_id(row) not in ids))
 
 
 def _end_of_last_line(path: Path, end: int) -> int:

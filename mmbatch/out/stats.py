@@ -186,12 +186,6 @@ class OutputTally(Tally):
     quarantine: Path | None = None
 
 
-def quarantine_path(out: str | Path) -> Path:
-    """Where the failed inputs of the job writing ``out`` are listed."""
-    out = Path(out)
-    return out.with_name(out.name + ".quarantine.jsonl")
-
-
 def count_output(
     rows: Iterable[Mapping[str, Any]], shape: RowShape, item_ids: set[str], quarantine: Path
 ) -> OutputTally:

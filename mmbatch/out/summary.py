@@ -11,19 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.jsonl import write_text_atomic
+from mmbatch.out.paths import OutputPaths
 
 
-def summary_path(out: str | Path) -> Path:
-    """``OUT.summary.json``, beside the output (a folder's sits next to the folder)."""
-    path = Path(out)
-    return path.with_name(path.name + ".summary.json")
-
-
-def write_summary(out: str | Path, stats: Mapping[str, Any], job: Mapping[str, Any]) -> Path:
-    """Write the job's summary (``stats``, plus ``job``: what was run) beside ``out``."""
-    target = summary_path(out)
+def write_summary(paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str, Any]) -> Path:
+    """Write the job's summary (``stats``, plus ``job``: what was run) beside the output."""
+    target = paths.summary
     document = {
-        "output": str(out),
+        "output": str(paths.rows),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "job": dict(job),
         "stats": dict(stats),
@@ -49,13 +44,13 @@ RUN_FIGURES = (
 the whole output."""
 
 
-def with_last_measured(out: str | Path, stats: Mapping[str, Any]) -> dict[str, Any]:
+def with_last_measured(paths: OutputPaths, stats: Mapping[str, Any]) -> dict[str, Any]:
     """``stats`` of a run that had nothing to do (a resume with 0 items left) with the
-    figures of the last run that did, from the summary beside ``out``, and
+    figures of the last run that did, from the output's summary, and
     ``figures_from``: when that run finished. A rerun that only confirms the job is done
     would otherwise overwrite its speed with zeros."""
     try:
-        previous = read_summary(out)
+        previous = read_summary(paths)
     except (OSError, ValueError):
         previous = None
     if previous is None or not isinstance(previous.get("stats"), dict):
@@ -66,9 +61,9 @@ def with_last_measured(out: str | Path, stats: Mapping[str, Any]) -> dict[str, A
     return {**stats, **kept, "figures_from": since}
 
 
-def read_summary(out: str | Path) -> dict[str, Any] | None:
-    """The summary written beside ``out``, or None if there is none."""
-    path = summary_path(out)
+def read_summary(paths: OutputPaths) -> dict[str, Any] | None:
+    """The summary written beside the output, or None if there is none."""
+    path = paths.summary
     if not path.is_file():
         return None
     loaded = json.loads(path.read_text(encoding="utf-8"))

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from mmbatch.errors import OutputError, SourceError
 from mmbatch.jsonl import cannot_write, printable_values, read_objects
 from mmbatch.out.order import RowOrder
+from mmbatch.out.paths import OutputPaths
 from mmbatch.out.sinks import JsonlSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-SPOOL_SUFFIX = ".rows.jsonl"
 ROWS_PER_CHUNK = 50_000
 """Rows turned into one Arrow table at a time, bounding the Python objects alive at once."""
 
@@ -43,7 +43,7 @@ class SpooledSink(ABC):
         self, path: str | Path, append: bool = False, order: RowOrder | None = None
     ) -> None:
         self.path = Path(path)
-        self.spool_path = self.path.with_name(self.path.name + SPOOL_SUFFIX)
+        self.spool_path = OutputPaths(self.path).spool
         # append=True continues the spool of a stopped job (``mmbatch.out.resume`` reads it).
         # The spool's rows are put in the job's order when it closes, before conversion.
         self._spool = JsonlSink(self.spool_path, append=append, order=order)
@@ -60,7 +60,7 @@ class SpooledSink(ABC):
             return
         self._closed = True
         self._spool.close()
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
+        temporary = OutputPaths(self.path).temporary
         try:
             self._write(temporary)
             _replace(temporary, self.path)
