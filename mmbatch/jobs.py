@@ -40,9 +40,9 @@ from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
 from mmbatch.out.clock import milestone, milestones, process_seconds
-from mmbatch.out.formats import FileFormat, check_shards, open_sink, output_format, read_output
+from mmbatch.out.formats import check_shards, open_sink, output_format, read_output
 from mmbatch.out.order import RowOrder
-from mmbatch.out.paths import OutputPaths
+from mmbatch.out.paths import FileFormat, OutputPaths
 from mmbatch.out.resume import ResumePlan, prepare, write_record, written_rows
 from mmbatch.out.rows import FLAT, RowShape
 from mmbatch.out.sinks import MemorySink, Sink

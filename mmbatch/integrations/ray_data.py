@@ -20,7 +20,7 @@ unless forced), ids already in the folder skipped, ``--retry-errors``, items who
 changed redone, a file cut short set aside and redone, and the summary, the quarantine file
 and the exit code counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
-its engine the way every face does (``mmbatch.engine.shared.start_engine``), its start-up
+its engine the way every face does (``mmbatch.engine.builder.start_engine``), its start-up
 log in the engine's log file and a failure said as a ``FatalEngineError``.
 
 Why hash before the shuffle, and read the file again in the actor: the shuffle then moves a
@@ -338,7 +338,7 @@ class EngineReplica:
         self.job = job
         self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine.shared import start_engine
+            from mmbatch.engine.builder import start_engine
 
             kind = job.recipe.media.kind if job.recipe else "image"
             try:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from mmbatch.errors import ConfigError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic
-from mmbatch.out.formats import FileFormat
+from mmbatch.out.paths import FileFormat
 from mmbatch.out.rows import RowShape
 
 FolderFormat = Literal["jsonl", "parquet"]

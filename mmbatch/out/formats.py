@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from mmbatch.errors import ConfigError, SourceError
 from mmbatch.jsonl import JsonlError, read_objects
 from mmbatch.out.order import RowOrder
+from mmbatch.out.paths import FILE_FORMATS, FileFormat
 from mmbatch.out.sinks import JsonlSink, Sink
-
-FileFormat = Literal["jsonl", "parquet", "datasets", "webdataset"]
-FILE_FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet", "datasets", "webdataset")
-
 
 OTHER_FORMATS = {
     ".csv": "CSV",

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal
 
-if TYPE_CHECKING:
-    from mmbatch.out.formats import FileFormat
+FileFormat = Literal["jsonl", "parquet", "datasets", "webdataset"]
+"""What the rows at ``OUT`` are (``mmbatch.out.formats`` reads and writes each)."""
+FILE_FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet", "datasets", "webdataset")
 
 
 @dataclass(frozen=True)
