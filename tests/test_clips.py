@@ -24,7 +24,7 @@ from mmbatch.media.decode import ClipJob, decode
 from mmbatch.media.options import VideoOptions
 from mmbatch.media.scenes import scene_cuts
 from mmbatch.media.video import index_video, sample_frames
-from mmbatch.out.formats import read_output
+from mmbatch.output.formats import read_output
 from mmbatch.sources.clips import ClipSplit, clip_requests, clip_spans, pick_frame
 from mmbatch.sources.log import ListingLog
 from mmbatch.testing.fake_engine import FakeEngine

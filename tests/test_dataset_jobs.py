@@ -16,9 +16,9 @@ from test_gallery import browse
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, main
 from mmbatch.jobs import Job, run_in_memory
-from mmbatch.out.formats import read_output
-from mmbatch.out.paths import OutputPaths
-from mmbatch.out.summary import read_summary
+from mmbatch.output.formats import read_output
+from mmbatch.output.paths import OutputPaths
+from mmbatch.output.summary import read_summary
 from mmbatch.types import MediaRef, Request, Sampling
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ from PIL import Image
 
 from mmbatch.cli import main
 from mmbatch.jobs import FileOutput, Job, run_job
-from mmbatch.out.formats import read_output
+from mmbatch.output.formats import read_output
 from mmbatch.pipeline import RunConfig
 from mmbatch.review.gallery import render
 from mmbatch.review.thumbnails import NoPreview

@@ -29,7 +29,7 @@ from mmbatch.integrations.hf_datasets import (
     select_gpu,
 )
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.sinks import MemorySink
+from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.types import MediaRef, Request, Sampling
 

@@ -25,7 +25,7 @@ from mmbatch.cli import EXIT_ITEMS_FAILED
 from mmbatch.jsonl import printable
 from mmbatch.media.image import decode_image
 from mmbatch.media.options import ImageOptions, MediaOptions
-from mmbatch.out.sinks import MemorySink
+from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.testing.media_loader import MediaLoader

@@ -141,7 +141,7 @@ def test_a_fatal_engine_error_stops_the_job_saves_rows_and_says_how_to_resume(
 
 @pytest.mark.parametrize("suffix", [".parquet", "_folder"])
 def test_columnar_outputs_resume_too(good: Path, tmp_path: Path, suffix: str) -> None:
-    from mmbatch.out.formats import read_output
+    from mmbatch.output.formats import read_output
 
     out = tmp_path / f"captions{suffix}"
     fmt = ["--out-format", "datasets"] if suffix == "_folder" else []

@@ -135,7 +135,7 @@ def test_a_full_disk_stops_the_job_in_one_line_and_it_resumes(
 def test_a_write_failing_for_space_is_one_line_and_the_job_resumes(
     pictures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from mmbatch.out import sinks
+    from mmbatch.output import sinks
 
     real_write = os.write
     written = 0

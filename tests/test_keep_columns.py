@@ -12,7 +12,7 @@ from fake_cli import main
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.errors import SourceError
-from mmbatch.out.formats import read_output
+from mmbatch.output.formats import read_output
 from mmbatch.sources.local_datasets import DatasetInput, dataset_requests
 from mmbatch.testing.fake_engine import FakeEngine
 

@@ -20,7 +20,7 @@ from media_files import cfr_video, scene_video, write_audio
 from test_budget import budget_for
 
 from mmbatch.media.options import MediaOptions, VideoOptions, scaled_size
-from mmbatch.out.sinks import MemorySink
+from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.timeline import frame_requests
 from mmbatch.types import Request, Sampling

@@ -18,7 +18,7 @@ from media_files import cfr_video, frame_number, write_audio
 
 import mmbatch.media.video as video_module
 from mmbatch.media.options import AudioOptions, MediaOptions, VideoOptions
-from mmbatch.out.sinks import MemorySink
+from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.timeline import audio_requests, frame_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text

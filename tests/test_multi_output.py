@@ -10,9 +10,9 @@ import pytest
 
 from mmbatch.errors import SourceError
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.answers import JsonParser, canonical_schema
-from mmbatch.out.rows import ItemRows
-from mmbatch.out.sinks import MemorySink
+from mmbatch.output.answers import JsonParser, canonical_schema
+from mmbatch.output.rows import ItemRows
+from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.recipe.requests import recipe_media, recipe_requests, recipe_shape
 from mmbatch.recipe.spec import load_recipe

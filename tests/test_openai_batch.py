@@ -12,7 +12,7 @@ import pytest
 
 from mmbatch.errors import SourceError
 from mmbatch.jobs import Job, run_in_memory
-from mmbatch.out.openai_batch import OpenAIBatchShape
+from mmbatch.output.openai_batch import OpenAIBatchShape
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths

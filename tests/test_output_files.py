@@ -119,7 +119,7 @@ def test_process_seconds_count_from_the_process_start_not_from_mmbatchs_import()
     import subprocess
     import sys
 
-    code = "import time; time.sleep(1.0); from mmbatch.out.clock import process_seconds; "
+    code = "import time; time.sleep(1.0); from mmbatch.output.clock import process_seconds; "
     code += "print(process_seconds())"
     seconds = float(
         subprocess.run(

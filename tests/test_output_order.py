@@ -13,8 +13,8 @@ from fake_cli import main
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.jobs import Job, run_in_memory
-from mmbatch.out.formats import read_output
-from mmbatch.out.order import RowOrder
+from mmbatch.output.formats import read_output
+from mmbatch.output.order import RowOrder
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
 from mmbatch.testing.fake_engine import FakeEngine

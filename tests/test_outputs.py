@@ -12,11 +12,11 @@ import pytest
 
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import FileOutput, Job, run_job
-from mmbatch.out import tables as table_sinks
-from mmbatch.out.formats import output_format, read_output
-from mmbatch.out.paths import OutputPaths
-from mmbatch.out.summary import read_summary, write_summary
-from mmbatch.out.tables import TableSink
+from mmbatch.output import tables as table_sinks
+from mmbatch.output.formats import output_format, read_output
+from mmbatch.output.paths import OutputPaths
+from mmbatch.output.summary import read_summary, write_summary
+from mmbatch.output.tables import TableSink
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
 from mmbatch.testing.fake_engine import FakeEngine

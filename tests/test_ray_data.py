@@ -26,8 +26,8 @@ from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.hashing import media_key
 from mmbatch.media.options import ImageOptions
-from mmbatch.out.folders import read_folder
-from mmbatch.out.rows import FLAT
+from mmbatch.output.folders import read_folder
+from mmbatch.output.rows import FLAT
 from mmbatch.pipeline import RunConfig
 from mmbatch.types import MediaRef, Request, Sampling
 
@@ -366,7 +366,7 @@ def test_a_row_folder_resumes_by_the_local_runners_rules(
     refused, error rows are retried, an item whose prompt changed is redone, and it is said
     the same way."""
     from mmbatch.jobs import FileOutput, plan_resume
-    from mmbatch.out.resume import write_record
+    from mmbatch.output.resume import write_record
 
     folder = tmp_path / "rows"
     folder.mkdir()

@@ -28,7 +28,7 @@ from mmbatch.engine.layout import GIB, Gpu, choose_layout, model_bytes, paramete
 from mmbatch.engine.replicas import ReplicaEngine, _serve_engine
 from mmbatch.errors import ConfigError, FatalEngineError
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.sinks import MemorySink
+from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.testing.tiny_models import write_real_shape

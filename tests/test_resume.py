@@ -9,12 +9,12 @@ import pytest
 
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job
-from mmbatch.out.paths import OutputPaths
-from mmbatch.out.resume import ResumePlan, prepare, repair_torn_tail, write_record
-from mmbatch.out.resume import read_rows as read_checked
-from mmbatch.out.rows import FLAT
-from mmbatch.out.sinks import JsonlSink
-from mmbatch.out.stats import count_output
+from mmbatch.output.paths import OutputPaths
+from mmbatch.output.resume import ResumePlan, prepare, repair_torn_tail, write_record
+from mmbatch.output.resume import read_rows as read_checked
+from mmbatch.output.rows import FLAT
+from mmbatch.output.sinks import JsonlSink
+from mmbatch.output.stats import count_output
 from mmbatch.types import MediaRef, Request
 
 FINGERPRINT = {"command": "caption", "model": "m", "prompt": "Describe.", "sampling": {"t": 0}}

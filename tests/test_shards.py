@@ -13,7 +13,7 @@ import pytest
 from fake_cli import main
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
-from mmbatch.out.formats import read_output
+from mmbatch.output.formats import read_output
 from mmbatch.testing.fake_engine import FakeEngine
 
 NAMES = ["a.jpg", "b.png", "c.jpg", "d.png", "e.jpg"]
@@ -103,7 +103,7 @@ def test_shards_that_cannot_be_written_are_one_line_and_the_spool_waits(
     import errno
     import os
 
-    from mmbatch.out import shards
+    from mmbatch.output import shards
 
     def full(spool: Path, folder: Path, size: int) -> None:
         (folder / "part-00000.parquet").write_bytes(b"half")

@@ -25,8 +25,8 @@ from mmbatch.media import decode as decode_module
 from mmbatch.media.decode import Decoded, DecodeJob, ImageJob
 from mmbatch.media.decoders import UNUSABLE_AFTER, Decoders
 from mmbatch.media.options import ImageOptions, MediaOptions
-from mmbatch.out.sinks import MemorySink
-from mmbatch.out.stats import JobStats
+from mmbatch.output.sinks import MemorySink
+from mmbatch.output.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampling

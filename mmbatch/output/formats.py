@@ -3,7 +3,7 @@ and rows back (``read_output``).
 
 ``--out`` picks the format: ``x.parquet`` a Parquet file, ``--out-format datasets`` a
 datasets folder (``save_to_disk``), anything else JSON lines, one row per line; a folder of
-Parquet shards (``--shard-rows N``) or WebDataset tar shards is ``mmbatch.out.shards``'s.
+Parquet shards (``--shard-rows N``) or WebDataset tar shards is ``mmbatch.output.shards``'s.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Any
 
 from mmbatch.errors import ConfigError, SourceError
 from mmbatch.jsonl import JsonlError, read_objects
-from mmbatch.out.order import RowOrder
-from mmbatch.out.paths import FILE_FORMATS, FileFormat
-from mmbatch.out.sinks import JsonlSink, Sink
+from mmbatch.output.order import RowOrder
+from mmbatch.output.paths import FILE_FORMATS, FileFormat
+from mmbatch.output.sinks import JsonlSink, Sink
 
 OTHER_FORMATS = {
     ".csv": "CSV",
@@ -62,14 +62,14 @@ def open_sink(
     a folder of shards of that many rows (Parquet; WebDataset always has shards)."""
     check_shards(format, shard_rows)
     if format == "webdataset" or shard_rows is not None:
-        from mmbatch.out.shards import DEFAULT_SHARD_ROWS, ShardSink
+        from mmbatch.output.shards import DEFAULT_SHARD_ROWS, ShardSink
 
         assert format == "parquet" or format == "webdataset"
         rows = shard_rows or DEFAULT_SHARD_ROWS
         return ShardSink(out, format, rows, append=append, order=order)
     if format == "jsonl":
         return JsonlSink(out, append=append, order=order)
-    from mmbatch.out.tables import TableSink
+    from mmbatch.output.tables import TableSink
 
     return TableSink(out, format, append=append, order=order)
 
@@ -89,14 +89,14 @@ def read_output(out: str | Path) -> Iterator[dict[str, Any]]:
     path = Path(out)
     if not path.exists():
         raise SourceError(f"no output at {out}")
-    from mmbatch.out.shards import is_shard_folder, read_shard_rows
+    from mmbatch.output.shards import is_shard_folder, read_shard_rows
 
     shards = is_shard_folder(path)
     if shards is not None:
         yield from read_shard_rows(path, shards)
         return
     if path.is_dir() or path.suffix.lower() == ".parquet":
-        from mmbatch.out.tables import read_table_rows
+        from mmbatch.output.tables import read_table_rows
 
         yield from read_table_rows(path)
         return

@@ -4,10 +4,10 @@ An output is its rows at ``OUT`` (a JSONL or Parquet file, a datasets folder, a 
 shards, or a folder of Ray's row files) and files beside it, each named ``OUT`` plus a
 suffix, so that a folder of outputs lists each job's files together:
 
-    OUT.job.json          the job's fingerprint: whose rows these are (mmbatch.out.resume)
+    OUT.job.json          the job's fingerprint: whose rows these are (mmbatch.output.resume)
     OUT.summary.json      the counts over the whole output, the last run's speed
-    OUT.quarantine.jsonl  the failed inputs and why (mmbatch.out.stats)
-    OUT.rows.jsonl        a columnar output's rows as they finish (mmbatch.out.tables)
+    OUT.quarantine.jsonl  the failed inputs and why (mmbatch.output.stats)
+    OUT.rows.jsonl        a columnar output's rows as they finish (mmbatch.output.tables)
     OUT.vllm.log          vLLM's log, where a command sends it
     .OUT.tmp              a columnar output being written, moved into place when whole
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 FileFormat = Literal["jsonl", "parquet", "datasets", "webdataset"]
-"""What the rows at ``OUT`` are (``mmbatch.out.formats`` reads and writes each)."""
+"""What the rows at ``OUT`` are (``mmbatch.output.formats`` reads and writes each)."""
 FILE_FORMATS: tuple[FileFormat, ...] = ("jsonl", "parquet", "datasets", "webdataset")
 
 
@@ -36,7 +36,7 @@ class OutputPaths:
     format: FileFormat = "jsonl"
     row_folder: bool = False
     """The rows are a folder of row files that Ray's writers add to and resume reads in
-    place (``mmbatch.out.folders``), not one output this process writes."""
+    place (``mmbatch.output.folders``), not one output this process writes."""
 
     @property
     def record(self) -> Path:

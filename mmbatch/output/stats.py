@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mmbatch.jsonl import write_atomic
-from mmbatch.out.rows import RowShape
+from mmbatch.output.rows import RowShape
 from mmbatch.types import CacheStats, Result
 
 

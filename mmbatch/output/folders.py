@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from mmbatch.errors import ConfigError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic
-from mmbatch.out.paths import FileFormat
-from mmbatch.out.rows import RowShape
+from mmbatch.output.paths import FileFormat
+from mmbatch.output.rows import RowShape
 
 FolderFormat = Literal["jsonl", "parquet"]
 """The writers of a row folder: ``Dataset.write_json`` (one JSON object per line, in
@@ -88,7 +88,7 @@ def drop_rows(folder: Path, fmt: FolderFormat, shape: RowShape, ids: set[str]) -
 
 @dataclass(frozen=True)
 class FolderRows:
-    """A row folder as resume reads it (``mmbatch.out.resume.WrittenRows``): a file cut
+    """A row folder as resume reads it (``mmbatch.output.resume.WrittenRows``): a file cut
     short is set aside as it is read, so there is nothing left to repair after."""
 
     path: Path

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.jsonl import write_text_atomic
-from mmbatch.out.paths import OutputPaths
+from mmbatch.output.paths import OutputPaths
 
 
 def write_summary(paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str, Any]) -> Path:

@@ -1,7 +1,7 @@
 """Sharded outputs for big jobs: a folder of Parquet files of N rows each, or WebDataset tar
 shards holding each item's media and row, as img2dataset writes them.
 
-Like the single-file tables (``mmbatch.out.tables``), rows go first to the JSONL spool
+Like the single-file tables (``mmbatch.output.tables``), rows go first to the JSONL spool
 beside the output (``OUT.rows.jsonl``: what resume reads), and the shards are written from
 it when the job closes, rows in input order, into a temporary folder that then replaces the
 output folder: a reader never sees half a set of shards.
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mmbatch.errors import SourceError
 from mmbatch.jsonl import encode_line, read_objects
-from mmbatch.out.order import RowOrder
-from mmbatch.out.tables import SpooledSink, typed
+from mmbatch.output.order import RowOrder
+from mmbatch.output.tables import SpooledSink, typed
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,6 +1,6 @@
 """Where output rows go. A sink takes rows one at a time, makes the rows so far durable on
 ``flush`` (the pipeline calls it regularly) and everything on ``close``. Columnar files
-(Parquet, datasets folders) are ``mmbatch.out.tables.TableSink``; ``mmbatch.out.formats``
+(Parquet, datasets folders) are ``mmbatch.output.tables.TableSink``; ``mmbatch.output.formats``
 picks the sink for an ``--out``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from mmbatch.errors import OutputError
 from mmbatch.jsonl import cannot_write, encode_line
-from mmbatch.out.order import RowOrder
+from mmbatch.output.order import RowOrder
 
 
 class Sink(Protocol):
@@ -41,7 +41,7 @@ class MemorySink:
 
 class JsonlSink:
     """One JSON object per line, each written whole, so that a killed job leaves at most a
-    torn last line (which ``mmbatch.out.resume`` repairs) and never half a row in the middle.
+    torn last line (which ``mmbatch.output.resume`` repairs) and never half a row in the middle.
 
     Every row goes to the operating system at once, in a single ``write`` of the whole line
     on an ``O_APPEND`` descriptor: a SIGKILL loses no row that ``write`` returned from.

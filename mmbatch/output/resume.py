@@ -21,8 +21,8 @@ before the job appends again. Rerunning the same command therefore:
 
 Columnar outputs (Parquet, datasets folders) resume the same way through the JSONL spool
 their sink writes rows to, and a folder of Ray's row files through the files themselves
-(``mmbatch.out.folders.FolderRows``): one plan, the same checks and the same message for the
-local runner and Ray's driver. The files are named in ``mmbatch.out.paths``.
+(``mmbatch.output.folders.FolderRows``): one plan, the same checks and the same message for the
+local runner and Ray's driver. The files are named in ``mmbatch.output.paths``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from typing import Any, Protocol
 
 from mmbatch.errors import ConfigError, OutputError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic, write_text_atomic
-from mmbatch.out.folders import FolderRows, folder_format
-from mmbatch.out.formats import read_output
-from mmbatch.out.paths import OutputPaths
-from mmbatch.out.rows import RowShape, asked_of
+from mmbatch.output.folders import FolderRows, folder_format
+from mmbatch.output.formats import read_output
+from mmbatch.output.paths import OutputPaths
+from mmbatch.output.rows import RowShape, asked_of
 from mmbatch.types import Request
 
 RECORD_VERSION = 1
@@ -160,7 +160,7 @@ def _prepare(
 
 class WrittenRows(Protocol):
     """The rows an earlier run left, as resume reads and repairs them: a JSONL file
-    (``JsonlRows``) or a folder of Ray's row files (``mmbatch.out.folders.FolderRows``)."""
+    (``JsonlRows``) or a folder of Ray's row files (``mmbatch.output.folders.FolderRows``)."""
 
     @property
     def path(self) -> Path: ...

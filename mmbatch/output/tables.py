@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from mmbatch.errors import OutputError, SourceError
 from mmbatch.jsonl import cannot_write, printable_values, read_objects
-from mmbatch.out.order import RowOrder
-from mmbatch.out.paths import OutputPaths
-from mmbatch.out.sinks import JsonlSink
+from mmbatch.output.order import RowOrder
+from mmbatch.output.paths import OutputPaths
+from mmbatch.output.sinks import JsonlSink
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -44,7 +44,7 @@ class SpooledSink(ABC):
     ) -> None:
         self.path = Path(path)
         self.spool_path = OutputPaths(self.path).spool
-        # append=True continues the spool of a stopped job (``mmbatch.out.resume`` reads it).
+        # append=True continues the spool of a stopped job (``mmbatch.output.resume`` reads it).
         # The spool's rows are put in the job's order when it closes, before conversion.
         self._spool = JsonlSink(self.spool_path, append=append, order=order)
         self._closed = False

@@ -10,7 +10,7 @@ row holds.
 * ``ItemShape`` (recipes): several questions per item; each item's answers are held until
   the last one arrives, then written as one row with every answer under its name, so a failed
   question is recorded in its place and never costs the item its other answers.
-* ``mmbatch.out.openai_batch.OpenAIBatchShape``: the lines of an OpenAI batch output file.
+* ``mmbatch.output.openai_batch.OpenAIBatchShape``: the lines of an OpenAI batch output file.
 
 Each ``Row`` also carries an ``outcome``: the item's summed token counts and its error (if
 any answer failed), which is what the job's stats count, one per row.
