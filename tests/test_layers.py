@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-
-PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
+from repo_paths import PACKAGE
 
 BASE = frozenset({"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard"})
 """The leaves every stage uses: the values that flow, the exception tree, JSON lines, the

@@ -22,6 +22,7 @@ from typing import Any
 import jsonschema
 import pytest
 from conftest import TINY_ENGINE_KWARGS
+from repo_paths import RECIPES
 
 from mmbatch.cli.run import recipe_job
 from mmbatch.engine.config import EngineConfig
@@ -34,7 +35,6 @@ from mmbatch.types import MediaRef, Request
 
 pytestmark = pytest.mark.slow
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 TEXT_TOKENS = 12
 IMAGE_RECIPES = [
     "short_caption",

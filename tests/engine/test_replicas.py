@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import TINY_ENGINE_KWARGS
-from PIL import Image
+from picture_requests import caption_requests, write_pictures
 from processes import alive, children, group_leaders, in_session, left_after
 
 from mmbatch.engine.config import EngineConfig
@@ -205,24 +205,6 @@ class RoutedReplicas(ReplicaEngine):
         super()._send_to(replica, flight)
 
 
-def pictures(folder: Path, count: int) -> list[Path]:
-    folder.mkdir(exist_ok=True)
-    paths = []
-    for i in range(count):
-        path = folder / f"{i:03d}.png"
-        Image.new("RGB", (24, 24), (i * 9 % 256, i * 31 % 256, 99)).save(path)
-        paths.append(path)
-    return paths
-
-
-def caption(paths: list[Path], prompts: list[str]) -> list[Request]:
-    return [
-        Request(f"{p}:{path.name}", prompt, (MediaRef("image", str(path)),))
-        for p, prompt in enumerate(prompts)
-        for path in paths
-    ]
-
-
 def run(requests: list[Request], engine: ReplicaEngine) -> list[dict]:  # type: ignore[type-arg]
     sink = MemorySink()
     run_requests(requests, engine, MediaOptions(), sink, Sampling(), RunConfig(progress=False))
@@ -237,7 +219,7 @@ def fakes(count: int, **kwargs: object) -> RoutedReplicas:
 def test_two_replicas_share_the_work_and_keep_an_images_requests_together(
     tmp_path: Path,
 ) -> None:
-    requests = caption(pictures(tmp_path / "p", 24), ["a", "b", "c"])  # prompt-major
+    requests = caption_requests(write_pictures(tmp_path / "p", 24), ["a", "b", "c"])  # prompt-major
     engine = fakes(2)
     try:
         rows = run(requests, engine)
@@ -260,7 +242,7 @@ def test_two_replicas_share_the_work_and_keep_an_images_requests_together(
 def test_a_replica_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path) -> None:
     """Killed alone, an engine process leaves its engine core (vLLM's is a child that does
     not watch it): the job ends that with it at once, and starts another replica."""
-    requests = caption(pictures(tmp_path / "p", 40), ["a", "b"])
+    requests = caption_requests(write_pictures(tmp_path / "p", 40), ["a", "b"])
     engine = fakes(2, engine_core=True)
     done = threading.Event()
     left: list[list[str]] = []
@@ -345,7 +327,7 @@ def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_thei
 def test_a_request_an_engine_process_loses_stops_the_job_loudly(tmp_path: Path) -> None:
     """A replica whose engine forgets a request (it holds nothing, yet never returned it)
     says so, and the pipeline stops the job saying which, instead of waiting forever."""
-    requests = caption(pictures(tmp_path / "p", 12), ["fine"])
+    requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
     lost = Request("lost", "lose", (MediaRef("image", requests[3].media[0].source),))
     engine = fakes(2, drop_prompts=frozenset({"lose"}))
     try:
@@ -356,7 +338,7 @@ def test_a_request_an_engine_process_loses_stops_the_job_loudly(tmp_path: Path) 
 
 
 def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Path) -> None:
-    requests = caption(pictures(tmp_path / "p", 12), ["fine"])
+    requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
     poison = Request("poison", "crash", (MediaRef("image", requests[3].media[0].source),))
     engine = fakes(2, crash_on_prompt="crash")
     try:
@@ -373,7 +355,7 @@ def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Pa
 def test_a_request_that_makes_the_engine_step_raise_costs_one_row(tmp_path: Path) -> None:
     """An exception out of the engine's ``step`` (a vLLM bug one request sets off) ends that
     replica as a crash would: restarted, the request found by halving, one error row."""
-    requests = caption(pictures(tmp_path / "p", 12), ["fine"])
+    requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
     poison = Request("poison", "bad", (MediaRef("image", requests[5].media[0].source),))
     engine = fakes(1, raise_on_prompt="bad")
     try:
@@ -392,7 +374,7 @@ def test_a_request_that_makes_the_engine_step_raise_costs_one_row(tmp_path: Path
 def test_an_engine_that_dies_whatever_it_is_given_stops_the_job(tmp_path: Path) -> None:
     """Bisection narrows down a killer; it does not retry a broken engine for every request:
     deaths without a result between them stop the job after a few restarts."""
-    requests = caption(pictures(tmp_path / "p", 16), ["fine"])
+    requests = caption_requests(write_pictures(tmp_path / "p", 16), ["fine"])
     engine = fakes(1, die_after_steps=0)
     try:
         with pytest.raises(FatalEngineError, match="died 4 times without finishing"):
@@ -549,7 +531,7 @@ def test_the_settings_are_checked_while_the_replicas_start(tmp_path: Path) -> No
     def check() -> None:
         starting.extend(p.pid for p in set(multiprocessing.active_children()) - before)
 
-    requests = caption(pictures(tmp_path / "p", 4), ["a"])
+    requests = caption_requests(write_pictures(tmp_path / "p", 4), ["a"])
     engine = ReplicaEngine(partial(FakeEngine, per_step=2, capacity=8), [None, None], None, check)
     try:
         rows = run(requests, engine)
@@ -588,7 +570,7 @@ def test_closing_stops_every_replica_together_and_leaves_nothing_they_started(
     children = [pids.get(timeout=30), pids.get(timeout=30)]
     replicas = [p.pid for p in set(multiprocessing.active_children()) - before]
     assert len(replicas) == 2
-    rows = run(caption(pictures(tmp_path, 4), ["Describe."]), engine)
+    rows = run(caption_requests(write_pictures(tmp_path, 4), ["Describe."]), engine)
     assert len(rows) == 4
     began = time.monotonic()
     engine.close()

@@ -9,12 +9,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from repo_paths import RECIPES
 
 from mmbatch.cli import main
 from mmbatch.errors import ConfigError
 from mmbatch.recipe.spec import load_recipe
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 REQUIRED = {
     "short_caption",
     "detailed_caption",

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 from media_files import write_audio
+from repo_paths import FAKE_CLI
 
 from mmbatch.errors import MediaError
 from mmbatch.media.container import open_media
 from mmbatch.media.fetch import open_regular, read_source
 from mmbatch.media.hashing import file_digest
-
-FAKE_CLI = Path(__file__).resolve().parent / "fake_cli.py"
 
 
 def fake_cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

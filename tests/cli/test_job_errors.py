@@ -21,11 +21,10 @@ from unittest import mock
 
 import pytest
 from fake_cli import main
+from repo_paths import FAKE_CLI
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.testing.fake_engine import FakeEngine
-
-FAKE_CLI = Path(__file__).resolve().parent / "fake_cli.py"
 
 
 def fake_cli(*argv: str) -> subprocess.CompletedProcess[str]:

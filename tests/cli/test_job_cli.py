@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
@@ -161,7 +162,7 @@ def test_columnar_outputs_resume_too(good: Path, tmp_path: Path, suffix: str) ->
 
 
 def test_a_multi_question_recipe_resumes_by_item(good: Path, tmp_path: Path) -> None:
-    recipe = Path(__file__).resolve().parent.parent / "recipes" / "multi_question.toml"
+    recipe = RECIPES / "multi_question.toml"
     out = tmp_path / "answers.jsonl"
     argv = ["run", str(recipe), "--input", str(good), "--model", "fake", "--out", str(out)]
     argv.append("--no-progress")
@@ -186,7 +187,7 @@ def test_a_multi_question_recipe_resumes_by_item(good: Path, tmp_path: Path) -> 
 def test_a_recipe_run_into_parquet_writes_parquet(good: Path, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
-    recipe = Path(__file__).resolve().parent.parent / "recipes" / "multi_question.toml"
+    recipe = RECIPES / "multi_question.toml"
     out = tmp_path / "answers.parquet"
     argv = ["run", str(recipe), "--input", str(good), "--model", "fake", "--out", str(out)]
     assert main([*argv, "--no-progress"], FakeEngine()) == EXIT_OK

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from repo_paths import RECIPES
 
 from mmbatch.errors import SourceError
 from mmbatch.media.options import MediaOptions
@@ -18,8 +19,6 @@ from mmbatch.recipe.requests import recipe_media, recipe_requests, recipe_shape
 from mmbatch.recipe.spec import load_recipe
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import MediaRef, Request, Result, Sampling, Usage
-
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 @pytest.fixture

@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_OK, main
 from mmbatch.engine.config import EngineConfig
 from mmbatch.recipe.fit import recipe_needs
 from mmbatch.recipe.spec import load_recipe
-
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def test_no_bundled_recipe_hard_codes_the_context() -> None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_JOB_FAILED, main
 from mmbatch.engine.config import EngineConfig, parse_engine_args
@@ -125,7 +126,7 @@ def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_check_shows_vllm_log_only_with_v(tiny_vl_model: Path) -> None:
     """In a process of its own each: vLLM's logging is configured once per process."""
-    recipe = str(Path(__file__).resolve().parent.parent / "recipes" / "short_caption.toml")
+    recipe = str(RECIPES / "short_caption.toml")
     argv = [sys.executable, "-m", "mmbatch", "check", recipe, "--model", str(tiny_vl_model)]
     shown = subprocess.run([*argv, "-v"], capture_output=True, text=True, check=True)
     assert "Resolved architecture" in shown.stdout + shown.stderr

@@ -3,8 +3,8 @@
 Fast tests check the files (same seed, same bytes), the tokenizer layout, the processors and
 the real-shape directories (vLLM's configuration accepts each, without weights). The ``slow``
 tests start vLLM's CPU engine on the Qwen families, one engine at a time, and check that
-greedy generation works and repeats itself exactly; tests/test_families.py runs every other
-family through ``mmbatch caption``.
+greedy generation works and repeats itself exactly; tests/testing/test_families.py runs every
+other family through ``mmbatch caption``.
 """
 
 from __future__ import annotations

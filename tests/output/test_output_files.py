@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from repo_paths import RECIPES
 
 from mmbatch import cli
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
@@ -85,7 +86,7 @@ def test_resuming_a_recipe_counts_items_not_requests(
     for i in range(3):
         (folder / f"p{i}.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
     out = tmp_path / "answers.jsonl"
-    recipe = Path(__file__).resolve().parent.parent / "recipes" / "multi_question.toml"
+    recipe = RECIPES / "multi_question.toml"
     argv = ["run", str(recipe), "--input", str(folder), "--model", "fake", "--out", str(out)]
     assert main([*argv, "--no-progress"]) == EXIT_OK
     out.write_text(out.read_text().splitlines(keepends=True)[0])  # two items lost

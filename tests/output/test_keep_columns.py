@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import pytest
 from fake_cli import main
+from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.errors import SourceError
@@ -59,7 +60,7 @@ def test_a_manifest_keeps_the_columns_named(manifest: Path, tmp_path: Path, samp
 
 
 def test_a_recipe_row_keeps_them_too(manifest: Path, tmp_path: Path, samples: Path) -> None:
-    recipe = Path(__file__).resolve().parent.parent / "recipes" / "multi_question.toml"
+    recipe = RECIPES / "multi_question.toml"
     out = tmp_path / "o.jsonl"
     argv = ["run", str(recipe), "--input", str(manifest), "--out", str(out)]
     argv += ["--input-root", str(samples.parent), "--keep-columns", "label"]

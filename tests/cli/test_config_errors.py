@@ -9,10 +9,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK, main
-
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def one_error(capsys: pytest.CaptureFixture[str]) -> str:
