@@ -6,7 +6,7 @@ A face lists its requests (``mmbatch.sources``) and describes the work as a ``Jo
 sampling, how media are decoded, the shape of its rows, and what makes two runs the same
 job. ``run_job`` then
 
-1. resumes: items that already have a row in the output are skipped (``mmbatch.out.resume``);
+1. resumes: items that already have a row in the output are skipped (``mmbatch.output.resume``);
 2. starts the engine only if something is left to do, sized for the media the job carries;
 3. builds the loader with the engine's limits (the pre-flight budget, the model's audio
    rate), so that nothing flows back up from the engine to the face;
@@ -39,16 +39,16 @@ from mmbatch.errors import ConfigError, FatalEngineError, OutputError, SourceErr
 from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.clock import milestone, milestones, process_seconds
-from mmbatch.out.formats import check_shards, open_sink, output_format, read_output
-from mmbatch.out.order import RowOrder
-from mmbatch.out.paths import FileFormat, OutputPaths
-from mmbatch.out.resume import ResumePlan, prepare, write_record, written_rows
-from mmbatch.out.rows import FLAT, RowShape
-from mmbatch.out.sinks import MemorySink, Sink
-from mmbatch.out.stats import JobStats, OutputTally, count_output, format_counts
-from mmbatch.out.summary import with_last_measured, write_summary
-from mmbatch.out.writable import check_writable
+from mmbatch.output.clock import milestone, milestones, process_seconds
+from mmbatch.output.formats import check_shards, open_sink, output_format, read_output
+from mmbatch.output.order import RowOrder
+from mmbatch.output.paths import FileFormat, OutputPaths
+from mmbatch.output.resume import ResumePlan, prepare, write_record, written_rows
+from mmbatch.output.rows import FLAT, RowShape
+from mmbatch.output.sinks import MemorySink, Sink
+from mmbatch.output.stats import JobStats, OutputTally, count_output, format_counts
+from mmbatch.output.summary import with_last_measured, write_summary
+from mmbatch.output.writable import check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
 
@@ -81,7 +81,7 @@ def fingerprint(command: str, model: str, sampling: Sampling, **task: Any) -> di
     """What makes two runs the same job: the command, the model (by name and by content:
     other weights at the same path are another model), sampling and the ``task`` settings
     (prompt, decode options). Each item's own prompt is checked row by row on resume
-    (``mmbatch.out.resume``). Engine arguments are left out: they change speed and memory,
+    (``mmbatch.output.resume``). Engine arguments are left out: they change speed and memory,
     and a user resuming on another machine must be able to change them."""
     from dataclasses import asdict
 
@@ -108,7 +108,7 @@ class FileOutput:
     """Append to an output written by a job with other settings."""
     shard_rows: int | None = None
     """Write a folder of shards of this many rows (Parquet, WebDataset); None: one file
-    (WebDataset: ``mmbatch.out.shards.DEFAULT_SHARD_ROWS``)."""
+    (WebDataset: ``mmbatch.output.shards.DEFAULT_SHARD_ROWS``)."""
     row_folder: bool = False
     """The rows are a folder of row files that Ray's writers add to (``jsonl`` or
     ``parquet``: ``mmbatch.integrations.ray_data``), not one output this process writes."""
@@ -212,7 +212,7 @@ def plan_resume(job: Job, out: FileOutput, log: Path | None = None) -> ResumePla
     """Make ``out`` ready for ``job`` before anything starts (decode workers, engines, vLLM's
     import), and return what is left to do: the files the job writes can be made (``log``:
     vLLM's, appended to), a killed run's temporary files go, and the rows already there are
-    checked and kept (``mmbatch.out.resume``), which is said. The job record is the caller's
+    checked and kept (``mmbatch.output.resume``), which is said. The job record is the caller's
     to write (``write_record``), once the job is sure to start."""
     paths = out.paths
     check_writable(paths.rows, [paths.progress, log])

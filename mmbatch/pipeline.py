@@ -40,10 +40,10 @@ from mmbatch.engine.base import Engine
 from mmbatch.errors import ConfigError, DecodersFailed, FatalEngineError, RequestRejected
 from mmbatch.media.feeder import Feeder, Ready
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.clock import milestone
-from mmbatch.out.rows import FLAT, RowBuilder
-from mmbatch.out.sinks import MemorySink, Sink
-from mmbatch.out.stats import JobStats
+from mmbatch.output.clock import milestone
+from mmbatch.output.rows import FLAT, RowBuilder
+from mmbatch.output.sinks import MemorySink, Sink
+from mmbatch.output.stats import JobStats
 from mmbatch.types import LoadedRequest, Request, Result, Sampling
 
 IDLE_WAIT = 0.05

@@ -6,8 +6,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-SAMPLES = Path(__file__).resolve().parent.parent / "samples"
+from repo_paths import SAMPLES
 
 
 @pytest.fixture(scope="session")

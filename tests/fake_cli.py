@@ -31,9 +31,9 @@ from unittest import mock
 from mmbatch import cli
 from mmbatch.engine.base import Engine
 from mmbatch.jsonl import encode_line
-from mmbatch.out import order
-from mmbatch.out.order import RowOrder
-from mmbatch.out.sinks import JsonlSink
+from mmbatch.output import order
+from mmbatch.output.order import RowOrder
+from mmbatch.output.sinks import JsonlSink
 from mmbatch.testing.fake_engine import FakeEngine
 
 real_write_bytes_atomic = order.write_bytes_atomic

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.sinks import JsonlSink
+from mmbatch.output.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.types import MediaRef, Request, Sampling
 
@@ -252,7 +252,7 @@ def test_cli_killed_while_decoding_resumes_to_the_uninterrupted_texts(
     from test_interrupt import assert_none_left
 
     from mmbatch.cli import build_parser, caption
-    from mmbatch.out.sinks import MemorySink
+    from mmbatch.output.sinks import MemorySink
     from mmbatch.sources.files import image_requests
 
     shutil.copytree(samples, tmp_path / "media")

@@ -29,8 +29,8 @@ import pytest
 from media_files import cfr_video
 from PIL import Image
 from processes import alive, children, group_leaders, in_session, left_after
+from repo_paths import FAKE_CLI
 
-FAKE_CLI = Path(__file__).resolve().parent / "fake_cli.py"
 ITEMS = 40
 STEP_SECONDS = "0.04"
 ENGINE = {"FAKE_REPLICAS": "1", "FAKE_ENGINE_CORE": "1"}

@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-
-PACKAGE = Path(__file__).resolve().parent.parent / "mmbatch"
+from repo_paths import PACKAGE
 
 BASE = frozenset({"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard"})
 """The leaves every stage uses: the values that flow, the exception tree, JSON lines, the
@@ -40,29 +39,29 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # Stages: reading media and writing rows know nothing of each other, of where requests
     # come from, or of the engine.
     "media": BASE,
-    "out": BASE,
+    "output": BASE,
     # Turning inputs into requests and running an engine are two sides that never meet: a
     # source reads no engine setting, an engine lists no input.
-    "sources": BASE | {"media", "out"},
-    "engine": BASE | {"media", "out"},
-    "pipeline": BASE | {"media", "out", "engine"},
+    "sources": BASE | {"media", "output"},
+    "engine": BASE | {"media", "output"},
+    "pipeline": BASE | {"media", "output", "engine"},
     # The runner takes requests made elsewhere: it lists no input and reads no recipe.
-    "jobs": BASE | {"media", "out", "engine", "pipeline"},
+    "jobs": BASE | {"media", "output", "engine", "pipeline"},
     # A recipe makes requests and engine settings; it does not know the runner.
-    "recipe": BASE | {"media", "out", "sources", "engine"},
-    "notebook": BASE | {"media", "out", "sources", "engine", "pipeline", "jobs"},
-    "review": BASE | {"media", "out", "sources"},
+    "recipe": BASE | {"media", "output", "sources", "engine"},
+    "notebook": BASE | {"media", "output", "sources", "engine", "pipeline", "jobs"},
+    "review": BASE | {"media", "output", "sources"},
     # Integrations take their rows from a dataset, not from listing inputs (see NARROWED).
-    "integrations": BASE | {"media", "out", "engine", "pipeline", "jobs", "recipe"},
+    "integrations": BASE | {"media", "output", "engine", "pipeline", "jobs", "recipe"},
     # Tooling, apart from the runtime: nothing above imports it but the faces that run it.
-    "testing": BASE | {"media", "out", "sources", "engine", "pipeline", "jobs"},
-    "bench": BASE | {"media", "out", "sources", "engine", "pipeline", "jobs", "testing"},
+    "testing": BASE | {"media", "output", "sources", "engine", "pipeline", "jobs"},
+    "bench": BASE | {"media", "output", "sources", "engine", "pipeline", "jobs", "testing"},
     # Faces.
     "cli": BASE
-    | {"media", "out", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
+    | {"media", "output", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
     | {"review", "integrations", "testing", "bench", "mmbatch"},
     "mmbatch": BASE
-    | {"media", "out", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
+    | {"media", "output", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
     | {"review", "integrations"},
     "__main__": frozenset({"cli"}),
 }
@@ -85,7 +84,7 @@ ONLY_HERE = {
     "vllm": {
         "engine/vllm.py",
         "engine/vllm_counts.py",
-        "out/vllm_protocol.py",
+        "output/vllm_protocol.py",
         "bench/worker.py",
         "bench/naive_job.py",
     },
@@ -94,9 +93,9 @@ ONLY_HERE = {
 """Third-party packages that only these modules may import. Besides the engine adapter, vllm
 is imported by ``engine/vllm_counts.py`` (the pre-flight budget's token counts come from
 vLLM's per-model processing info, read in a module of their own beside the adapter) and by
-``out/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat completions alone (no
+``output/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat completions alone (no
 engine): they describe the OpenAI batch format, whose reader (``sources``) and writer
-(``out``, a layer below the engine) both need them, and the module finds them wherever the
+(``output``, a layer below the engine) both need them, and the module finds them wherever the
 installed vLLM keeps them. The benchmark's naive sides, a worker's and a whole job's, are
 what a user writes with vLLM directly, so they import vllm too."""
 

@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import README, REPO, SCRIPTS
 
 import mmbatch
 from mmbatch.errors import ConfigError
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "notebook_session.py"
+SCRIPT = SCRIPTS / "notebook_session.py"
 VLLM_LINE = re.compile(r"\b(INFO|WARNING|DEBUG) (\d{4}-)?\d\d-\d\d \d\d:\d\d")
 """A line of vLLM's log, as it prints it (and as its log file has it, with the year)."""
 
@@ -91,7 +92,7 @@ def test_a_notebook_session_captions_in_one_call_and_frees_the_engine(
 @pytest.mark.slow
 def test_the_readme_notebook_example_runs(tiny_vl_model: Path, tmp_path: Path) -> None:
     """The README's notebook example as written, on the tiny model instead of Qwen."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = README.read_text()
     section = readme.split("## Python API", 1)[1]
     example = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert "mmbatch.caption(" in example
@@ -103,12 +104,11 @@ def test_the_readme_notebook_example_runs(tiny_vl_model: Path, tmp_path: Path) -
     assert tiny in code
     script = tmp_path / "example.py"
     script.write_text(code)
-    root = Path(__file__).resolve().parent.parent
     proc = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
-        cwd=root,
+        cwd=REPO,
         env=os.environ | {"MMBATCH_CACHE_DIR": str(tmp_path / "cache")},
         timeout=600,
     )

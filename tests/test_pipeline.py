@@ -14,7 +14,7 @@ import pytest
 
 from mmbatch.errors import FatalEngineError
 from mmbatch.media.options import MediaOptions
-from mmbatch.out.sinks import JsonlSink
+from mmbatch.output.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.files import image_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
+
+from repo_paths import README
 
 import mmbatch
 
-README = Path(__file__).resolve().parent.parent / "README.md"
 HEAVY = ("vllm", "torch", "ray", "transformers", "PIL", "av", "datasets")
 
 

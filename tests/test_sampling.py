@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import TINY_ENGINE_KWARGS
 from fake_cli import main
+from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_OK
 from mmbatch.jobs import Job, run_in_memory
@@ -18,8 +19,6 @@ from mmbatch.pipeline import RunConfig
 from mmbatch.recipe.spec import parse_recipe
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import InvalidSetting, MediaRef, Request, Sampling, Turn
-
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 def rows(out: Path) -> list[dict[str, Any]]:

@@ -17,42 +17,22 @@ from pathlib import Path
 
 import pytest
 from crashing_decoder import CrashingJob
-from PIL import Image
+from picture_requests import caption_requests, write_pictures
 from processes import children, in_session, left_after
+from repo_paths import REPO
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.media import decode as decode_module
 from mmbatch.media.decode import Decoded, DecodeJob, ImageJob
 from mmbatch.media.decoders import UNUSABLE_AFTER, Decoders
 from mmbatch.media.options import ImageOptions, MediaOptions
-from mmbatch.out.sinks import MemorySink
-from mmbatch.out.stats import JobStats
+from mmbatch.output.sinks import MemorySink
+from mmbatch.output.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, run_requests
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.types import ItemError, MediaItem, MediaRef, Request, Result, Sampling
-
-REPO = Path(__file__).resolve().parent.parent
+from mmbatch.types import ItemError, MediaItem, Request, Result, Sampling
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def pictures(folder: Path, count: int, size: int = 32) -> list[Path]:
-    folder.mkdir(exist_ok=True)
-    paths = []
-    for i in range(count):
-        path = folder / f"{i:03d}.png"
-        Image.new("RGB", (size, size), (i * 7 % 256, i * 13 % 256, i * 29 % 256)).save(path)
-        paths.append(path)
-    return paths
-
-
-def caption(paths: list[Path], prompts: list[str]) -> list[Request]:
-    """Prompt-major rows: every picture for the first prompt, then for the next."""
-    return [
-        Request(f"{p}:{path.name}", prompt, (MediaRef("image", str(path)),))
-        for p, prompt in enumerate(prompts)
-        for path in paths
-    ]
 
 
 class RecordingEngine(FakeEngine):
@@ -83,8 +63,8 @@ def run(requests: list[Request], engine: FakeEngine, **run: object) -> tuple[lis
 
 
 def test_prompt_major_input_reaches_the_engine_image_major(tmp_path: Path) -> None:
-    paths = pictures(tmp_path / "p", 20)
-    requests = caption(paths, ["caption", "tags", "ocr", "json"])
+    paths = write_pictures(tmp_path / "p", 20)
+    requests = caption_requests(paths, ["caption", "tags", "ocr", "json"])
     engine = RecordingEngine(capacity=1000)
     rows, stats = run(requests, engine)
     added = [engine_id.split(":", 1)[1] for engine_id in engine.added]
@@ -102,7 +82,7 @@ def test_prompt_major_input_reaches_the_engine_image_major(tmp_path: Path) -> No
 def test_the_first_request_reaches_the_engine_before_the_job_is_decoded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    paths = pictures(tmp_path / "p", 40)
+    paths = write_pictures(tmp_path / "p", 40)
     decoded_at: list[float] = []
     real = decode_module._DECODERS[ImageJob]
 
@@ -115,7 +95,7 @@ def test_the_first_request_reaches_the_engine_before_the_job_is_decoded(
     monkeypatch.setitem(decode_module._DECODERS, ImageJob, slow)
     engine = RecordingEngine(capacity=1000)
     started = time.perf_counter()
-    run(caption(paths, ["p"]), engine, decode_workers=0)
+    run(caption_requests(paths, ["p"]), engine, decode_workers=0)
     assert engine.first_add is not None
     # The first picture went to the engine as soon as it was decoded, not after all 40
     # (about 0.8 s of decoding here).
@@ -126,9 +106,9 @@ def test_the_first_request_reaches_the_engine_before_the_job_is_decoded(
 
 
 def test_the_engine_is_kept_at_its_capacity_while_work_remains(tmp_path: Path) -> None:
-    paths = pictures(tmp_path / "p", 80)
+    paths = write_pictures(tmp_path / "p", 80)
     engine = RecordingEngine(capacity=8, per_step=1, step_seconds=0.003)
-    run(caption(paths, ["p"]), engine)
+    run(caption_requests(paths, ["p"]), engine)
     # Until fewer than 8 requests were left to finish, every step found the engine full.
     working = engine.depths[: len(engine.depths) - 8]
     assert max(engine.depths) == 8
@@ -137,14 +117,14 @@ def test_the_engine_is_kept_at_its_capacity_while_work_remains(tmp_path: Path) -
 
 
 def test_media_held_stay_within_the_byte_budget(tmp_path: Path) -> None:
-    paths = pictures(tmp_path / "p", 60, size=200)  # 120 kB each, decoded
+    paths = write_pictures(tmp_path / "p", 60, size=200)  # 120 kB each, decoded
     item = 200 * 200 * 3
     peaks = {}
     for budget in (10**6, 10**9):
         engine = FakeEngine(capacity=64, per_step=1, step_seconds=0.002)
         pipeline = Pipeline(engine, RunConfig(progress=False, memory_budget=budget))
         try:
-            requests = caption(paths, ["p"])
+            requests = caption_requests(paths, ["p"])
             pipeline.submit(requests, Sampling(), MediaOptions(), sink=MemorySink()).wait()
             peaks[budget] = pipeline.feeder.peak_bytes
             preparing = pipeline.feeder.preparing_cap
@@ -157,12 +137,14 @@ def test_media_held_stay_within_the_byte_budget(tmp_path: Path) -> None:
 
 
 def test_overlapping_submissions_keep_the_engine_busy_between_them(tmp_path: Path) -> None:
-    paths = pictures(tmp_path / "p", 30)
+    paths = write_pictures(tmp_path / "p", 30)
     engine = RecordingEngine(capacity=16, per_step=2, step_seconds=0.002)
     pipeline = Pipeline(engine, RunConfig(progress=False))
     try:
         first, second = (
-            pipeline.submit(caption(paths[i : i + 15], [f"p{i}"]), Sampling(), MediaOptions())
+            pipeline.submit(
+                caption_requests(paths[i : i + 15], [f"p{i}"]), Sampling(), MediaOptions()
+            )
             for i in (0, 15)
         )
         results = [first.wait(), second.wait()]
@@ -177,14 +159,14 @@ def test_overlapping_submissions_keep_the_engine_busy_between_them(tmp_path: Pat
 
 
 def test_rows_arrive_to_each_submission_by_id_from_many_threads(tmp_path: Path) -> None:
-    paths = pictures(tmp_path / "p", 12)
+    paths = write_pictures(tmp_path / "p", 12)
     engine = FakeEngine(capacity=6, per_step=3)
     pipeline = Pipeline(engine, RunConfig(progress=False))
     outputs: dict[int, list[dict]] = {}  # type: ignore[type-arg]
 
     def one(n: int) -> None:
         sink = MemorySink()
-        requests = caption(paths, [f"prompt {n}"])
+        requests = caption_requests(paths, [f"prompt {n}"])
         pipeline.submit(requests, Sampling(), MediaOptions(), sink=sink).wait()
         outputs[n] = sink.rows
 
@@ -206,7 +188,7 @@ def test_rows_arrive_to_each_submission_by_id_from_many_threads(tmp_path: Path) 
 
 def test_decoding_in_worker_processes_gives_the_same_rows(samples: Path, tmp_path: Path) -> None:
     paths = [p for p in sorted(samples.iterdir()) if p.suffix in (".jpg", ".png")]
-    requests = caption(paths, ["a", "b"])
+    requests = caption_requests(paths, ["a", "b"])
     here, _ = run(requests, FakeEngine(), decode_workers=0)
     workers, stats = run(requests, FakeEngine(), decode_workers=2)
     assert sorted(map(str, here)) == sorted(map(str, workers))
@@ -356,17 +338,17 @@ class HoldingEngine(FakeEngine):
 def test_a_job_stopped_by_its_decoders_leaves_nothing_in_the_engine(tmp_path: Path) -> None:
     """The engine is well when the decoders fail: a shared one serves the next caller, so
     what the job had in it is aborted, not left to come back to nobody."""
-    first, second = pictures(tmp_path / "p", 2)
+    first, second = write_pictures(tmp_path / "p", 2)
     engine = HoldingEngine()
     pipeline = Pipeline(engine, RunConfig(progress=False, decode_workers=0))
     try:
-        held = pipeline.submit(caption([first], ["p"]), Sampling(), MediaOptions())
+        held = pipeline.submit(caption_requests([first], ["p"]), Sampling(), MediaOptions())
         deadline = time.monotonic() + 30
         while not engine.added and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.num_unfinished() == 1
         pipeline.feeder._decoders.fatal = DecodersFailed("the decode workers cannot run here")
-        stopped = pipeline.submit(caption([second], ["p"]), Sampling(), MediaOptions())
+        stopped = pipeline.submit(caption_requests([second], ["p"]), Sampling(), MediaOptions())
         for submission in (held, stopped):
             with pytest.raises(DecodersFailed):
                 submission.wait()

@@ -86,7 +86,7 @@ def measure(argv: list[str]) -> tuple[int, float, int]:
 def caption_command(folder: Path, model: str, work: Path, extra: list[str]) -> list[str]:
     """``mmbatch caption`` over ``folder`` into a fresh output."""
     out = work / "captions.jsonl"
-    from mmbatch.out.paths import OutputPaths
+    from mmbatch.output.paths import OutputPaths
 
     for stale in (out, OutputPaths(out).record):
         stale.unlink(missing_ok=True)

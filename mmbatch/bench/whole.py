@@ -20,7 +20,7 @@ from typing import Any
 
 from mmbatch.bench.sides import run_side, side_environment, side_spec_for
 from mmbatch.bench.workloads import CAPTION
-from mmbatch.out.paths import OutputPaths
+from mmbatch.output.paths import OutputPaths
 
 NAIVE_JOB = Path(__file__).with_name("naive_job.py")
 WHOLE_BASES = ("naive",)

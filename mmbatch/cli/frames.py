@@ -110,7 +110,7 @@ def _extract(
     from mmbatch.engine.decode_only import DecodeOnly
     from mmbatch.errors import ConfigError
     from mmbatch.jobs import Job
-    from mmbatch.out.rows import MEDIA_ONLY
+    from mmbatch.output.rows import MEDIA_ONLY
 
     given = [flag for field, (flag, *_) in SAMPLING_FLAGS.items() if getattr(args, field)]
     if given or args.stop:

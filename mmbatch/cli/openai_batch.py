@@ -43,7 +43,7 @@ def register(commands: Commands) -> None:
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     from mmbatch.jobs import Job, fingerprint
-    from mmbatch.out.openai_batch import OpenAIBatchShape
+    from mmbatch.output.openai_batch import OpenAIBatchShape
     from mmbatch.sources.openai_batch import DEFAULT_MAX_TOKENS, read_batch
     from mmbatch.types import Sampling
 

@@ -200,7 +200,7 @@ def add_verbose_option(
 def engine_log_from(args: argparse.Namespace) -> str | None:
     """Where vLLM's log goes: beside ``--out`` (``OUT.vllm.log``), or with ``-v`` the
     terminal (None)."""
-    from mmbatch.out.paths import OutputPaths
+    from mmbatch.output.paths import OutputPaths
 
     return None if args.verbose else str(OutputPaths(Path(args.out)).vllm_log)
 

@@ -61,7 +61,7 @@ def run(
     from mmbatch.errors import ConfigError
     from mmbatch.integrations import ray_data
     from mmbatch.jobs import FileOutput
-    from mmbatch.out.folders import FOLDER_FORMATS
+    from mmbatch.output.folders import FOLDER_FORMATS
 
     try:
         ray_data.import_ray()

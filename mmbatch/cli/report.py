@@ -37,9 +37,9 @@ def register(commands: Commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mmbatch.jsonl import printable
-    from mmbatch.out.formats import read_output
-    from mmbatch.out.paths import OutputPaths
-    from mmbatch.out.summary import read_summary
+    from mmbatch.output.formats import read_output
+    from mmbatch.output.paths import OutputPaths
+    from mmbatch.output.summary import read_summary
     from mmbatch.review.gallery import render
     from mmbatch.review.views import card_rows, job_folder
 

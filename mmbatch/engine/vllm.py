@@ -33,7 +33,7 @@ from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
-from mmbatch.out.clock import milestone
+from mmbatch.output.clock import milestone
 from mmbatch.types import (
     CacheStats,
     Choice,

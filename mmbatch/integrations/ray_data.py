@@ -53,10 +53,10 @@ from mmbatch.jobs import (
     summarize,
 )
 from mmbatch.media.options import ImageOptions, MediaOptions
-from mmbatch.out.folders import folder_format
-from mmbatch.out.resume import write_record, written_rows
-from mmbatch.out.rows import FLAT, RowShape, output_row
-from mmbatch.out.stats import JobStats
+from mmbatch.output.folders import folder_format
+from mmbatch.output.resume import write_record, written_rows
+from mmbatch.output.rows import FLAT, RowShape, output_row
+from mmbatch.output.stats import JobStats
 from mmbatch.types import ItemError, MediaRef, Request, Result, Sampling
 
 if TYPE_CHECKING:

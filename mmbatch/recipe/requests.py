@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from mmbatch.errors import SourceError
 from mmbatch.media.fetch import UrlPolicy
 from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
-from mmbatch.out.rows import ItemShape
+from mmbatch.output.rows import ItemShape
 from mmbatch.recipe.spec import Recipe
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
@@ -123,6 +123,6 @@ def recipe_shape(recipe: Recipe) -> ItemShape:
     """One row per item; JSON answers parsed and checked against the recipe's schema."""
     if recipe.output.schema is None:
         return ItemShape()
-    from mmbatch.out.answers import JsonParser
+    from mmbatch.output.answers import JsonParser
 
     return ItemShape(JsonParser(recipe.output.schema))

@@ -489,7 +489,7 @@ def _media_rules(table: Any) -> list[str]:
 
 def _output_schema(table: Any) -> tuple[str | None, str | None]:
     """[output]'s schema as canonical JSON text, or what is wrong with it."""
-    from mmbatch.out.answers import canonical_schema
+    from mmbatch.output.answers import canonical_schema
 
     if not isinstance(table, Mapping):
         return None, None

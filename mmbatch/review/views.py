@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmbatch.out.openai_batch import OpenAIBatchShape
+from mmbatch.output.openai_batch import OpenAIBatchShape
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import MediaRef, Request
 

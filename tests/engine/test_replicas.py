@@ -1,0 +1,635 @@
+"""Every GPU of the host: the layout chosen for a model, and a job on several engine
+processes (fake engines, and two tiny vLLM CPU engines): routing by media and by work left,
+one output, a replica killed mid-job, a request that kills every replica it reaches."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_ENGINE_KWARGS
+from picture_requests import caption_requests, write_pictures
+from processes import alive, children, group_leaders, in_session, left_after
+
+from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.layout import GIB, Gpu, choose_layout, model_bytes, parameters
+from mmbatch.engine.replicas import ReplicaEngine, _serve_engine
+from mmbatch.errors import ConfigError, FatalEngineError
+from mmbatch.media.options import MediaOptions
+from mmbatch.output.sinks import MemorySink
+from mmbatch.pipeline import RunConfig, run_requests
+from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.tiny_models import write_real_shape
+from mmbatch.types import CacheStats, LoadedRequest, MediaRef, Request, Sampling
+
+H200 = 141 * GIB
+
+
+def gpus(count: int, memory: int = H200) -> list[Gpu]:
+    return [Gpu(str(i), memory) for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def seven_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Qwen2.5-VL-7B's config at its real shape, no weights (what the GPU benchmark runs)."""
+    return write_real_shape(tmp_path_factory.mktemp("q7"), "qwen2_5_vl_7b")
+
+
+def test_a_7b_model_gets_one_engine_per_gpu(seven_b: Path) -> None:
+    weights = model_bytes(EngineConfig(str(seven_b)))
+    assert weights is not None
+    assert 14 * GIB < weights < 19 * GIB  # about 8.3 billion parameters in bf16
+    layout = choose_layout(EngineConfig(str(seven_b)), gpus(2))
+    assert layout.replicas == 2
+    assert layout.tensor_parallel == 1
+    assert layout.devices() == ["0", "1"]
+    assert "fit one GPU" in layout.describe()
+
+
+def test_a_model_too_large_for_one_gpu_gets_the_smallest_group_that_holds_it(
+    seven_b: Path,
+) -> None:
+    # On 24 GiB cards, 16 GiB of weights need two of them (half of each for the rest);
+    # four cards make two such engines.
+    layout = choose_layout(EngineConfig(str(seven_b)), gpus(4, 24 * GIB))
+    assert (layout.tensor_parallel, layout.replicas) == (2, 2)
+    assert layout.devices() == ["0,1", "2,3"]
+    assert "encoder data-parallel" in layout.reason
+
+
+def test_an_explicit_parallel_size_and_gpu_count_win(seven_b: Path) -> None:
+    config = EngineConfig(str(seven_b), {"tensor_parallel_size": 2})
+    layout = choose_layout(config, gpus(2))
+    assert (layout.tensor_parallel, layout.replicas) == (2, 1)
+    assert "as asked" in layout.reason
+    one = choose_layout(EngineConfig(str(seven_b), gpus=1), gpus(2))
+    assert one.devices() == ["0"]
+    with pytest.raises(ConfigError, match="only 2 GPU"):
+        choose_layout(EngineConfig(str(seven_b), gpus=3), gpus(2))
+
+
+def test_without_gpus_one_engine_runs_here(seven_b: Path) -> None:
+    layout = choose_layout(EngineConfig(str(seven_b)), [])
+    assert layout.replicas == 1
+    assert layout.devices() == [None]
+    assert "no GPU" in layout.describe()
+
+
+def test_several_engines_share_a_gpu_each_with_its_share_of_memory(seven_b: Path) -> None:
+    layout = choose_layout(EngineConfig(str(seven_b), engines_per_gpu=3), gpus(1))
+    assert layout.devices() == ["0", "0", "0"]
+    assert layout.per_gpu == 3
+    assert "3 on each of 1 GPU" in layout.describe()
+    kwargs = layout.engine_kwargs({"max_model_len": 2048})
+    assert kwargs["gpu_memory_utilization"] == pytest.approx(0.3)
+    # A KV cache of a set size: profiling the device's free memory would count the other
+    # engines starting beside it. What the share leaves beside the weights and a reserve.
+    weights = model_bytes(EngineConfig(str(seven_b)))
+    assert weights is not None
+    share = 0.3 * H200
+    assert kwargs["kv_cache_memory_bytes"] == layout.kv_cache_bytes
+    assert 0 < kwargs["kv_cache_memory_bytes"] <= share - weights - 6 * GIB
+    # Two GPUs, two engines each: every GPU gets one before any gets a second.
+    two = choose_layout(EngineConfig(str(seven_b), engines_per_gpu=2), gpus(2))
+    assert two.devices() == ["0", "1", "0", "1"]
+
+
+def test_a_large_job_gets_two_engines_per_gpu_where_they_fit(seven_b: Path) -> None:
+    from mmbatch.engine.layout import ONE_ENGINE_REQUESTS
+
+    config = EngineConfig(str(seven_b))
+    large, small = ONE_ENGINE_REQUESTS + 1, ONE_ENGINE_REQUESTS
+    layout = choose_layout(config, gpus(1), requests=large)
+    assert layout.devices() == ["0", "0"]
+    assert f"the default for over {ONE_ENGINE_REQUESTS} requests" in layout.describe()
+    # A job one engine holds at once, or of unknown size (a Dataset.map's batches): one.
+    assert choose_layout(config, gpus(1), requests=small).devices() == ["0"]
+    assert choose_layout(config, gpus(1)).devices() == ["0"]
+    # Where a second engine would leave each less KV cache than its weights: one.
+    assert choose_layout(config, gpus(1, 80 * GIB), requests=large).devices() == ["0"]
+    # Without a GPU the cores are the bound already: one engine, whatever the job.
+    assert choose_layout(config, [], requests=large).devices() == [None]
+
+
+def test_a_short_job_runs_eager_unless_the_user_decides(seven_b: Path) -> None:
+    from mmbatch.engine.layout import EAGER_REQUESTS
+
+    config = EngineConfig(str(seven_b))
+    short = choose_layout(config, gpus(1), requests=EAGER_REQUESTS)
+    assert short.eager
+    assert short.engine_kwargs({})["enforce_eager"] is True
+    assert "eager" in short.describe()
+    # Per engine: two engines on the GPU share the job, each short enough.
+    shared = choose_layout(
+        EngineConfig(str(seven_b), engines_per_gpu=2), gpus(1), 2 * EAGER_REQUESTS
+    )
+    assert shared.eager
+    assert shared.replicas == 2
+    # A long job, or one of unknown size (a Dataset.map's batches), compiles.
+    for long in (
+        choose_layout(config, gpus(1), EAGER_REQUESTS * 3),
+        choose_layout(config, gpus(1)),
+    ):
+        assert not long.eager
+        assert "enforce_eager" not in long.engine_kwargs({})
+    # The user's own choice stands, either way.
+    for setting in ({"enforce_eager": False}, {"compilation_config": {"mode": 3}}):
+        asked = choose_layout(EngineConfig(str(seven_b), setting), gpus(1), requests=8)
+        assert not asked.eager
+        assert asked.engine_kwargs(setting) == setting
+
+
+def test_a_users_memory_share_is_the_gpus_and_their_kv_cache_is_kept(seven_b: Path) -> None:
+    config = EngineConfig(
+        str(seven_b),
+        {"gpu_memory_utilization": 0.8, "kv_cache_memory_bytes": GIB},
+        engines_per_gpu=2,
+    )
+    kwargs = choose_layout(config, gpus(1)).engine_kwargs(config.engine_kwargs)
+    assert kwargs["gpu_memory_utilization"] == pytest.approx(0.4)
+    assert kwargs["kv_cache_memory_bytes"] == GIB
+    # One engine per GPU: the user's settings go to vLLM as they are.
+    one = choose_layout(EngineConfig(str(seven_b)), gpus(1))
+    assert one.engine_kwargs({"gpu_memory_utilization": 0.8}) == {"gpu_memory_utilization": 0.8}
+
+
+def test_engines_per_gpu_that_cannot_be_are_refused(seven_b: Path) -> None:
+    with pytest.raises(ConfigError, match="leave no KV cache"):
+        choose_layout(EngineConfig(str(seven_b), engines_per_gpu=6), gpus(1, 80 * GIB))
+    config = EngineConfig(str(seven_b), {"tensor_parallel_size": 2}, engines_per_gpu=2)
+    with pytest.raises(ConfigError, match="tensor_parallel_size 2"):
+        choose_layout(config, gpus(2))
+    with pytest.raises(ConfigError, match="do not fit one GPU"):
+        choose_layout(EngineConfig(str(seven_b), engines_per_gpu=2), gpus(4, 24 * GIB))
+    with pytest.raises(ConfigError, match="size is unknown"):
+        choose_layout(EngineConfig("Qwen/Qwen2.5-VL-7B-Instruct", engines_per_gpu=2), gpus(1))
+    with pytest.raises(ConfigError, match="engines_per_gpu must be >= 1"):
+        EngineConfig(str(seven_b), engines_per_gpu=0)
+    # Without a GPU, the engines asked for run on this machine's cores.
+    cpu = choose_layout(EngineConfig(str(seven_b), engines_per_gpu=2), [])
+    assert cpu.devices() == [None, None]
+    assert cpu.engine_kwargs({}) == {}
+    assert "2 engines on this machine" in cpu.describe()
+
+
+def test_the_parameter_estimate_counts_a_vision_tower(seven_b: Path) -> None:
+    settings = json.loads((seven_b / "config.json").read_text())
+    text_only = {k: v for k, v in settings.items() if k != "vision_config"}
+    assert parameters(settings) - parameters(text_only) > 0.5e9  # the 7B's ViT: ~0.67B
+
+
+# -- a job on several engine processes --------------------------------------------------
+
+
+class RoutedReplicas(ReplicaEngine):
+    """Notes which replica each request went to (the engines run in other processes)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.sent: dict[str, list[int]] = {}
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def _send_to(self, replica, flight):  # type: ignore[no-untyped-def]
+        self.sent.setdefault(flight.request.id, []).append(replica.index)
+        super()._send_to(replica, flight)
+
+
+def run(requests: list[Request], engine: ReplicaEngine) -> list[dict]:  # type: ignore[type-arg]
+    sink = MemorySink()
+    run_requests(requests, engine, MediaOptions(), sink, Sampling(), RunConfig(progress=False))
+    return sink.rows
+
+
+def fakes(count: int, **kwargs: object) -> RoutedReplicas:
+    factory = partial(FakeEngine, per_step=2, step_seconds=0.01, capacity=8, **kwargs)
+    return RoutedReplicas(factory, [None] * count)
+
+
+def test_two_replicas_share_the_work_and_keep_an_images_requests_together(
+    tmp_path: Path,
+) -> None:
+    requests = caption_requests(write_pictures(tmp_path / "p", 24), ["a", "b", "c"])  # prompt-major
+    engine = fakes(2)
+    try:
+        rows = run(requests, engine)
+    finally:
+        engine.close()
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
+    for row in rows:
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+    # Work left decides: both engines took a fair share, not one all of it.
+    placed = [where[-1] for where in engine.sent.values()]
+    assert min(placed.count(0), placed.count(1)) >= len(requests) // 4
+    # An image's three prompts (planned together) went to one engine, whose caches hold it.
+    by_picture: dict[str, set[int]] = {}
+    for request_id, where in engine.sent.items():
+        by_picture.setdefault(request_id.split(":")[-1], set()).add(where[-1])
+    together = sum(1 for replicas in by_picture.values() if len(replicas) == 1)
+    assert together >= 0.8 * len(by_picture)
+
+
+def test_a_replica_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path) -> None:
+    """Killed alone, an engine process leaves its engine core (vLLM's is a child that does
+    not watch it): the job ends that with it at once, and starts another replica."""
+    requests = caption_requests(write_pictures(tmp_path / "p", 40), ["a", "b"])
+    engine = fakes(2, engine_core=True)
+    done = threading.Event()
+    left: list[list[str]] = []
+
+    def kill_one() -> None:
+        while not done.is_set() and sum(len(r.held) for r in engine._replicas) < 10:
+            time.sleep(0.01)
+        victim = engine._replicas[0].process
+        if victim is not None:
+            group = [victim.pid, *children(victim.pid)]
+            os.kill(victim.pid, signal.SIGKILL)
+            left.append(left_after(lambda: [pid for pid in group if alive(pid)], 2.0))
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    try:
+        rows = run(requests, engine)
+    finally:
+        done.set()
+        killer.join()
+        engine.close()
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)  # each once
+    assert all(row["error"] is None for row in rows)
+    for row in rows:
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+    retried = [where for where in engine.sent.values() if len(where) == 2]
+    assert retried  # the killed replica's requests went again, once
+    assert left == [[]], f"the killed replica's group lived on: {left}"
+
+
+def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> None:
+    """SIGKILL of the job while its engines load their models (the worst case: nothing
+    stops them, and the GPU stays full): each replica ends its whole group (here the
+    stand-in for vLLM's engine core) within two seconds."""
+    script = (
+        "from functools import partial\n"
+        "from mmbatch.engine.replicas import ReplicaEngine\n"
+        "from mmbatch.testing.fake_engine import FakeEngine\n"
+        "if __name__ == '__main__':\n"
+        "    ReplicaEngine(partial(FakeEngine, engine_core=True, start_seconds=60), [None, None])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    job = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
+    with job:
+        deadline = time.monotonic() + 60
+        while len([c for r in group_leaders(children(job.pid)) for c in children(r)]) < 2:
+            assert job.poll() is None
+            assert time.monotonic() < deadline, "the replicas did not start"
+            time.sleep(0.02)
+        job.kill()
+    assert not left_after(partial(in_session, job.pid), 2.0)
+
+
+def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_their_teardown() -> (
+    None
+):
+    """Every row is safe when the interpreter exits: engines that share no memory with
+    workers of their own (one GPU each) are ended at once, not waited for."""
+    script = (
+        "from functools import partial\n"
+        "from mmbatch.engine.replicas import ReplicaEngine\n"
+        "from mmbatch.testing.fake_engine import FakeEngine\n"
+        "if __name__ == '__main__':\n"
+        "    make = partial(FakeEngine, engine_core=True, close_seconds=60)\n"
+        "    ReplicaEngine(make, [None, None], end_at_exit=True)\n"
+        "    print('ready', flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    job = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
+    )
+    with job:
+        assert job.stdout is not None
+        assert job.stdout.readline() == b"ready\n"
+        ready = time.monotonic()
+        assert job.wait(timeout=30) == 0
+        assert time.monotonic() - ready < 10  # not the 60 s each engine's close would take
+    assert not left_after(partial(in_session, job.pid), 2.0)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_an_engine_process_loses_stops_the_job_loudly(tmp_path: Path) -> None:
+    """A replica whose engine forgets a request (it holds nothing, yet never returned it)
+    says so, and the pipeline stops the job saying which, instead of waiting forever."""
+    requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
+    lost = Request("lost", "lose", (MediaRef("image", requests[3].media[0].source),))
+    engine = fakes(2, drop_prompts=frozenset({"lose"}))
+    try:
+        with pytest.raises(FatalEngineError, match=r"got no result \(e\.g\. 'lost'\)"):
+            run([*requests, lost], engine)
+    finally:
+        engine.close()
+
+
+def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Path) -> None:
+    requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
+    poison = Request("poison", "crash", (MediaRef("image", requests[3].media[0].source),))
+    engine = fakes(2, crash_on_prompt="crash")
+    try:
+        rows = run([*requests, poison], engine)
+    finally:
+        engine.close()
+    by_id = {row["id"]: row for row in rows}
+    assert len(by_id) == len(rows) == 13
+    assert by_id["poison"]["error"]["kind"] == "engine"
+    assert "died each time this request was in it" in by_id["poison"]["error"]["message"]
+    assert all(by_id[r.id]["error"] is None for r in requests)
+
+
+def test_a_request_that_makes_the_engine_step_raise_costs_one_row(tmp_path: Path) -> None:
+    """An exception out of the engine's ``step`` (a vLLM bug one request sets off) ends that
+    replica as a crash would: restarted, the request found by halving, one error row."""
+    requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
+    poison = Request("poison", "bad", (MediaRef("image", requests[5].media[0].source),))
+    engine = fakes(1, raise_on_prompt="bad")
+    try:
+        rows = run([requests[0], poison, *requests[1:]], engine)
+    finally:
+        engine.close()
+    by_id = {row["id"]: row for row in rows}
+    assert len(by_id) == len(rows) == 13
+    assert by_id["poison"]["error"]["kind"] == "engine"
+    assert "RuntimeError" in by_id["poison"]["error"]["message"]
+    assert all(by_id[r.id]["error"] is None for r in requests)
+    for r in requests:
+        assert by_id[r.id]["text"] == expected_text([by_id[r.id]["media_hash"]], "fine")
+
+
+def test_an_engine_that_dies_whatever_it_is_given_stops_the_job(tmp_path: Path) -> None:
+    """Bisection narrows down a killer; it does not retry a broken engine for every request:
+    deaths without a result between them stop the job after a few restarts."""
+    requests = caption_requests(write_pictures(tmp_path / "p", 16), ["fine"])
+    engine = fakes(1, die_after_steps=0)
+    try:
+        with pytest.raises(FatalEngineError, match="died 4 times without finishing"):
+            run(requests, engine)
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_two_vllm_engines_give_each_id_the_text_one_engine_gives(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+) -> None:
+    from mmbatch.engine.builder import build_engine
+    from mmbatch.engine.layout import Layout
+
+    names = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
+    requests = [
+        Request(f"{p}:{n}", prompt, (MediaRef("image", str(samples / n)),))
+        for p, prompt in enumerate(["Describe.", "Tags?", "Colours?"])
+        for n in names
+    ]
+    sampling = Sampling(max_tokens=8)
+    one = MemorySink()
+    run_requests(requests, vl_engine, MediaOptions(), one, sampling, RunConfig(progress=False))
+    config = EngineConfig(str(tiny_vl_model), TINY_ENGINE_KWARGS)
+    engine = build_engine(config, {"image": 1}, Layout(1, ((), ()), "two CPU engines"))
+    assert isinstance(engine, ReplicaEngine)
+    try:
+        two = MemorySink()
+        run_requests(requests, engine, MediaOptions(), two, sampling, RunConfig(progress=False))
+        assert engine.prompt_limits() is not None  # measured against the replicas' limits
+    finally:
+        engine.close()
+    expected = {row["id"]: (row["text"], row["error"]) for row in one.rows}
+    assert {row["id"]: (row["text"], row["error"]) for row in two.rows} == expected
+
+
+# -- the replica's side of the pipe, run here in a thread (a replica process runs the same
+# loop, where coverage does not follow it) -----------------------------------------------
+
+
+def serving(engine: FakeEngine) -> tuple[Connection, threading.Thread]:
+    """The parent's end of a pipe whose other end ``_serve_engine`` serves ``engine`` on."""
+    parent, child = multiprocessing.Pipe()
+    loop = threading.Thread(target=_serve_engine, args=(engine, child), daemon=True)
+    loop.start()
+    return parent, loop
+
+
+def text_request(request_id: str, prompt: str) -> LoadedRequest:
+    return LoadedRequest(Request(request_id, prompt), ())
+
+
+def replies(parent: Connection, until: Callable[[list[Any]], bool]) -> list[Any]:
+    got: list[Any] = []
+    deadline = time.monotonic() + 10
+    while not until(got):
+        assert time.monotonic() < deadline, f"no such reply within 10 s: {got}"
+        if parent.poll(0.1):
+            got.append(parent.recv())
+    return got
+
+
+def results_in(messages: list[Any]) -> dict[str, Any]:
+    return {r.request_id: r for m in messages if m[0] == "results" for r in m[1]}
+
+
+def test_a_replica_adds_steps_reports_and_stops_when_told() -> None:
+    engine = FakeEngine(per_step=1, reject_prompts=frozenset({"no"}))
+    parent, loop = serving(engine)
+    for request_id, prompt in [("a", "hi"), ("b", "no"), ("c", "there")]:
+        parent.send(("add", text_request(request_id, prompt), [], Sampling()))
+    got = replies(parent, lambda got: len(results_in(got)) == 3)
+    done = results_in(got)
+    assert done["a"].text == expected_text([], "hi")
+    assert done["c"].text == expected_text([], "there")
+    error = done["b"].error  # refused on add
+    assert error is not None
+    assert error.stage == "validate"
+    _, _, capacity, _, depths = got[-1]
+    assert capacity == engine.capacity()
+    assert depths == (0, 0)
+    parent.send(("stop",))
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+class CountedStats(FakeEngine):
+    """Counts its counter reads (vLLM's: milliseconds of Python each)."""
+
+    def __init__(self) -> None:
+        super().__init__(per_step=1)
+        self.reads = 0
+
+    def cache_stats(self) -> CacheStats:
+        self.reads += 1
+        return CacheStats(prefix_queries=self.reads)
+
+
+def test_a_replica_reads_its_engines_counters_now_and_then_and_when_it_runs_dry() -> None:
+    engine = CountedStats()
+    parent, loop = serving(engine)
+    for i in range(40):
+        parent.send(("add", text_request(f"r{i}", "hi"), [], Sampling()))
+    got = replies(parent, lambda got: len(results_in(got)) == 40)
+    reports = [m for m in got if m[0] == "results" and m[1]]
+    assert len(reports) >= 20  # a step per request, most of them a report of their own
+    assert engine.reads < len(reports) / 2
+    assert got[-1][3].prefix_queries == engine.reads  # read afresh once it had nothing left
+    parent.send(("stop",))
+    loop.join(timeout=10)
+
+
+def test_a_replica_stops_by_itself_when_the_parent_is_gone() -> None:
+    parent, loop = serving(FakeEngine(per_step=1))
+    parent.send(("add", text_request("a", "hi"), [], Sampling()))
+    replies(parent, lambda got: "a" in results_in(got))
+    parent.close()
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+def test_a_replica_whose_step_raises_says_why_and_stops() -> None:
+    parent, loop = serving(FakeEngine(raise_on_prompt="bad"))
+    parent.send(("add", text_request("x", "bad"), [], Sampling()))
+    [fatal] = replies(parent, lambda got: bool(got) and got[-1][0] == "fatal")[-1:]
+    assert "its step raised RuntimeError" in fatal[1]
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+def test_a_replica_whose_engine_dies_says_so_and_stops() -> None:
+    parent, loop = serving(FakeEngine(die_after_steps=0))
+    parent.send(("add", text_request("x", "hi"), [], Sampling()))
+    [fatal] = replies(parent, lambda got: bool(got) and got[-1][0] == "fatal")[-1:]
+    assert fatal[1] == "the fake engine died"
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+def slow_to_start_fake() -> FakeEngine:
+    time.sleep(30)  # loading a model
+    return FakeEngine(per_step=2, step_seconds=0.01, capacity=8)
+
+
+def test_the_settings_are_checked_while_the_replicas_start(tmp_path: Path) -> None:
+    """Both the check and each replica import vLLM (15 s on a GPU host): the check runs while
+    the replica processes start, and the engine works once it passes."""
+    before = set(multiprocessing.active_children())
+    starting: list[int] = []
+
+    def check() -> None:
+        starting.extend(p.pid for p in set(multiprocessing.active_children()) - before)
+
+    requests = caption_requests(write_pictures(tmp_path / "p", 4), ["a"])
+    engine = ReplicaEngine(partial(FakeEngine, per_step=2, capacity=8), [None, None], None, check)
+    try:
+        rows = run(requests, engine)
+    finally:
+        engine.close()
+    assert len(starting) >= 2  # the two replicas were up and starting during the check
+    assert sorted(r["id"] for r in rows) == sorted(r.id for r in requests)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie awaiting its reaper is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def fake_with_a_child(pids: Any) -> FakeEngine:
+    """A fake engine that, as vLLM's does, starts a process of its own (in the replica's
+    process group) that would outlive it, and takes 3 s to close."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "600"])
+    pids.put(child.pid)
+    engine = FakeEngine(per_step=2, step_seconds=0.01, capacity=8)
+    engine.close = lambda: time.sleep(3)  # type: ignore[method-assign]
+    return engine
+
+
+def test_closing_stops_every_replica_together_and_leaves_nothing_they_started(
+    tmp_path: Path,
+) -> None:
+    pids = multiprocessing.get_context("spawn").Queue()
+    before = set(multiprocessing.active_children())  # a shared engine's replicas may live on
+    engine = ReplicaEngine(partial(fake_with_a_child, pids), [None, None])
+    children = [pids.get(timeout=30), pids.get(timeout=30)]
+    replicas = [p.pid for p in set(multiprocessing.active_children()) - before]
+    assert len(replicas) == 2
+    rows = run(caption_requests(write_pictures(tmp_path, 4), ["Describe."]), engine)
+    assert len(rows) == 4
+    began = time.monotonic()
+    engine.close()
+    assert time.monotonic() - began < 5.5  # both engines closed at once: 3 s, not 6
+    assert not [pid for pid in [*children, *replicas] if running(pid)]
+    pids.close()
+    pids.join_thread()
+
+
+def test_a_shared_engine_is_kept_until_it_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry gives every ask with the same settings the same engine, and drops it
+    through the engine's close hook when it closes: the next ask builds another. The engine
+    knows nothing of the registry."""
+    from mmbatch.engine import registry
+    from mmbatch.engine.layout import Layout
+
+    built: list[ReplicaEngine] = []
+
+    def build(*_: object) -> ReplicaEngine:
+        built.append(fakes(1))
+        return built[-1]
+
+    monkeypatch.setattr(registry, "build_engine", build)
+    config, media, layout = EngineConfig("org/kept"), {"image": 1}, Layout(1, ((),), "one")
+
+    def ask() -> object:
+        return registry.shared_engine_and_layout(config, media, layout)[0]
+
+    first = ask()
+    try:
+        assert ask() is first
+        assert len(built) == 1
+    finally:
+        built[0].close()
+    try:
+        second = ask()
+        assert second is not first
+        assert len(built) == 2
+        built[0].close()  # closed again (as at exit): the engine built since is kept
+        assert ask() is second
+    finally:
+        built[1].close()
+    try:
+        assert ask() is built[2]
+    finally:
+        built[2].close()
+
+
+def test_a_mistake_found_while_the_replicas_start_ends_them_at_once() -> None:
+    before = set(multiprocessing.active_children())
+    starting: list[multiprocessing.Process] = []
+
+    def check() -> None:
+        starting.extend(set(multiprocessing.active_children()) - before)
+        raise ConfigError("max_model_len 99999 is longer than the model's 2048")
+
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match="max_model_len"):
+        ReplicaEngine(slow_to_start_fake, [None, None], None, check)
+    assert time.monotonic() - began < 10  # ended, not waited for
+    assert len(starting) >= 2
+    assert not any(p.is_alive() for p in starting)

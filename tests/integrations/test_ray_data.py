@@ -1,0 +1,568 @@
+"""The Ray Data runner on a real local Ray (``ray.init(num_cpus=2)``), and its pieces that
+need no cluster.
+
+The end-to-end test runs the command line with ``--ray`` and the tiny model on vLLM's CPU
+build in one Ray actor, over repeated media, a corrupt and a missing file, with rows of an
+earlier run already in the output folder, and checks every id's text against the local
+path's run of the same requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY_ENGINE_KWARGS
+
+from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
+from mmbatch.cli.run import recipe_job
+from mmbatch.engine.config import EngineConfig
+from mmbatch.errors import ConfigError
+from mmbatch.jobs import Job, run_in_memory
+from mmbatch.media.hashing import media_key
+from mmbatch.media.options import ImageOptions
+from mmbatch.output.folders import read_folder
+from mmbatch.output.rows import FLAT
+from mmbatch.pipeline import RunConfig
+from mmbatch.types import MediaRef, Request, Sampling
+
+
+@pytest.fixture(scope="module")
+def local_ray():  # type: ignore[no-untyped-def]
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def caption_requests(samples: Path, folder: Path) -> list[Request]:
+    """Each sample under two prompts (so pictures repeat, also under two file names), plus
+    a file that does not exist and an empty one; samples/ holds a truncated JPEG (and a clip
+    and a wav, left out: this job is about pictures)."""
+    (folder / "empty.jpg").write_bytes(b"")
+    pictures = [p for p in sorted(samples.iterdir()) if p.suffix not in (".mp4", ".wav")]
+    paths = [*pictures, folder / "missing.jpg", folder / "empty.jpg"]
+    prompts = ["Describe this image.", "List three tags."]
+    return [
+        Request(f"{p}-{path.name}", prompt, (MediaRef("image", str(path)),))
+        for p, prompt in enumerate(prompts)
+        for path in paths
+    ]
+
+
+def write_manifest(requests: list[Request], path: Path) -> None:
+    rows = [{"id": r.id, "path": r.media[0].source, "prompt": r.prompt} for r in requests]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def rows_on_disk(folder: Path) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for file in sorted(folder.glob("[!.]*.json")):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            assert row["id"] not in rows, f"two rows for {row['id']}"
+            rows[row["id"]] = row
+    return rows
+
+
+SAMPLING = Sampling(max_tokens=8)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_run_gives_the_local_runs_rows_and_resumes(
+    local_ray,
+    samples: Path,
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # type: ignore[no-untyped-def]
+    requests = caption_requests(samples, tmp_path)
+    manifest = tmp_path / "items.jsonl"
+    write_manifest(requests, manifest)
+    out = tmp_path / "ray-out"
+    out.mkdir()
+    # An earlier run wrote two rows, then died while writing a third file.
+    earlier = [r.id for r in requests[:2]]
+    (out / "earlier_000000.json").write_text(
+        "".join(
+            json.dumps({"id": i, "text": "from the earlier run", "error": None}) + "\n"
+            for i in earlier
+        )
+    )
+    (out / "earlier_000001.json").write_text('{"id": "1-sunset.jpg", "text": "cut sh')
+
+    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+    argv = [
+        "caption",
+        str(manifest),
+        # The manifest names the samples by absolute path, outside its own folder.
+        "--allow-outside-root",
+        "--model",
+        str(tiny_vl_model),
+        "--out",
+        str(out),
+        "--max-tokens",
+        str(SAMPLING.max_tokens),
+        *engine_args,
+        "--ray",
+        "--replicas",
+        "1",
+        "--gpus-per-replica",
+        "0",
+        "--ray-batch",
+        "2",
+    ]
+    # The local resume rules: rows planted by hand have no job record, so whether they
+    # belong to this job cannot be told, and the folder is refused unless forced.
+    assert main(argv) == EXIT_JOB_FAILED
+    assert "no job record" in capsys.readouterr().err
+    code = main([*argv, "--force"])
+    assert code == EXIT_ITEMS_FAILED  # the truncated, missing and empty files
+    ray_rows = rows_on_disk(out)
+    assert sorted(ray_rows) == sorted(r.id for r in requests)  # one row per input, no more
+    assert (out / ".partial-earlier_000001.json").exists()
+    summary = json.loads((tmp_path / "ray-out.summary.json").read_text())
+    assert summary["stats"]["total"] == len(requests)
+    assert summary["stats"]["rows_from_earlier_runs"] == 2
+    assert summary["stats"]["failed"] == 6  # three bad files, each asked two prompts
+    quarantine = (tmp_path / "ray-out.quarantine.jsonl").read_text().splitlines()
+    assert len(quarantine) == 6
+    for item_id in earlier:
+        assert ray_rows[item_id]["text"] == "from the earlier run"  # skipped, not redone
+
+    local = local_rows(request.getfixturevalue("vl_engine"), requests)
+    for item_id, row in ray_rows.items():
+        if item_id in earlier:
+            continue
+        mine = local[item_id]
+        assert row["text"] == mine["text"], item_id
+        assert row["error"] == mine["error"], item_id
+        assert row["media_hash"] == mine["media_hash"], item_id
+        assert row["output_tokens"] == mine["output_tokens"], item_id
+    stages = {row["error"]["stage"] for row in ray_rows.values() if row["error"]}
+    assert stages == {"load", "decode"}
+    texts = {row["text"] for row in ray_rows.values() if row["error"] is None}
+    assert len(texts) >= 4  # distinct pictures and prompts do not collapse to one caption
+
+    # --retry-errors redoes only the error rows (they fail again: the files are still bad).
+    assert main([*argv, "--retry-errors"]) == EXIT_ITEMS_FAILED
+    assert "6 error rows removed to be retried" in capsys.readouterr().err
+    assert (tmp_path / "ray-out.vllm.log").stat().st_size > 0  # the replica's engine log
+    again = rows_on_disk(out)
+    assert sorted(again) == sorted(ray_rows)
+    assert {k: v for k, v in again.items() if v["error"] is None} == {
+        k: v for k, v in ray_rows.items() if v["error"] is None
+    }
+
+
+TWO_QUESTIONS = """
+name = "two-questions"
+[prompt]
+system = "Answer briefly."
+[[prompt.questions]]
+name = "subject"
+text = "What is the main subject?"
+[[prompt.questions]]
+name = "colour"
+text = "Which colour dominates?"
+[sampling]
+max_tokens = 6
+[media]
+kind = "image"
+[output]
+format = "text"
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_recipe_run_gives_the_local_runs_item_rows(
+    local_ray, samples: Path, tiny_vl_model: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:  # type: ignore[no-untyped-def]
+    from mmbatch.recipe.spec import load_recipe
+
+    recipe_file = tmp_path / "two.toml"
+    recipe_file.write_text(TWO_QUESTIONS)
+    names = ["sunset.jpg", "sunset_copy.jpg", "truncated.jpg", "checkerboard.png"]
+    inputs = [str(samples / name) for name in names]
+    out = tmp_path / "recipe-out"
+    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+    argv = ["run", str(recipe_file), "--input", *inputs, "--model", str(tiny_vl_model)]
+    argv += ["--out", str(out), *engine_args, "--ray", "--gpus-per-replica", "0"]
+    code = main(argv)
+    assert code == EXIT_ITEMS_FAILED  # truncated.jpg
+    ray_rows = rows_on_disk(out)
+    assert sorted(ray_rows) == sorted(inputs)  # one row per item, not per question
+
+    job = recipe_job(load_recipe(recipe_file), inputs, str(tiny_vl_model))
+    engine = request.getfixturevalue("vl_engine")
+    rows, _ = run_in_memory(job, engine, RunConfig(progress=False))
+    local = {row["id"]: row for row in rows}
+    for item_id, row in ray_rows.items():
+        assert row["error"] == local[item_id]["error"], item_id
+        assert row["media_hash"] == local[item_id]["media_hash"], item_id
+        for name in ("subject", "colour"):
+            mine, theirs = row["outputs"][name], local[item_id]["outputs"][name]
+            assert mine["text"] == theirs["text"], (item_id, name)
+            assert mine["prompt"] == theirs["prompt"], (item_id, name)
+    assert ray_rows[inputs[2]]["error"]["stage"] == "decode"
+    assert ray_rows[inputs[0]]["outputs"]["subject"]["text"]
+
+
+def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
+    rows, _ = run_in_memory(Job(requests, SAMPLING), engine, RunConfig(progress=False))
+    return {row["id"]: row for row in rows}
+
+
+@pytest.mark.ray
+def test_requests_sharing_a_picture_are_packed_into_one_group(
+    local_ray, samples: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from mmbatch.integrations.ray_data import media_groups, requests_dataset
+
+    requests = caption_requests(samples, tmp_path)
+    options = ImageOptions()
+    packed = media_groups(requests_dataset(requests), options, partitions=3).take_all()
+    ids_seen = [i for group in packed for i in group["id"]]
+    assert sorted(ids_seen) == sorted(r.id for r in requests)  # each request exactly once
+    by_group = {group["media_group"]: group for group in packed}
+    sunset = media_key("image", (samples / "sunset.jpg").read_bytes(), options.cache_token())
+    # Two file names with the same bytes, two prompts: one group of four.
+    names = sorted(Path(p).name for p in by_group[sunset]["path"])
+    assert names == ["sunset.jpg", "sunset.jpg", "sunset_copy.jpg", "sunset_copy.jpg"]
+    assert f"unreadable:{tmp_path / 'missing.jpg'}" in by_group
+    assert len(packed) == 7  # 5 distinct sample pictures, the missing file, the empty file
+
+
+def test_a_replica_batch_gives_one_row_per_request_failures_included(
+    samples: Path, tmp_path: Path
+) -> None:
+    """The actor's bookkeeping, in-process on a fake engine (the real engine runs on Ray
+    above): keying, packing, unpacking, error rows and the fixed output schema."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from mmbatch.integrations import ray_data
+    from mmbatch.testing.fake_engine import FakeEngine, expected_text
+
+    rows = [
+        {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": "p"},
+        {"id": "b", "path": str(samples / "sunset_copy.jpg"), "prompt": None},
+        {"id": "c", "path": str(samples / "truncated.jpg"), "prompt": "p"},
+        {"id": "d", "path": str(tmp_path / "missing.jpg"), "prompt": "q"},
+        {"id": "e", "path": str(samples / "checkerboard.png"), "prompt": "q"},
+        {"id": "f", "path": str(samples / "sunset.jpg"), "prompt": "q"},
+    ]
+    keyed = ray_data._add_media_group(pa.Table.from_pylist(rows), ImageOptions())
+    keys = keyed[ray_data.GROUP_COLUMN]
+    groups = [
+        ray_data._pack_group(keyed.filter(pc.equal(keys, key)))
+        for key in pc.unique(keys).to_pylist()
+    ]
+    assert len(groups) == 4  # a, b and f share one picture
+    job = ray_data.RayJob(EngineConfig("unused"))
+    replica = ray_data.EngineReplica(job, engine=FakeEngine())
+    out = asyncio.run(replica(pa.concat_tables(groups)))
+
+    assert out.schema == ray_data._flat_schema()
+    by_id = {row["id"]: row for row in out.to_pylist()}
+    assert sorted(by_id) == ["a", "b", "c", "d", "e", "f"]
+    assert by_id["b"]["error"] == {
+        "stage": "source",
+        "kind": "other",
+        "message": "the row has no prompt",
+    }
+    assert by_id["c"]["error"]["stage"] == "decode"
+    assert by_id["d"]["error"]["stage"] == "load"
+    for item_id in "aef":
+        row = by_id[item_id]
+        assert row["error"] is None
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+    assert by_id["a"]["media_hash"] == by_id["f"]["media_hash"] == keys[0].as_py()
+
+
+def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from mmbatch.integrations import ray_data
+    from mmbatch.recipe.spec import load_recipe
+    from mmbatch.testing.fake_engine import FakeEngine, expected_text
+
+    recipe_file = tmp_path / "two.toml"
+    recipe_file.write_text(TWO_QUESTIONS)
+    recipe = load_recipe(recipe_file)
+    rows = [
+        {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": None},
+        {"id": "b", "path": str(samples / "truncated.jpg"), "prompt": None},
+    ]
+    keyed = ray_data._add_media_group(pa.Table.from_pylist(rows), ImageOptions())
+    groups = [ray_data._pack_group(keyed.slice(i, 1)) for i in range(keyed.num_rows)]
+    job = ray_data.RayJob(EngineConfig("unused"), prompt=recipe.questions[0].text, recipe=recipe)
+    replica = ray_data.EngineReplica(job, engine=FakeEngine())
+    out = asyncio.run(replica(pa.concat_tables(groups)))
+    by_id = {row["id"]: row for row in out.to_pylist()}
+    assert sorted(by_id) == ["a", "b"]
+    assert by_id["b"]["error"]["stage"] == "decode"
+    a = by_id["a"]
+    assert a["error"] is None
+    for question in recipe.questions:
+        answer = a["outputs"][question.name]
+        assert answer["prompt"] == question.text
+        assert answer["text"] == expected_text([a["media_hash"]], question.text)
+
+
+def test_row_folders_are_read_back_and_partial_files_set_aside(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.json").write_text(
+        '{"id": "x", "error": null, "output_tokens": 3}\n'
+        '{"id": "y", "error": {"stage": "decode", "message": "truncated"}}\n'
+    )
+    (tmp_path / "b.json").write_text('{"id": "z", "error": nu')
+    rows = list(read_folder(tmp_path, "jsonl", FLAT))
+    assert [FLAT.row_id(r) for r in rows] == ["x", "y"]
+    outcomes = [FLAT.outcome(r) for r in rows]
+    assert [o.ok for o in outcomes] == [True, False]
+    assert outcomes[0].usage.output_tokens == 3
+    assert outcomes[1].error is not None
+    assert outcomes[1].error.stage == "decode"
+    assert (tmp_path / ".partial-b.json").exists()
+    assert not (tmp_path / "b.json").exists()
+
+    parquet = tmp_path / "pq"
+    parquet.mkdir()
+    table = pa.table(
+        {
+            "id": ["p"],
+            "error": pa.array(
+                [None], pa.struct([("stage", pa.string()), ("message", pa.string())])
+            ),
+            "prompt_tokens": [5],
+            "output_tokens": [2],
+        }
+    )
+    pq.write_table(table, parquet / "good.parquet")
+    (parquet / "cut.parquet").write_bytes((parquet / "good.parquet").read_bytes()[:40])
+    rows = list(read_folder(parquet, "parquet", FLAT))
+    assert [(r["id"], FLAT.outcome(r).usage.prompt_tokens) for r in rows] == [("p", 5)]
+    assert (parquet / ".partial-cut.parquet").exists()
+    with pytest.raises(ValueError, match="must hold only"):
+        list(read_folder(tmp_path, "parquet", FLAT))
+
+
+def test_a_row_folder_resumes_by_the_local_runners_rules(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray's driver plans with ``plan_resume``, as ``run_job`` does: another job's folder is
+    refused, error rows are retried, an item whose prompt changed is redone, and it is said
+    the same way."""
+    from mmbatch.jobs import FileOutput, plan_resume
+    from mmbatch.output.resume import write_record
+
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    error = {"stage": "decode", "kind": "corrupt", "message": "truncated"}
+    written = [
+        {"id": "x", "prompt": "p", "text": "kept", "error": None},
+        {"id": "y", "prompt": "p", "text": None, "error": error},
+        {"id": "z", "prompt": "an older prompt", "text": "stale", "error": None},
+    ]
+    (folder / "a.json").write_text("".join(json.dumps(row) + "\n" for row in written))
+    picture = (MediaRef("image", "x.jpg"),)
+    job = Job([Request(i, "p", picture) for i in "xyzw"], fingerprint={"prompt": "p"})
+    out = FileOutput(folder, "jsonl", retry_errors=True, row_folder=True)
+    write_record(out.paths.record, {"prompt": "another"})
+    with pytest.raises(ConfigError, match="was written by a different job"):
+        plan_resume(job, out)
+    write_record(out.paths.record, job.fingerprint)
+    plan = plan_resume(job, out)
+    assert [r.id for r in plan.pending] == ["y", "z", "w"]
+    assert (plan.kept_ok, plan.retried, plan.changed) == (1, 1, 1)
+    said = capsys.readouterr().err
+    assert f"mmbatch: resuming {folder}: 1 items already have a row" in said
+    assert "1 error rows removed to be retried" in said
+    assert [FLAT.row_id(row) for row in read_folder(folder, "jsonl", FLAT)] == ["x"]
+
+
+def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:
+    from mmbatch.integrations.ray_data import RayResources
+
+    engine = EngineConfig("m", {"tensor_parallel_size": 2, "pipeline_parallel_size": 2})
+    assert RayResources().num_gpus(engine, cpu_build=False) == 4
+    assert RayResources(gpus_per_replica=0).num_gpus(engine, cpu_build=False) == 0
+    assert RayResources().num_gpus(EngineConfig("m"), cpu_build=False) == 1
+    # vLLM's CPU build asks Ray for no GPU; this machine has that build.
+    assert RayResources().num_gpus(engine, cpu_build=True) == 0
+    assert RayResources().num_gpus(engine) == 0
+    assert RayResources(gpus_per_replica=1).num_gpus(engine, cpu_build=True) == 1
+
+
+class _FakeRay:
+    def __init__(self, gpus: float) -> None:
+        self.gpus = gpus
+
+    def cluster_resources(self) -> dict[str, float]:
+        return {"CPU": 8.0, "GPU": self.gpus}
+
+
+def test_a_cluster_that_can_never_hold_the_replicas_fails_at_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations import ray_data
+
+    monkeypatch.setattr(ray_data, "_most_gpus_possible", lambda: None)  # no autoscaler
+    with pytest.raises(ConfigError) as info:
+        ray_data._check_resources(_FakeRay(0), 1.0)
+    message = str(info.value)
+    assert "1 replica(s) x 1 GPU(s)" in message
+    assert "has 0 and no autoscaler to add more" in message
+    assert "--gpus-per-replica 0" in message
+    with pytest.raises(ConfigError, match="has 2 and no autoscaler"):
+        ray_data._check_resources(_FakeRay(2), 1.0, replicas=4)
+    ray_data._check_resources(_FakeRay(4), 1.0, replicas=4)  # fits
+    ray_data._check_resources(_FakeRay(0), 0.0, replicas=4)  # CPUs only
+    monkeypatch.setattr(ray_data, "_most_gpus_possible", lambda: 2.0)  # can grow to 2
+    with pytest.raises(ConfigError, match="can grow to 2"):
+        ray_data._check_resources(_FakeRay(0), 1.0, replicas=4)
+    monkeypatch.setattr(ray_data, "_most_gpus_possible", lambda: 8.0)
+    ray_data._check_resources(_FakeRay(0), 1.0, replicas=4)
+    assert "its autoscaler can add up to 8: the job waits for them" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_asking_a_gpu_of_a_cluster_without_one_exits_2_before_any_output(
+    local_ray,  # type: ignore[no-untyped-def]
+    samples: Path,
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "rows"
+    model = str(tiny_vl_model)  # the settings are checked (and pass) before the cluster is
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", model, "--out", str(out)]
+    assert main([*argv, "--ray", "--gpus-per-replica", "1"]) == EXIT_JOB_FAILED
+    assert "has 0 and no autoscaler to add more" in capsys.readouterr().err
+    assert not out.exists()
+    assert not (tmp_path / "rows.job.json").exists()
+
+
+@pytest.mark.ray
+def test_a_typo_in_an_engine_setting_exits_2_before_any_replica_starts(
+    local_ray,  # type: ignore[no-untyped-def]
+    samples: Path,
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A misspelt engine argument, or a value vLLM does not take, is one line and exit 2
+    before any actor starts: no output folder, no job record, no engine log."""
+    from mmbatch.integrations.ray_data import RayJob, RayResources, requests_dataset, run_on_ray
+
+    out = tmp_path / "rows"
+    nothing_written = [out, tmp_path / "rows.job.json", tmp_path / "rows.vllm.log"]
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", str(tiny_vl_model)]
+    argv += ["--out", str(out), "--ray", "--gpus-per-replica", "0"]
+    typos = {
+        "max_model_lenn=5": "engine argument 'max_model_lenn': vLLM has no such argument "
+        "(did you mean 'max_model_len'?)",
+        "max_model_len=many": "engine argument max_model_len='many': Input should be a valid "
+        "integer",
+    }
+    for typo, said in typos.items():
+        assert main([*argv, "--engine-arg", typo]) == EXIT_JOB_FAILED
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[-1].startswith(f"mmbatch: error: {said}")  # the last line, and the only
+        assert sum("error" in line for line in lines) == 1
+        assert not [path for path in nothing_written if path.exists()]
+
+    # From Python the driver checks them as well, before it writes anything.
+    picture = Request("a", "Describe.", (MediaRef("image", str(samples / "sunset.jpg")),))
+    log = tmp_path / "vllm.log"
+    engine = EngineConfig(str(tiny_vl_model), {"dtype": "flaot16"}, log_file=str(log))
+    with pytest.raises(ConfigError, match="engine argument dtype='flaot16'"):
+        run_on_ray(requests_dataset([picture]), RayJob(engine), RayResources(), out)
+    assert not [path for path in [*nothing_written, log] if path.exists()]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_engine_that_does_not_start_on_ray_says_why_as_the_local_runner_does(
+    local_ray,  # type: ignore[no-untyped-def]
+    samples: Path,
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Weights that cannot be read pass every check of the settings; the replica's engine
+    then fails to start, and the job says so in the engine's own words (no "the actor
+    died"), with its log beside the output and the rows left to do."""
+    import shutil
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny_vl_model, broken)
+    for weights in broken.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:64])
+    out = tmp_path / "rows"
+    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+    argv = ["caption", str(samples / "sunset.jpg"), "--model", str(broken), "--out", str(out)]
+    argv += [*engine_args, "--ray", "--gpus-per-replica", "0"]
+    assert main(argv) == EXIT_JOB_FAILED
+    err = capsys.readouterr().err
+    log = tmp_path / "rows.vllm.log"
+    said = err[err.index("mmbatch: error: ") :].splitlines()
+    assert said[0].startswith(
+        f"mmbatch: error: the vLLM engine did not start (its log: {log}): SafetensorError: "
+    )
+    assert said[1:] == [
+        f"The 0 rows finished are saved in {out} (1 items left); run the same command again "
+        "to resume."
+    ]
+    assert "actor died" not in err
+    assert log.stat().st_size > 0
+
+
+def test_without_ray_the_error_says_how_to_install_it(samples: Path, tmp_path: Path) -> None:
+    # ray hidden from this process only: None in sys.modules makes `import ray` fail.
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from mmbatch.cli import main\n"
+        f"sys.exit(main(['caption', {str(samples)!r}, '--model', 'm', '--out', "
+        f"{str(tmp_path / 'o')!r}, '--ray']))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == EXIT_JOB_FAILED, proc.stderr
+    assert "pip install 'mmbatch[ray]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_forwarded_env_keeps_vllm_settings_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from mmbatch.integrations.ray_data import forwarded_env
+
+    environ = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "HOME": "/root", "X": "y"}
+    assert forwarded_env(environ) == {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    assert forwarded_env()["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # read from os.environ
+
+
+def test_on_ray_the_output_is_a_folder(tmp_path: Path) -> None:
+    from mmbatch.errors import ConfigError
+    from mmbatch.integrations.ray_data import RayJob, RayResources, run_on_ray
+    from mmbatch.jobs import FileOutput
+
+    out = tmp_path / "captions.jsonl"
+    out.write_text("")
+    job = RayJob(EngineConfig("m"))
+    with pytest.raises(ConfigError, match="is a file"):
+        run_on_ray(None, job, RayResources(), out)
+    with pytest.raises(ConfigError, match="a folder of row files is one of"):
+        run_on_ray(None, job, RayResources(), FileOutput(tmp_path / "o", "datasets"))  # type: ignore[arg-type]
