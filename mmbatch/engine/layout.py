@@ -101,8 +101,8 @@ class Layout:
             kwargs["gpu_memory_utilization"] = share / self.per_gpu
             if self.kv_cache_bytes is not None:
                 kwargs.setdefault("kv_cache_memory_bytes", self.kv_cache_bytes)
-        if self.eager and not any(key in kwargs for key in COMPILE_SETTINGS):
-            kwargs["enforce_eager"] = True
+        if self.eager:  # only where the user left compilation to vLLM (_eager_if_short)
+            kwargs.setdefault("enforce_eager", True)
         return kwargs
 
     def devices(self) -> list[str | None]:
