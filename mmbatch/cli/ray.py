@@ -58,6 +58,7 @@ def run(
 ) -> int:
     """Run ``job`` on Ray into the folder ``args.out`` (resuming there), one input row per
     item: a picture to caption, or a recipe's item, whose questions its replica asks."""
+    from mmbatch.engine.builder import check_engine_without_devices
     from mmbatch.errors import ConfigError
     from mmbatch.integrations import ray_data
     from mmbatch.jobs import FileOutput
@@ -69,7 +70,7 @@ def run(
         raise ConfigError(str(exc)) from exc
     # The driver checks the engine settings before any actor starts (``run_on_ray``); here
     # too, before Ray starts (and prints its own lines): a mistake is then one line.
-    ray_data.check_engine_settings(engine)
+    check_engine_without_devices(engine)
     if getattr(args, "keep_columns", None) not in (None, "none"):
         raise ConfigError("--keep-columns is not supported with --ray yet")
     if getattr(args, "shard_rows", None) is not None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -124,19 +125,39 @@ def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
 def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> None:
     """``ConfigError`` (one line) for settings vLLM would refuse, before any model is
     loaded; then says where vLLM's log will go."""
-    from mmbatch.engine.logs import engine_log
     from mmbatch.engine.vllm import preflight
 
     check_model_name(config.model)  # before vLLM's import, which takes seconds
-    log = config.log_file
-    with engine_log(None if log is None else os.devnull):  # a mistake leaves no log file
+    with _quietly(config):
         preflight(config, media_per_prompt)
+    log = config.log_file
     if log is not None:
         print(
             f"mmbatch: starting vLLM; its log goes to {log} (to see it here: -v, or "
             "vllm_log=None from Python)",
             file=sys.stderr,
         )
+
+
+def check_engine_without_devices(config: EngineConfig) -> None:
+    """``check_engine`` as far as a process without the engine's devices can tell (Ray's
+    driver may have no GPU): every argument's name, and the model as vLLM reads it with them
+    (``dtype``, a ``max_model_len`` within its context, ...). So the model must be reachable
+    from that process too; the engine's own process checks the rest as it starts."""
+    from mmbatch.engine.vllm import model_config
+
+    with _quietly(config):
+        model_config(config)
+
+
+@contextmanager
+def _quietly(config: EngineConfig) -> Iterator[None]:
+    """vLLM's log dropped while settings are checked (where ``config`` sends it to a file):
+    a mistake leaves no log file."""
+    from mmbatch.engine.logs import engine_log
+
+    with engine_log(None if config.log_file is None else os.devnull):
+        yield
 
 
 def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:

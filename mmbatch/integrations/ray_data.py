@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.base import Engine
+from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.jobs import (
@@ -250,7 +251,7 @@ def run_on_ray(
     out = replace(out if isinstance(out, FileOutput) else FileOutput(Path(out)), row_folder=True)
     _check_output(out, job)
     _check_resources(ray, resources.num_gpus(job.engine), resources.replicas)
-    check_engine_settings(job.engine)
+    check_engine_without_devices(job.engine)
     whole = _whole_job(ds, job)
     plan = plan_resume(whole, out)
     write_record(out.paths.record, whole.fingerprint)
@@ -273,19 +274,6 @@ def run_on_ray(
         run.record(whole.shape.outcome(rows_by_id[item_id]))
     run.finished = time.perf_counter()
     return summarize(whole, out, plan, run, whole.info)
-
-
-def check_engine_settings(config: EngineConfig) -> None:
-    """``ConfigError`` (one line) for engine settings vLLM would refuse, as far as the
-    driver can tell without the replicas' devices (it may have no GPU): every argument's
-    name, and the model as vLLM reads it with them (``dtype``, a ``max_model_len`` within
-    its context, ...). So the model must be reachable from the driver too. The replicas
-    check the rest as they start (``check_engine``)."""
-    from mmbatch.engine.logs import engine_log
-    from mmbatch.engine.vllm import model_config
-
-    with engine_log(None if config.log_file is None else os.devnull):  # as check_engine
-        model_config(config)
 
 
 def _check_output(out: FileOutput, job: RayJob) -> None:
