@@ -44,7 +44,8 @@ from mmbatch.output.clock import milestone
 from mmbatch.output.rows import FLAT, RowBuilder
 from mmbatch.output.sinks import MemorySink, Sink
 from mmbatch.output.stats import JobStats
-from mmbatch.types import LoadedRequest, Request, Result, Sampling
+from mmbatch.repeats import Repeats, request_key
+from mmbatch.types import LoadedRequest, MediaItem, Request, Result, Sampling
 
 IDLE_WAIT = 0.05
 """Seconds the driver waits for ready media when the engine has nothing to do."""
@@ -205,6 +206,21 @@ class Submission:
             )
 
 
+@dataclass
+class _Asked:
+    """A loaded request on its way to the engine, with what it takes to send it: a follower
+    of an identical request is sent itself if that one fails."""
+
+    submission: Submission
+    loaded: LoadedRequest
+    media: list[MediaItem]
+
+    @property
+    def sampling(self) -> Sampling:
+        """What the engine decodes it with: its own sampling, or its submission's."""
+        return self.loaded.request.sampling or self.submission.sampling
+
+
 class Pipeline:
     """One engine, its feeder and a driver thread, serving submissions in turn."""
 
@@ -220,6 +236,7 @@ class Pipeline:
         self._inbox: queue.SimpleQueue[Submission] = queue.SimpleQueue()
         self._open: dict[int, Submission] = {}
         self._in_flight: dict[str, tuple[Submission, LoadedRequest]] = {}
+        self._repeats: Repeats[_Asked] = Repeats()
         self._tags = itertools.count()
         self._wake = threading.Event()
         self._closed = False
@@ -340,33 +357,71 @@ class Pipeline:
         submission = self._open[ready.tag]  # type: ignore[index]
         for failure in ready.failures:
             submission.emit(failure)
-        sampling = submission.sampling
         for loaded in ready.loaded:
             submission.media_keys[loaded.id] = loaded.media_keys
-            engine_id = f"{submission.tag}:{loaded.id}"
             media = [ready.media[key] for key in loaded.media_keys]
-            request = replace(loaded.request, id=engine_id)
-            try:
-                self.engine.add(
-                    LoadedRequest(request, loaded.media_keys),
-                    media,
-                    loaded.request.sampling or sampling,
-                )
-            except RequestRejected as exc:
-                self.feeder.done(loaded)
-                submission.emit(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
-                continue
-            self._in_flight[engine_id] = (submission, loaded)
-            submission.in_flight += 1
+            self._ask(_Asked(submission, loaded, media))
         self._close_if_complete(submission)
+
+    def _ask(self, asked: _Asked) -> None:
+        """Answer ``asked`` with an identical request's answer (remembered, or on its way
+        from the engine: ``mmbatch.repeats``), or send it to the engine."""
+        key = request_key(asked.loaded, asked.sampling)
+        if key is not None:
+            answer = self._repeats.answer(key)
+            if answer is not None:
+                asked.submission.stats.answered_by_identical += 1
+                self.feeder.done(asked.loaded)
+                asked.submission.emit(replace(answer, request_id=asked.loaded.id))
+                return
+            if self._repeats.follow(key, asked):
+                asked.submission.in_flight += 1  # its media stay held until it is settled
+                return
+        engine_id = self._send(asked)
+        if engine_id is not None and key is not None:
+            self._repeats.lead(key, engine_id)
+
+    def _send(self, asked: _Asked) -> str | None:
+        """Add ``asked`` to the engine; its engine id, or None where the engine refused it
+        (its row is then the refusal)."""
+        submission, loaded = asked.submission, asked.loaded
+        engine_id = f"{submission.tag}:{loaded.id}"
+        request = replace(loaded.request, id=engine_id)
+        try:
+            self.engine.add(LoadedRequest(request, loaded.media_keys), asked.media, asked.sampling)
+        except RequestRejected as exc:
+            self.feeder.done(loaded)
+            submission.emit(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
+            return None
+        self._in_flight[engine_id] = (submission, loaded)
+        submission.in_flight += 1
+        return engine_id
 
     def _finish(self, result: Result) -> None:
         submission, loaded = self._in_flight.pop(result.request_id)
+        followers = self._repeats.settle(result.request_id, result)
+        self._settle(submission, loaded)
+        submission.emit(replace(result, request_id=loaded.id))
+        touched = {submission.tag: submission}
+        for follower in followers:
+            touched[follower.submission.tag] = follower.submission
+            if result.ok:
+                self._settle(follower.submission, follower.loaded)
+                follower.submission.stats.answered_by_identical += 1
+                follower.submission.emit(replace(result, request_id=follower.loaded.id))
+            else:
+                # A failure is its leader's own (refused, aborted, an engine error): the
+                # follower was never tried, and the engine answers it on its own.
+                follower.submission.in_flight -= 1
+                self._send(follower)
+        for each in touched.values():
+            self._close_if_complete(each)
+
+    def _settle(self, submission: Submission, loaded: LoadedRequest) -> None:
+        """``loaded`` has its answer: it is no longer in flight, and its media may go."""
         submission.in_flight -= 1
         submission.answered = True
         self.feeder.done(loaded)
-        submission.emit(replace(result, request_id=loaded.id))
-        self._close_if_complete(submission)
 
     def _close_if_complete(self, submission: Submission) -> None:
         if submission.complete():
@@ -404,6 +459,8 @@ class Pipeline:
             # left in it would come back to nobody.
             self.engine.abort(list(self._in_flight))
             self._in_flight.clear()
+        # Their leaders' answers will not come: the followers end with their submissions.
+        self._repeats.forget_in_flight()
         while not self._inbox.empty():
             self._accept()
         for submission in list(self._open.values()):

@@ -82,6 +82,10 @@ class JobStats(Tally):
     decodes: int = 0
     bytes_read: int = 0
     cache: CacheStats = field(default_factory=CacheStats)
+    answered_by_identical: int = 0
+    """Requests answered with the answer of an identical request (``mmbatch.repeats``)
+    instead of being decoded again; their rows count among the others, with its text and
+    usage."""
     queue: list[QueueSample] = field(default_factory=list)
     """The engine's queues sampled once a second: whether the engine was kept fed."""
     started: float = field(default_factory=time.perf_counter)
@@ -145,6 +149,11 @@ class JobStats(Tally):
                 f"cache hit rates: prefix {_pct(self.cache.prefix_hit_rate)}, "
                 f"multimodal {_pct(self.cache.mm_hit_rate)}"
             )
+        if self.answered_by_identical:
+            lines.append(
+                f"repeats: {self.answered_by_identical} requests answered by an identical "
+                "request's answer, not decoded again"
+            )
         queue = self.queue_summary()
         if queue is not None:
             starved = (
@@ -168,6 +177,7 @@ class JobStats(Tally):
             "total": self.total,
             **self.counts(),
             "decodes": self.decodes,
+            "answered_by_identical": self.answered_by_identical,
             "wall_seconds": round(self.wall_seconds, 3),
             "items_per_second": _rate(self.done, self.wall_seconds),
             "output_tokens_per_second": _rate(self.output_tokens, self.wall_seconds),

@@ -29,6 +29,7 @@ def write_summary(paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str
 
 RUN_FIGURES = (
     "decodes",
+    "answered_by_identical",
     "wall_seconds",
     "items_per_second",
     "output_tokens_per_second",
