@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from PIL import Image
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.jobs import Job, run_in_memory
@@ -31,6 +32,17 @@ def folder(tmp_path: Path, samples: Path) -> Path:
     return pictures
 
 
+@pytest.fixture
+def distinct(tmp_path: Path) -> Path:
+    """``NAMES`` as pictures no two alike: each item a request of its own (copies of one
+    picture are answered once, ``mmbatch.repeats``)."""
+    pictures = tmp_path / "distinct"
+    pictures.mkdir()
+    for n, name in enumerate(NAMES):
+        Image.new("RGB", (24, 24), (40 * n, 255 - 40 * n, 90)).save(pictures / name)
+    return pictures
+
+
 def caption(folder: Path, out: Path, *extra: str, engine: FakeEngine | None = None) -> int:
     argv = ["caption", str(folder), "--model", "m", "--out", str(out), "--no-progress"]
     return main([*argv, *extra], engine or FakeEngine(per_step=2))
@@ -47,13 +59,13 @@ def test_a_finished_output_is_in_input_order(folder: Path, tmp_path: Path, name:
     assert [Path(r["id"]).name for r in rows] == NAMES  # ...and the output is in input order
 
 
-def test_a_resumed_output_ends_in_input_order(folder: Path, tmp_path: Path) -> None:
+def test_a_resumed_output_ends_in_input_order(distinct: Path, tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
     dying = FakeEngine(per_step=2, die_after_steps=1)
-    assert caption(folder, out, engine=dying) == EXIT_JOB_FAILED
+    assert caption(distinct, out, engine=dying) == EXIT_JOB_FAILED
     first = [Path(json.loads(line)["id"]).name for line in out.read_text().splitlines()]
     assert len(first) == 2
-    assert caption(folder, out) == EXIT_OK
+    assert caption(distinct, out) == EXIT_OK
     assert [Path(json.loads(line)["id"]).name for line in out.read_text().splitlines()] == NAMES
 
 

@@ -4,13 +4,13 @@ media, row and text, as img2dataset writes them; in input order, resumable."""
 from __future__ import annotations
 
 import json
-import shutil
 import tarfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 from fake_cli import main
+from PIL import Image
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.output.formats import read_output
@@ -20,12 +20,13 @@ NAMES = ["a.jpg", "b.png", "c.jpg", "d.png", "e.jpg"]
 
 
 @pytest.fixture
-def folder(tmp_path: Path, samples: Path) -> Path:
+def folder(tmp_path: Path) -> Path:
+    """``NAMES`` as pictures no two alike: each item a request of its own (identical ones
+    would be answered once, ``mmbatch.repeats``, and a dying engine stop elsewhere)."""
     pictures = tmp_path / "pictures"
     pictures.mkdir()
-    for name in NAMES:
-        sample = "sunset.jpg" if name.endswith(".jpg") else "checkerboard.png"
-        shutil.copyfile(samples / sample, pictures / name)
+    for n, name in enumerate(NAMES):
+        Image.new("RGB", (24, 24), (40 * n, 255 - 40 * n, 90)).save(pictures / name)
     return pictures
 
 
