@@ -23,19 +23,7 @@ PEAK_BF16_FLOPS = 790e12
 def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     work = Path(options["work_dir"] or tempfile.mkdtemp(prefix="mmbatch-bench-"))
     size, seed = options["size"], options["seed"]
-    spec: dict[str, Any] = {
-        "model": options["model"],
-        "workloads": options["workloads"],
-        "media": _media(work, options),
-        "max_tokens": options["max_tokens"],
-        "temperature": 0.7,
-        "top_p": 0.9,
-        "seed": seed,
-        "video_seconds": options["video_seconds"],
-        "decode_workers": options["decode_workers"],
-        "common_engine_args": options["common_engine_args"],
-        "mmbatch_engine_args": options["mmbatch_engine_args"],
-    }
+    spec = bench_spec(options, work)
     spec["warmup_images"] = [str(p) for p in make_images(work / "warmup", 32, size, seed + 99)]
     sides = {}
     for mode in options["modes"] if options["workloads"] else []:
@@ -62,6 +50,35 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
         runs = run_whole(options, spec, images, work)
         report["whole_process"] = {"runs": runs, **whole_ratios(runs)}
     return report
+
+
+def bench_spec(options: dict[str, Any], work: Path) -> dict[str, Any]:
+    """What every side runs: the model, each workload's media (made in ``work``), the
+    sampling (``sampling_settings`` of it, on every side alike) and the engine settings."""
+    return {
+        "model": options["model"],
+        "workloads": options["workloads"],
+        "media": _media(work, options),
+        "max_tokens": options["max_tokens"],
+        "temperature": options["temperature"],
+        "top_p": 0.9,
+        "seed": options["seed"],
+        "video_seconds": options["video_seconds"],
+        "decode_workers": options["decode_workers"],
+        "common_engine_args": options["common_engine_args"],
+        "mmbatch_engine_args": options["mmbatch_engine_args"],
+    }
+
+
+def sampling_text(spec: dict[str, Any]) -> str:
+    """The report's words for the sampling of every side (``worker.sampling_settings``).
+    Greedy, or (as here) seeded, mmbatch answers identical requests once (W4's repeats,
+    ``mmbatch.repeats``); the baselines decode each."""
+    return (
+        f"temperature {spec['temperature']:g}, top_p {spec['top_p']:g}, top_k 0, min_p 0, "
+        f"repetition_penalty 1.0, seed {spec['seed']}, ignore_eos (the model's "
+        "generation_config overridden on every side)"
+    )
 
 
 def ratios(entry: dict[str, Any], sides: dict[str, str]) -> dict[str, float]:
@@ -135,8 +152,7 @@ def _report(
             "frames_per_second": FRAME_FPS,
             "image_size": options["size"],
             "max_tokens": options["max_tokens"],
-            "sampling": "temperature 0.7, top_p 0.9, top_k 0, min_p 0, repetition_penalty 1.0, "
-            "ignore_eos (the model's generation_config overridden on every side)",
+            "sampling": sampling_text(spec),
             "common_engine_args": options["common_engine_args"],
             "mmbatch_engine_args": options["mmbatch_engine_args"],
             "decode_workers": options["decode_workers"],

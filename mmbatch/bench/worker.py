@@ -271,6 +271,7 @@ class _Mmbatch:
             "cached_tokens": stats.cached_tokens,
             "failed": stats.failed,
             "decodes": stats.decodes,
+            "answered_by_identical": stats.answered_by_identical,
             "engine_queue": stats.queue_summary(),
             "engine_timeline": stats.queue_timeline(),
         }

@@ -35,6 +35,13 @@ def register(commands: Commands) -> None:
     parser.add_argument("--modes", default="naive,prebuilt,mmbatch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.7,
+        help="every side's sampling temperature (default 0.7); 0 is greedy, mmbatch's own "
+        "default, under which it answers identical requests (W4's repeats) once",
+    )
+    parser.add_argument(
         "--whole",
         default="",
         metavar="N,N",
@@ -85,9 +92,13 @@ def register(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     from mmbatch.bench.driver import run_bench, table
     from mmbatch.engine.config import parse_engine_args
+    from mmbatch.errors import ConfigError
 
+    if args.temperature < 0:
+        raise ConfigError(f"--temperature must be a number >= 0, got {args.temperature}")
     options = {
         "model": args.model,
+        "temperature": args.temperature,
         "images": args.images,
         "size": args.size,
         "max_tokens": args.max_tokens,

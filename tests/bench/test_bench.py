@@ -374,3 +374,28 @@ def test_a_failed_side_fails_the_bench(tmp_path: Path) -> None:
 
     with pytest.raises(subprocess.CalledProcessError):
         run_side([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ))
+
+
+def test_the_temperature_is_every_sides_and_the_report_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--temperature`` (0.7 unless given) reaches the spec every side samples with, the
+    naive ones too, and the report's words; a negative one is refused in one line."""
+    from mmbatch import cli
+    from mmbatch.bench import driver
+    from mmbatch.bench.worker import sampling_settings
+
+    asked: list[dict[str, object]] = []
+    monkeypatch.setattr(driver, "run_bench", lambda options, argv: asked.append(options) or {})
+    monkeypatch.setattr(driver, "table", lambda report: "")
+    argv = ["bench", "--model", "m", "--out", str(tmp_path / "r.json"), "--workloads", ""]
+    assert cli.main(argv) == 0
+    assert cli.main([*argv, "--temperature", "0"]) == 0
+    assert [options["temperature"] for options in asked] == [0.7, 0.0]
+    spec = driver.bench_spec(asked[1], tmp_path)
+    assert sampling_settings(spec)["temperature"] == 0.0
+    assert driver.sampling_text(spec).startswith("temperature 0, top_p 0.9, ")
+    assert "seed 0" in driver.sampling_text(spec)
+    assert cli.main([*argv, "--temperature", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "mmbatch: error: --temperature must be a number >= 0, got -1.0" in err
