@@ -162,6 +162,45 @@ def test_results_finishing_in_reverse_order_keep_their_ids(
     assert len({row["text"] for row in batched.values()}) == 4
 
 
+def test_repeated_pictures_are_answered_once_with_the_text_each_gets_alone(
+    vl_engine,  # type: ignore[no-untyped-def]
+    samples: Path,
+    tmp_path: Path,
+) -> None:
+    """Greedy, a question asked again of a picture (the same file, or its copy under another
+    name, which the planner groups apart) reaches the engine once (``mmbatch.repeats``);
+    every id still gets the text its request gets alone, and the summary counts the
+    repeats."""
+    prompt = "Describe this image."
+    names = ["sunset.jpg", "checkerboard.png", "sunset.jpg", "sunset_copy.jpg", "checkerboard.png"]
+    requests = [
+        Request(f"{i}:{name}", prompt, (MediaRef("image", str(samples / name)),))
+        for i, name in enumerate(names)
+    ]
+    engine = SendAndFinishOrder(vl_engine)
+    out = tmp_path / "repeated.jsonl"
+    with JsonlSink(out) as sink:
+        stats = run_requests(
+            requests, engine, MediaOptions(), sink, SAMPLING, RunConfig(progress=False)
+        )
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    assert len(engine.sent) == 2
+    assert stats.answered_by_identical == 3
+    assert "repeats: 3 requests answered by an identical request's answer" in stats.summary()
+    # Alone: a pipeline of its own each (nothing remembered), on the engine the tests above
+    # hold to the uncached one.
+    alone = {
+        name: run_rows(vl_engine, [asked], tmp_path / "alone.jsonl")[asked.id]
+        for name, asked in zip(names[:2], requests[:2], strict=True)
+    }
+    for asked, name in zip(requests, names, strict=True):
+        row, solo = rows[asked.id], alone[name.replace("_copy", "")]
+        assert row["error"] is None
+        assert row["text"] == solo["text"], asked.id
+        assert row["output_tokens"] == solo["output_tokens"] > 0
+    assert alone["sunset.jpg"]["text"] != alone["checkerboard.png"]["text"]
+
+
 def hub_cache(model_dir: Path, home: Path, repo_id: str) -> dict[str, str]:
     """Lay ``model_dir`` out as the Hugging Face cache holds a downloaded ``repo_id``, and
     return the environment that makes hub loading resolve there with no network."""
