@@ -14,6 +14,10 @@ queue does not run dry; the first requests go in as soon as their own media are 
 The engine's running and waiting counts are sampled once a second into each submission's
 stats, so the summary shows whether that held.
 
+Under greedy or seeded sampling, a request identical to one in flight or recently answered
+is not sent again (``mmbatch.repeats``): it waits for that answer, in flight like its
+leader, and gets it under its own id; a leader that fails sends its followers to the engine.
+
 Every request ends as exactly one result, checked when its submission finishes (a broken
 invariant is a bug, raised loudly). Per-item failures are results; a fatal engine error
 ends every open submission with that error, after the rows finished so far were written. So
