@@ -28,13 +28,22 @@ from mmbatch.bench.workloads import FRAME_FPS, Row, rows_for
 
 def main(spec_path: str, result_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
+    jobs = {
+        workload: rows_for(
+            workload,
+            [Path(p) for p in spec["media"][workload]],
+            seed=spec["seed"],
+            seconds=spec["video_seconds"],
+        )
+        for workload in spec["workloads"]
+    }
+    spec["largest_job"] = max((len(rows) for rows in jobs.values()), default=0)
     side = SIDES[spec["mode"]](spec)
     results: dict[str, Any] = {"mode": spec["mode"], "engine_start_s": side.start_s}
     side.run(rows_for("W1", [Path(p) for p in spec["warmup_images"]]))  # compile, graphs
     results["workloads"] = {}
-    for workload in spec["workloads"]:
+    for workload, rows in jobs.items():
         media = [Path(p) for p in spec["media"][workload]]
-        rows = rows_for(workload, media, seed=spec["seed"], seconds=spec["video_seconds"])
         side.prepare(rows)
         before = side.metrics()
         with GpuMonitor() as gpu, CpuMonitor() as cpu:
@@ -212,6 +221,8 @@ def _frames(rows: list[Row]) -> dict[tuple[str, float | None], Any]:
 
 class _Mmbatch:
     def __init__(self, spec: dict[str, Any]) -> None:
+        """The engine(s) ``mmbatch caption`` would lay out for the largest of the side's
+        jobs: how many per GPU, eager or compiled, as the product decides for its users."""
         import vllm
 
         from mmbatch.engine.config import EngineConfig
@@ -230,9 +241,11 @@ class _Mmbatch:
         if spec.get("in_process"):
             self.engine = VLLMEngine(config, {"image": 1})
         else:
+            from mmbatch.engine.builder import host_layout
             from mmbatch.engine.registry import shared_engine_and_layout
 
-            self.engine, layout = shared_engine_and_layout(config, {"image": 1})
+            chosen = host_layout(config, spec["largest_job"])
+            self.engine, layout = shared_engine_and_layout(config, {"image": 1}, chosen)
             print(f"bench[mmbatch]: {layout.describe()}", flush=True)
         self.start_s = time.perf_counter() - start
         self.spec = spec
