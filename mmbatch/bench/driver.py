@@ -97,7 +97,9 @@ def ratios(entry: dict[str, Any], sides: dict[str, str]) -> dict[str, float]:
 def _media(work: Path, options: dict[str, Any]) -> dict[str, list[str]]:
     """Each workload's own media, so that no side profits from caches of the one before."""
     size, seed = options["size"], options["seed"]
-    counts = {"W1": options["w1_images"], "W2": options["images"], "W4": options["images"]}
+    # W4 has as many rows as W1: at 500 (W2's images) every row fits one batch of the engine,
+    # which measures one wave's 128 steps, not a rate (eleventh session, NOTES.md).
+    counts = {"W1": options["w1_images"], "W2": options["images"], "W4": options["w1_images"]}
     media: dict[str, list[str]] = {}
     for n, workload in enumerate(options["workloads"]):
         folder = work / workload

@@ -25,8 +25,8 @@ def register(commands: Commands) -> None:
         help="model directory (or config-only, with --engine-arg load_format=dummy)",
     )
     parser.add_argument("--out", required=True, help="report JSON")
-    parser.add_argument("--images", type=int, default=500, help="images of W2 and W4")
-    parser.add_argument("--w1-images", type=int, default=2000, help="images of W1")
+    parser.add_argument("--images", type=int, default=500, help="images of W2")
+    parser.add_argument("--w1-images", type=int, default=2000, help="images of W1, rows of W4")
     parser.add_argument("--videos", type=int, default=10, help="videos of W3")
     parser.add_argument("--video-seconds", type=int, default=60, help="length of W3's videos")
     parser.add_argument("--size", type=int, default=448, help="image side in pixels")
