@@ -205,7 +205,7 @@ class Submission:
         wall = self.stats.wall_seconds
         if wall > 0:
             self._bar.set_postfix_str(
-                f"{self.stats.output_tokens / wall:.0f} tok/s, {self.stats.failed} failed",
+                f"{self.stats.decoded_tokens / wall:.0f} tok/s, {self.stats.failed} failed",
                 refresh=False,
             )
 
@@ -223,6 +223,15 @@ class _Asked:
     def sampling(self) -> Sampling:
         """What the engine decodes it with: its own sampling, or its submission's."""
         return self.loaded.request.sampling or self.submission.sampling
+
+
+def _emit_copy(asked: _Asked, answer: Result) -> None:
+    """``asked``'s row is ``answer``, an identical request's: counted as a repeat, its
+    output tokens as not decoded again."""
+    stats = asked.submission.stats
+    stats.answered_by_identical += 1
+    stats.repeated_output_tokens += answer.usage.output_tokens
+    asked.submission.emit(replace(answer, request_id=asked.loaded.id))
 
 
 class Pipeline:
@@ -374,9 +383,8 @@ class Pipeline:
         if key is not None:
             answer = self._repeats.answer(key)
             if answer is not None:
-                asked.submission.stats.answered_by_identical += 1
                 self.feeder.done(asked.loaded)
-                asked.submission.emit(replace(answer, request_id=asked.loaded.id))
+                _emit_copy(asked, answer)
                 return
             if self._repeats.follow(key, asked):
                 asked.submission.in_flight += 1  # its media stay held until it is settled
@@ -411,8 +419,7 @@ class Pipeline:
             touched[follower.submission.tag] = follower.submission
             if result.ok:
                 self._settle(follower.submission, follower.loaded)
-                follower.submission.stats.answered_by_identical += 1
-                follower.submission.emit(replace(result, request_id=follower.loaded.id))
+                _emit_copy(follower, result)
             else:
                 # A failure is its leader's own (refused, aborted, an engine error): the
                 # follower was never tried, and the engine answers it on its own.

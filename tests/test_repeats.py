@@ -73,6 +73,10 @@ def test_greedy_repeats_reach_the_engine_once_and_every_id_gets_the_answer(
     assert stats.answered_by_identical == 4
     assert "repeats: 4 requests answered by an identical request's answer" in stats.summary()
     assert stats.to_dict()["answered_by_identical"] == 4
+    # The copies' tokens are in the rows, not in what the engine decoded (nor its rate).
+    assert stats.output_tokens == 5 * len(text)
+    assert (stats.repeated_output_tokens, stats.decoded_tokens) == (4 * len(text), len(text))
+    assert stats.to_dict()["repeated_output_tokens"] == 4 * len(text)
 
 
 def test_unseeded_sampling_sends_every_repeat(samples: Path) -> None:

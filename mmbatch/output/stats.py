@@ -86,6 +86,9 @@ class JobStats(Tally):
     """Requests answered with the answer of an identical request (``mmbatch.repeats``)
     instead of being decoded again; their rows count among the others, with its text and
     usage."""
+    repeated_output_tokens: int = 0
+    """The output tokens of those answers: in the rows (and ``output_tokens``), but not
+    decoded by this run, so not in its rate of output tokens."""
     queue: list[QueueSample] = field(default_factory=list)
     """The engine's queues sampled once a second: whether the engine was kept fed."""
     started: float = field(default_factory=time.perf_counter)
@@ -127,6 +130,11 @@ class JobStats(Tally):
         return [[round(q.at, 2), *q[1:]] for q in self.queue[::every]]
 
     @property
+    def decoded_tokens(self) -> int:
+        """Output tokens the engine decoded in this run: the rows' less the repeats'."""
+        return self.output_tokens - self.repeated_output_tokens
+
+    @property
     def wall_seconds(self) -> float:
         end = self.finished if self.finished is not None else time.perf_counter()
         return end - self.started
@@ -135,7 +143,7 @@ class JobStats(Tally):
         """A few human lines for the end of a run."""
         wall = self.wall_seconds
         rate = self.done / wall if wall > 0 else 0.0
-        tok_rate = self.output_tokens / wall if wall > 0 else 0.0
+        tok_rate = self.decoded_tokens / wall if wall > 0 else 0.0
         lines = [
             f"{self.done} of {self.total} items: {self.ok} ok, {self.failed} failed"
             + (f" ({_by_stage(self.failed_by_stage)})" if self.failed else ""),
@@ -152,7 +160,8 @@ class JobStats(Tally):
         if self.answered_by_identical:
             lines.append(
                 f"repeats: {self.answered_by_identical} requests answered by an identical "
-                "request's answer, not decoded again"
+                f"request's answer, not decoded again ({self.repeated_output_tokens} of the "
+                "output tokens, left out of tok/s)"
             )
         queue = self.queue_summary()
         if queue is not None:
@@ -178,9 +187,10 @@ class JobStats(Tally):
             **self.counts(),
             "decodes": self.decodes,
             "answered_by_identical": self.answered_by_identical,
+            "repeated_output_tokens": self.repeated_output_tokens,
             "wall_seconds": round(self.wall_seconds, 3),
             "items_per_second": _rate(self.done, self.wall_seconds),
-            "output_tokens_per_second": _rate(self.output_tokens, self.wall_seconds),
+            "output_tokens_per_second": _rate(self.decoded_tokens, self.wall_seconds),
             "prefix_cache_hit_rate": self.cache.prefix_hit_rate,
             "mm_cache_hit_rate": self.cache.mm_hit_rate,
             "engine_queue": self.queue_summary(),

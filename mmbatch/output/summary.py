@@ -30,6 +30,7 @@ def write_summary(paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str
 RUN_FIGURES = (
     "decodes",
     "answered_by_identical",
+    "repeated_output_tokens",
     "wall_seconds",
     "items_per_second",
     "output_tokens_per_second",

@@ -61,7 +61,8 @@ def test_a_finished_output_is_in_input_order(folder: Path, tmp_path: Path, name:
 
 def test_a_resumed_output_ends_in_input_order(distinct: Path, tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
-    dying = FakeEngine(per_step=2, die_after_steps=1)
+    # One answer a step: two rows, however many requests the first step found ready.
+    dying = FakeEngine(per_step=1, die_after_steps=2)
     assert caption(distinct, out, engine=dying) == EXIT_JOB_FAILED
     first = [Path(json.loads(line)["id"]).name for line in out.read_text().splitlines()]
     assert len(first) == 2
