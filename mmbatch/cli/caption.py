@@ -141,16 +141,11 @@ def _inputs(
     log: ListingLog,
 ) -> tuple[list[Request], dict[str, Any]]:
     """The requests, and what the summary records about the inputs (the gallery reopens a
-    dataset from it); what listing passed over goes to ``log``. Files are listed once; only
-    if they hold more than pictures is the model asked which media it takes (its processor
-    says), so that a folder walk collects those."""
+    dataset from it); what listing passed over goes to ``log``."""
     from dataclasses import asdict
 
     from mmbatch.errors import ConfigError
     from mmbatch.sources.local_datasets import DatasetInput, dataset_requests, detect_format
-    from mmbatch.sources.mixed_media import list_media, media_requests, modality_of
-    from mmbatch.sources.timeline import clip_cap_note
-    from mmbatch.types import Modality
 
     fmt = args.input_format
     if fmt is None:
@@ -161,33 +156,7 @@ def _inputs(
     if fmt in (None, "files"):
         if args.image_column or args.split or args.id_column:
             raise ConfigError("--image-column, --split and --id-column apply to datasets only")
-        files = list_media(args.inputs, source_policy_from(args), log)
-        pictures: frozenset[Modality] = frozenset({"image"})
-        found = {modality_of(f.path) for f in files}
-        # On Ray (pictures only) the model is not asked either: its workers load it.
-        if found <= pictures or args.ray is not None:
-            take = pictures
-        else:
-            from mmbatch.engine.config import check_model_name
-            from mmbatch.engine.processor import model_modalities
-
-            check_model_name(config.model)  # said as such, not as a processor that fails
-            take = model_modalities(config)
-        requests = media_requests(
-            files,
-            args.prompt,
-            args.system,
-            take=take,
-            as_clip=args.as_clip,
-            audio=media.audio,
-            log=log,
-            clips=clips,
-            video=media.video,
-        )
-        clip_note = clip_cap_note(media.video)
-        if clip_note and any(r.media and r.media[0].modality == "video" for r in requests):
-            log.note(clip_note)
-        return requests, {"inputs": list(args.inputs)}
+        return _file_requests(args, config, media, clips, log), {"inputs": list(args.inputs)}
     if clips is not None:
         raise ConfigError(f"a {fmt} dataset holds pictures: --clip-seconds and --scenes cut videos")
     if len(args.inputs) != 1:
@@ -196,3 +165,46 @@ def _inputs(
     keep = keep_columns_from(args, "all")
     requests = dataset_requests(spec, args.prompt, args.system, keep, local_paths_from(args))
     return requests, {"inputs": list(args.inputs), "dataset": asdict(spec)}
+
+
+def _file_requests(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    media: MediaOptions,
+    clips: ClipSplit | None,
+    log: ListingLog,
+) -> list[Request]:
+    """The requests of the files and folders named. Files are listed once; only if they
+    hold more than pictures is the model asked which media it takes (its processor says),
+    so that a folder walk collects those."""
+    from mmbatch.sources.mixed_media import list_media, media_requests, modality_of
+    from mmbatch.sources.timeline import clip_cap_note
+    from mmbatch.types import Modality
+
+    files = list_media(args.inputs, source_policy_from(args), log)
+    pictures: frozenset[Modality] = frozenset({"image"})
+    found = {modality_of(f.path) for f in files}
+    # On Ray (pictures only) the model is not asked either: its workers load it.
+    if found <= pictures or args.ray is not None:
+        take = pictures
+    else:
+        from mmbatch.engine.config import check_model_name
+        from mmbatch.engine.processor import model_modalities
+
+        check_model_name(config.model)  # said as such, not as a processor that fails
+        take = model_modalities(config)
+    requests = media_requests(
+        files,
+        args.prompt,
+        args.system,
+        take=take,
+        as_clip=args.as_clip,
+        audio=media.audio,
+        log=log,
+        clips=clips,
+        video=media.video,
+    )
+    clip_note = clip_cap_note(media.video)
+    if clip_note and any(r.media and r.media[0].modality == "video" for r in requests):
+        log.note(clip_note)
+    return requests

@@ -88,15 +88,7 @@ def media_requests(
                     else f"{kind} files (the model takes no {kind})"
                 )
                 continue
-            if kind == "video" and not as_clip:
-                why = (
-                    "a video: caption it whole with --as-clip, or its frames with `mmbatch frames`"
-                )
-            else:
-                takes = " or ".join(sorted(set(take)))
-                article = "a" if kind == "video" else "an"
-                why = f"{article} {kind} file, but {taker} takes {takes} only"
-            error = ItemError("validate", why, "unsupported")
+            error = ItemError("validate", _not_taken(kind, as_clip, take, taker), "unsupported")
             ref = MediaRef(kind, file.path)
             requests.append(
                 Request(file.id, text, (ref,), system, columns=file.columns, error=error)
@@ -113,6 +105,16 @@ def media_requests(
         names = ", ".join(sorted({f.path for f in files})[:3])
         raise SourceError(f"no {kinds} the model takes found among {names}")
     return requests
+
+
+def _not_taken(kind: Modality, as_clip: bool, take: Collection[Modality], taker: str) -> str:
+    """Why a file the user named is not taken: a video that could be, another way, or a
+    kind ``taker`` does not take at all."""
+    if kind == "video" and not as_clip:
+        return "a video: caption it whole with --as-clip, or its frames with `mmbatch frames`"
+    takes = " or ".join(sorted(set(take)))
+    article = "a" if kind == "video" else "an"
+    return f"{article} {kind} file, but {taker} takes {takes} only"
 
 
 def modality_of(path: str) -> Modality:
