@@ -9,19 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from error_line import one_error
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK, main
-
-
-def one_error(capsys: pytest.CaptureFixture[str]) -> str:
-    """The command's one error line (and nothing else on stderr but its own notes)."""
-    lines = capsys.readouterr().err.strip().splitlines()
-    errors = [line for line in lines if line.startswith("mmbatch: error: ")]
-    assert len(errors) == 1, lines
-    assert lines[-1] == errors[0], lines
-    assert all(line.startswith("mmbatch: ") for line in lines), lines  # no traceback
-    return errors[0].removeprefix("mmbatch: error: ")
 
 
 def caption(samples: Path, out: Path, *extra: str) -> int:

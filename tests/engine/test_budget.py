@@ -8,27 +8,15 @@ counts, the shrinking and the error messages are checked where they are cheap.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from budgets import budget_for
 
 from mmbatch.engine.budget import ItemCount, PromptBudget
 from mmbatch.errors import RequestRejected
 from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import index_video, select_frames
 from mmbatch.types import MediaItem, MediaRef, Request
-
-
-def budget_for(model: Path, max_model_len: int, max_item_tokens: int | None = None) -> Any:
-    """The budget an engine on ``model`` with these limits measures with: its chat template,
-    vLLM's counts for it."""
-    from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.processor import ChatTemplate
-    from mmbatch.engine.vllm import processing_counts
-
-    template = ChatTemplate(str(model), trust_remote_code=False)
-    counts = processing_counts(EngineConfig(str(model)), template.render)
-    return template.budget(counts, max_model_len, max_item_tokens)
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from budgets import budget_for
 from media_files import cfr_video, scene_video, write_audio
-from test_budget import budget_for
 
 from mmbatch.media.options import MediaOptions, VideoOptions, scaled_size
 from mmbatch.output.sinks import MemorySink

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from error_line import one_error
 from fake_cli import main
 from media_files import (
     VFR_PTS_MS,
@@ -17,7 +18,6 @@ from media_files import (
     scene_video,
     write_video,
 )
-from test_config_errors import one_error
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.media.decode import ClipJob, decode

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import datasets
 import pytest
-from test_gallery import browse
+from browser import browse
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, main
 from mmbatch.jobs import Job, run_in_memory

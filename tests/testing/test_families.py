@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_budget import budget_for
+from budgets import budget_for
 
 from mmbatch.media.options import scaled_size
 from mmbatch.testing.tiny_models import FAMILY_MEDIA, build_tiny_model
