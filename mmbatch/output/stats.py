@@ -159,9 +159,10 @@ class JobStats(Tally):
             )
         if self.answered_by_identical:
             lines.append(
-                f"repeats: {self.answered_by_identical} requests answered by an identical "
-                f"request's answer, not decoded again ({self.repeated_output_tokens} of the "
-                "output tokens, left out of tok/s)"
+                f"repeats: {self.answered_by_identical} "
+                f"request{'s' if self.answered_by_identical != 1 else ''} answered by an "
+                f"identical request's answer, not decoded again ({self.repeated_output_tokens} "
+                "of the output tokens, left out of tok/s)"
             )
         queue = self.queue_summary()
         if queue is not None:
