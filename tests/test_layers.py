@@ -44,7 +44,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # source reads no engine setting, an engine lists no input.
     "sources": BASE | {"media", "output"},
     "engine": BASE | {"media", "output"},
-    "pipeline": BASE | {"media", "output", "engine"},
+    # Which requests are one question (``mmbatch.repeats``): the pipeline's to ask.
+    "repeats": frozenset({"types", "errors"}),
+    "pipeline": BASE | {"media", "output", "engine", "repeats"},
     # The runner takes requests made elsewhere: it lists no input and reads no recipe.
     "jobs": BASE | {"media", "output", "engine", "pipeline"},
     # A recipe makes requests and engine settings; it does not know the runner.
