@@ -62,6 +62,44 @@ def end_own_group() -> None:
     os._exit(ORPHANED_EXIT)
 
 
+_QUIET_TRACKER = [False]
+
+
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker for this process and all it spawns, with
+    its stderr on /dev/null; nothing where it already runs. A command's own process calls
+    this first (``mmbatch`` on the command line), never a library caller's: their tracker,
+    and what it says, are theirs.
+
+    The tracker is the cleanup of record for shared memory and semaphores: once every
+    process holding it has ended (however: SIGKILL too), it unlinks what they registered
+    and did not unlink, and warns of each. Ending engine processes at once at the job's
+    exit (``engines_may_end_at_once``) leaves vLLM's shared memory to it by design, seconds
+    sooner than vLLM's own teardown (on a CPU, 10 s waiting for its workers' Python to
+    exit): the warnings would name that cleanup, not a leak."""
+    from multiprocessing import resource_tracker
+
+    if getattr(resource_tracker._resource_tracker, "_fd", None) is not None:
+        return  # already running, and printing where it prints
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    stderr = os.dup(2)
+    os.dup2(devnull, 2)  # the tracker inherits fd 2 as it is now
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+        os.close(devnull)
+    _QUIET_TRACKER[0] = True
+
+
+def engines_may_end_at_once() -> bool:
+    """Whether this process's resource tracker is the quiet one (``quiet_resource_tracker``):
+    engine processes holding shared memory may then be ended at the job's exit without
+    waiting for vLLM's teardown."""
+    return _QUIET_TRACKER[0]
+
+
 def exit_now() -> None:
     """End this process at once (a decode worker: nothing of its own to clean up)."""
     os._exit(ORPHANED_EXIT)

@@ -81,6 +81,10 @@ def main(argv: Sequence[str] | None = None, engine: Engine | None = None) -> int
     """Run the command ``argv`` names; ``engine`` replaces the vLLM engine of a job command
     (the tests' fake engine goes through the real commands this way)."""
     args = build_parser().parse_args(argv)
+    if argv is None and engine is None:  # the command line's own process
+        from mmbatch.lifetime import quiet_resource_tracker
+
+        quiet_resource_tracker()
     try:
         with _sigterm_as_ctrl_c():
             code: int = args.handler(args) if engine is None else args.handler(args, engine)

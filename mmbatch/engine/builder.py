@@ -60,6 +60,7 @@ def build_engine(
     from mmbatch.engine.replicas import ReplicaEngine
     from mmbatch.engine.vllm import processing_counts
     from mmbatch.engine.vllm_counts import ProcessingCounts
+    from mmbatch.lifetime import engines_may_end_at_once
     from mmbatch.mainguard import check_main_guard
 
     check_main_guard()  # the engine processes are spawned: a script must be guarded
@@ -83,7 +84,10 @@ def build_engine(
             layout.devices(),
             lambda *limits: template[0].budget(counts[0], *limits),
             while_starting=check_then_read_template,
-            end_at_exit=layout.tensor_parallel == 1 and all(layout.groups),
+            # An engine of one GPU holds no shared memory; others may hold some, which only
+            # a command's quiet resource tracker cleans up without a word.
+            end_at_exit=engines_may_end_at_once()
+            or (layout.tensor_parallel == 1 and all(layout.groups)),
         )
     except ConfigError:
         # A mistake leaves no log file (nor the folders made for it), though a replica,

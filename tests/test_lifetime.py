@@ -1,0 +1,65 @@
+"""The command's quiet resource tracker (``mmbatch.lifetime.quiet_resource_tracker``): what a
+process leaves in shared memory is still unlinked once it is gone, without a warning on the
+user's terminal; a process that did not ask for it keeps the tracker as Python starts it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+LEAVE_A_SEGMENT = textwrap.dedent(
+    """
+    import os, sys
+    from multiprocessing import shared_memory
+    if sys.argv[1] == "quiet":
+        from mmbatch.lifetime import quiet_resource_tracker
+        quiet_resource_tracker()
+    segment = shared_memory.SharedMemory(create=True, size=4096)
+    print(segment.name, flush=True)
+    os._exit(0)  # as a process ended by SIGKILL: nothing of its own is unlinked
+    """
+)
+
+
+def leave_a_segment(mode: str) -> tuple[str, str]:
+    """Run a process that leaves a shared memory segment behind; its name, and the stderr
+    of the process and of its resource tracker (which outlives it briefly)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LEAVE_A_SEGMENT, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip(), proc.stderr
+
+
+def gone(name: str, within: float = 10.0) -> bool:
+    """Whether the segment ``name`` is unlinked within ``within`` seconds (the quiet
+    tracker's stderr is not the test's pipe: it may still be at work when the run ends)."""
+    deadline = time.monotonic() + within
+    while os.path.exists(f"/dev/shm/{name.lstrip('/')}"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm")
+def test_the_quiet_tracker_unlinks_what_a_process_left_without_a_word() -> None:
+    name, stderr = leave_a_segment("quiet")
+    assert "leaked" not in stderr
+    assert gone(name)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm")
+def test_without_it_the_tracker_unlinks_and_warns() -> None:
+    """What ``mmbatch`` spares its user's terminal (and what a library caller still sees)."""
+    name, stderr = leave_a_segment("plain")
+    assert "leaked shared_memory" in stderr
+    assert gone(name)
