@@ -15,8 +15,9 @@ job. ``run_job`` then
    summary, and returns the report the face prints.
 
 Steps 1 and 5 are ``plan_resume`` and ``summarize``, which Ray's driver calls too around the
-work it spreads over the cluster (``mmbatch.integrations.ray_data``): one resume, one
-summary, one report, whichever runs the items.
+work it spreads over the cluster (``mmbatch.integrations.ray_data``), with ``engine_stopped``
+and ``say_interrupted`` for a job that stops early: one resume, one summary, one report,
+whichever runs the items.
 
 ``run_in_memory`` is the same run without a file: the rows come back as a list, for
 callers that own their output (a ``Dataset.map`` batch, a Ray replica's block).
@@ -256,6 +257,17 @@ def engine_stopped(exc: FatalEngineError, job: Job, out: FileOutput) -> FatalEng
     )
 
 
+def say_interrupted(job: Job, out: FileOutput) -> None:
+    """Say what ``out`` holds once Ctrl-C (or SIGTERM, which the command line turns into it)
+    stopped ``job``: the rows finished are kept; the face then says to run it again."""
+    tally = _count(out, job)
+    print(
+        f"mmbatch: interrupted: {tally.done} rows are saved in {out.path} "
+        f"({len(job.item_ids) - tally.done} items left)",
+        file=sys.stderr,
+    )
+
+
 def _write_rows(
     job: Job, out: FileOutput, pending: Sequence[Request], engine: Engine | None, run: RunConfig
 ) -> JobStats:
@@ -273,12 +285,7 @@ def _write_rows(
         raise engine_stopped(exc, job, out) from exc
     except KeyboardInterrupt:
         sink.close()  # every row written is made durable; the record says whose they are
-        tally = _count(out, job)
-        print(
-            f"mmbatch: interrupted: {tally.done} rows are saved in {out.path} "
-            f"({len(job.item_ids) - tally.done} items left)",
-            file=sys.stderr,
-        )
+        say_interrupted(job, out)
         raise
     except OutputError as exc:
         with suppress(OutputError):

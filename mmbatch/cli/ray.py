@@ -97,8 +97,8 @@ def run(
         **batch,
     )
     out = FileOutput(Path(args.out), out_format, args.retry_errors, args.force)
-    ray_data.connect(args.ray)
-    report = ray_data.run_on_ray(ray_data.requests_dataset(items), ray_job, resources, out)
+    with ray_data.connected(args.ray):
+        report = ray_data.run_on_ray(ray_data.requests_dataset(items), ray_job, resources, out)
     for line in [*report.lines(), *(f"note: {note}" for note in job.notes)]:
         print(line, file=sys.stderr)
     return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED

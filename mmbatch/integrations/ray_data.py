@@ -21,7 +21,10 @@ changed redone, a file cut short set aside and redone, and the summary, the quar
 and the exit code counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
 its engine the way every face does (``mmbatch.engine.builder.start_engine``), its start-up
-log in the engine's log file and a failure said as a ``FatalEngineError``.
+log in the engine's log file and a failure said as a ``FatalEngineError``. A job stopped by
+Ctrl-C (or SIGTERM) says what the folder holds, as the local runner does
+(``say_interrupted``), and the command line shuts down the Ray it started (``connected``):
+nothing the job started outlives it.
 
 Why hash before the shuffle, and read the file again in the actor: the shuffle then moves a
 32-character key per row instead of the picture's bytes. The key decides placement only;
@@ -32,9 +35,12 @@ key computed from a different file.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +56,7 @@ from mmbatch.jobs import (
     engine_stopped,
     plan_resume,
     rows_of,
+    say_interrupted,
     start_in_memory,
     summarize,
 )
@@ -170,12 +177,32 @@ class RayResources:
         )
 
 
-def connect(address: str | None) -> None:
-    """Join the Ray cluster at ``address`` (None: Ray's default, a running local cluster or
-    a new one)."""
+@contextmanager
+def connected(address: str | None) -> Iterator[None]:
+    """Ray for the length of the block: this process's connection where it has one (its
+    caller's ``ray.init``, left as it is), else one made here to the cluster at ``address``
+    (None: Ray's default, a running local cluster or a new one; ``local``: a new one) and
+    shut down after the block however it ends. That stops a local Ray started here with the
+    job; from a cluster it joined, the job only disconnects, which ends the actors and tasks
+    the job started there and leaves the cluster be.
+
+    ``ray.init`` takes SIGTERM over in the process that calls it: a Python handler that
+    exits with code 15, then its core worker's own, which prints a C++ stack and aborts. The
+    caller's handler is put back (the command line's: SIGTERM stops the job as Ctrl-C does,
+    exit code 143), so that a job a scheduler stops says so and resumes as a local one."""
     ray = import_ray()
-    if not ray.is_initialized():
-        ray.init(address=address or None)
+    if ray.is_initialized():
+        yield
+        return
+    main_thread = threading.current_thread() is threading.main_thread()
+    on_sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
+    ray.init(address=address or None)
+    try:
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
+        yield
+    finally:
+        ray.shutdown()
 
 
 def requests_dataset(requests: Sequence[Request]) -> Dataset:
@@ -266,6 +293,12 @@ def run_on_ray(
                 rows.write_json(str(out.path), force_ascii=False)
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
+        except KeyboardInterrupt:
+            # Ray Data has been told to stop (its tasks cancelled, its actors let go) but may
+            # not have yet: a writer may still add its file after this count, which then
+            # says less than the folder holds. A rerun counts again, and keeps every row.
+            say_interrupted(whole, out)
+            raise
     rows_by_id = _check_one_row_per_input(
         whole.item_ids, list(written_rows(out.paths, whole.shape)), whole.shape
     )

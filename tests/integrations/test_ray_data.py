@@ -11,15 +11,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import TINY_ENGINE_KWARGS
+from PIL import Image
+from processes import in_session, left_after
 
-from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
+from mmbatch.cli import (
+    EXIT_INTERRUPTED,
+    EXIT_ITEMS_FAILED,
+    EXIT_JOB_FAILED,
+    EXIT_OK,
+    EXIT_TERMINATED,
+    main,
+)
 from mmbatch.cli.run import recipe_job
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
@@ -215,6 +229,112 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
             assert mine["prompt"] == theirs["prompt"], (item_id, name)
     assert ray_rows[inputs[2]]["error"]["stage"] == "decode"
     assert ray_rows[inputs[0]]["outputs"]["subject"]["text"]
+
+
+RAY_CLI = """
+import sys
+from mmbatch.integrations import ray_data
+ray_data.ROWS_PER_INPUT_BLOCK = 1
+from mmbatch.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+"""The command line, with one input row per Ray block: the rows then reach the folder block
+by block, as a large job's do (512 rows a block), so that a handful of items can be stopped
+with some rows written and some not."""
+
+
+def complete_rows(folder: Path) -> list[str]:
+    """The ids of the whole rows in ``folder`` (a file being written may end mid-row)."""
+    ids = []
+    for file in sorted(folder.glob("[!.]*.json")) if folder.exists() else []:
+        data = file.read_bytes()
+        ids += [json.loads(line)["id"] for line in data[: data.rfind(b"\n") + 1].splitlines()]
+    return ids
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ctrl_c_and_sigterm_stop_a_ray_job_like_a_local_one_and_it_resumes_exactly(
+    local_ray,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--ray`` stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it),
+    then resumed and stopped by SIGTERM (to the job alone, as a scheduler sends it), once
+    rows are in the folder: 130 then 143, the local runner's lines, no traceback, nothing
+    the job started left running (the local Ray it started, its actor and engine), and a
+    last run that resumes to every id exactly once."""
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for i in range(12):
+        colour = (i * 20, 255 - i * 20, i * 7)
+        Image.new("RGB", (32, 32), colour).save(pictures / f"{i:02d}.png")
+    ids = sorted(str(path) for path in pictures.iterdir())
+    out = tmp_path / "rows"
+    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+    argv = ["caption", str(pictures), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += ["--max-tokens", "8", *engine_args, "--gpus-per-replica", "0", "--ray-batch", "1"]
+    # "local": a Ray of the job's own, whatever cluster this machine has; its processes stay
+    # in the job's session, where they are looked for after it.
+    argv += ["--ray", "local"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+    saved: list[str] = []
+    for how in (signal.SIGINT, signal.SIGTERM):
+        job = subprocess.Popen(
+            [sys.executable, "-c", RAY_CLI, *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a group of its own, as a terminal's foreground job
+        )
+        with job:
+            deadline = time.monotonic() + 300
+            while job.poll() is None and len(complete_rows(out)) == len(saved):
+                assert time.monotonic() < deadline, f"no new row within 300 s ({how.name})"
+                time.sleep(0.02)
+            if how == signal.SIGINT:
+                os.killpg(job.pid, signal.SIGINT)
+            else:
+                job.send_signal(signal.SIGTERM)
+            try:
+                code = job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(job.pid, signal.SIGKILL)  # a hung job is not left behind
+                raise AssertionError(f"the job hung after {how.name}") from None
+            stderr = job.stderr.read().decode()  # type: ignore[union-attr]
+        left = left_after(partial(in_session, job.pid), 10.0)
+        for line in left:
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+        wanted = EXIT_INTERRUPTED if how == signal.SIGINT else EXIT_TERMINATED
+        assert code == wanted, f"{how.name}: exit {code}\n{stderr[-3000:]}"
+        assert "Traceback" not in stderr, stderr[-3000:]
+        assert not left, f"processes left after {how.name}: {left}"
+        saved = complete_rows(out)
+        assert len(set(saved)) == len(saved), f"a row written twice after {how.name}"
+        assert 0 < len(saved) < len(ids), f"{how.name} landed after the job's end"
+        said = [line for line in stderr.splitlines() if line.startswith("mmbatch: interrupted:")]
+        # Ray's writer may still finish a file as the job stops: the line counts what the
+        # folder held then; the resume below counts again.
+        count = re.fullmatch(
+            rf"mmbatch: interrupted: (\d+) rows are saved in {re.escape(str(out))} "
+            r"\((\d+) items left\)",
+            said[-1] if said else "",
+        )
+        assert count, stderr[-3000:]
+        assert int(count[1]) + int(count[2]) == len(ids)
+        assert stderr.splitlines()[-1].endswith("run the same command again to resume")
+
+    # The last run, here on the tests' Ray: the rows saved are kept, the rest are done.
+    capsys.readouterr()
+    assert main(argv) == EXIT_OK
+    assert f"mmbatch: resuming {out}: {len(saved)} items already have a row" in (
+        capsys.readouterr().err
+    )
+    rows = rows_on_disk(out)  # one row per id at most: it fails on a second
+    assert sorted(rows) == ids
+    assert all(rows[i]["error"] is None and rows[i]["text"] for i in ids)
 
 
 def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
