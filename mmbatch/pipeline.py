@@ -14,9 +14,10 @@ queue does not run dry; the first requests go in as soon as their own media are 
 The engine's running and waiting counts are sampled once a second into each submission's
 stats, so the summary shows whether that held.
 
-Under greedy or seeded sampling, a request identical to one in flight or recently answered
-is not sent again (``mmbatch.repeats``): it waits for that answer, in flight like its
-leader, and gets it under its own id; a leader that fails sends its followers to the engine.
+Under greedy or seeded sampling, a request identical to one in flight, or to one answered
+earlier in its submission, is not sent again (``mmbatch.repeats``): it waits for that answer,
+in flight like its leader, and gets it under its own id; a leader that fails sends its
+followers to the engine.
 
 Every request ends as exactly one result, checked when its submission finishes (a broken
 invariant is a bug, raised loudly). Per-item failures are results; a fatal engine error
@@ -381,7 +382,7 @@ class Pipeline:
         from the engine: ``mmbatch.repeats``), or send it to the engine."""
         key = request_key(asked.loaded, asked.sampling)
         if key is not None:
-            answer = self._repeats.answer(key)
+            answer = self._repeats.answer(key, asked.submission.tag)
             if answer is not None:
                 self.feeder.done(asked.loaded)
                 _emit_copy(asked, answer)
@@ -411,7 +412,7 @@ class Pipeline:
 
     def _finish(self, result: Result) -> None:
         submission, loaded = self._in_flight.pop(result.request_id)
-        followers = self._repeats.settle(result.request_id, result)
+        followers = self._repeats.settle(result.request_id, result, submission.tag)
         self._settle(submission, loaded)
         submission.emit(replace(result, request_id=loaded.id))
         touched = {submission.tag: submission}
@@ -437,6 +438,7 @@ class Pipeline:
     def _close_if_complete(self, submission: Submission) -> None:
         if submission.complete():
             del self._open[submission.tag]
+            self._repeats.forget(submission.tag)
             submission.stats.decodes, submission.stats.bytes_read = self.feeder.counts(
                 submission.tag
             )
@@ -475,6 +477,7 @@ class Pipeline:
         while not self._inbox.empty():
             self._accept()
         for submission in list(self._open.values()):
+            self._repeats.forget(submission.tag)
             submission.sink.flush()
             submission.finish(exc)
         self._open.clear()

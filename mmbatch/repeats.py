@@ -28,6 +28,7 @@ does not promise to be free of either.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -39,7 +40,9 @@ RequestKey = tuple[str | None, str, tuple[Turn, ...], tuple[str, ...], Sampling]
 REMEMBERED_ANSWERS = 4096
 """OK answers kept for repeats asked after their first asking finished (the least recently
 used go first): a repeat planned far from its first asking, as two files with the same
-bytes are (different planner groups), or a later batch of a ``Dataset.map``."""
+bytes are (different planner groups). Each is kept for its own submission (a job, a
+``Dataset.map`` batch) and forgotten with it: a later call asks the engine again, so that a
+run meant to be the reference for another (the same request run alone) is one."""
 
 Follower = TypeVar("Follower")
 """Whatever the caller needs to settle a follower later (its submission, its request)."""
@@ -68,20 +71,22 @@ class _Leader(Generic[Follower]):
 
 
 class Repeats(Generic[Follower]):
-    """The leaders in flight (by engine id) with their followers, and the OK answers of
-    finished ones (at most ``remember``, least recently used dropped first)."""
+    """The leaders in flight (by engine id) with their followers, whatever submission each
+    is of, and the OK answers of finished ones for the submission (``scope``) that asked
+    them (at most ``remember`` in all, least recently used dropped first)."""
 
     def __init__(self, remember: int = REMEMBERED_ANSWERS) -> None:
         self.remember = remember
         self._leaders: dict[str, _Leader[Follower]] = {}
         self._leader_of: dict[RequestKey, str] = {}
-        self._answers: OrderedDict[RequestKey, Result] = OrderedDict()
+        self._answers: OrderedDict[tuple[Hashable, RequestKey], Result] = OrderedDict()
 
-    def answer(self, key: RequestKey) -> Result | None:
-        """The remembered OK answer to ``key`` (its leader's request id), if there is one."""
-        result = self._answers.get(key)
+    def answer(self, key: RequestKey, scope: Hashable) -> Result | None:
+        """The OK answer to ``key`` remembered for ``scope`` (its leader's request id), if
+        there is one."""
+        result = self._answers.get((scope, key))
         if result is not None:
-            self._answers.move_to_end(key)
+            self._answers.move_to_end((scope, key))
         return result
 
     def follow(self, key: RequestKey, follower: Follower) -> bool:
@@ -99,20 +104,25 @@ class Repeats(Generic[Follower]):
         self._leaders[engine_id] = _Leader(key)
         self._leader_of[key] = engine_id
 
-    def settle(self, engine_id: str, result: Result) -> list[Follower]:
+    def settle(self, engine_id: str, result: Result, scope: Hashable) -> list[Follower]:
         """``engine_id``'s ``result`` is back: its followers (none if it led none), whose
-        answer it is if ``result.ok`` (then remembered), and who go to the engine themselves
-        if not."""
+        answer it is if ``result.ok`` (then remembered for ``scope``, the leader's
+        submission), and who go to the engine themselves if not."""
         leader = self._leaders.pop(engine_id, None)
         if leader is None:
             return []
         del self._leader_of[leader.key]
         if result.ok and self.remember > 0:
-            self._answers[leader.key] = result
-            self._answers.move_to_end(leader.key)
+            self._answers[(scope, leader.key)] = result
+            self._answers.move_to_end((scope, leader.key))
             while len(self._answers) > self.remember:
                 self._answers.popitem(last=False)
         return leader.followers
+
+    def forget(self, scope: Hashable) -> None:
+        """Drop the answers remembered for ``scope`` (its submission is done)."""
+        for remembered in [entry for entry in self._answers if entry[0] == scope]:
+            del self._answers[remembered]
 
     def forget_in_flight(self) -> list[Follower]:
         """Every leader is gone from the engine (the pipeline died): their followers, which

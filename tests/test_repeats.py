@@ -152,18 +152,20 @@ def test_requests_that_differ_in_what_the_engine_sees_are_not_merged(samples: Pa
 
 
 def test_other_decode_options_are_other_requests(samples: Path) -> None:
-    """The same file decoded with other options is other media (another key): asked on one
-    pipeline, with the first one's answer remembered, it still goes to the engine."""
-    engine = FakeEngine()
+    """The same file decoded with other options is other media (another key): asked while
+    the first asking is in flight on the same engine, it still goes to the engine, and only
+    its own repeat follows it."""
+    engine = Held()
     pipeline = Pipeline(engine, RUN)
     try:
         first = pipeline.submit(asking(samples, 1), GREEDY)
-        assert first.wait().answered_by_identical == 0
+        until(lambda: engine.added)
         smaller = MediaOptions(image=ImageOptions(max_pixels=64))
-        second = pipeline.submit(asking(samples, 1), GREEDY, smaller)
-        assert second.wait().answered_by_identical == 0
-        again = pipeline.submit(asking(samples, 1), GREEDY, smaller)
-        assert again.wait().answered_by_identical == 1
+        second = pipeline.submit(asking(samples, 2), GREEDY, smaller)
+        until(lambda: len(engine.added) == 2 and pipeline._repeats.following == 1)
+        engine.release.set()
+        assert first.wait().answered_by_identical == 0
+        assert second.wait().answered_by_identical == 1
     finally:
         pipeline.close()
     assert len(engine.added) == 2
@@ -253,7 +255,10 @@ def test_a_repeat_in_another_submission_follows_the_leader_in_flight(samples: Pa
     assert sorted(row["id"] for row in rows_of(second)) == ["r0", "r1"]
 
 
-def test_a_repeat_after_its_leader_finished_is_answered_from_memory(samples: Path) -> None:
+def test_a_later_submission_asks_the_engine_again(samples: Path) -> None:
+    """Answers are remembered for their own submission: a later call (a job run again as
+    the reference for another, the next batch of a ``Dataset.map``) reaches the engine,
+    its own repeats answered once."""
     engine = FakeEngine()
     pipeline = Pipeline(engine, RUN)
     try:
@@ -263,8 +268,8 @@ def test_a_repeat_after_its_leader_finished_is_answered_from_memory(samples: Pat
         stats = second.wait()
     finally:
         pipeline.close()
-    assert len(engine.added) == 1
-    assert stats.answered_by_identical == 3
+    assert len(engine.added) == 2
+    assert stats.answered_by_identical == 2
     text = rows_of(first)[0]["text"]
     assert [row["text"] for row in rows_of(second)] == [text] * 3
 
@@ -313,11 +318,24 @@ def test_the_memory_keeps_the_most_recently_used_answers() -> None:
         key = keys[prompt]
         assert key is not None
         repeats.lead(key, f"e{n}")
-        assert repeats.settle(f"e{n}", Result(f"e{n}", prompt)) == []
+        assert repeats.settle(f"e{n}", Result(f"e{n}", prompt), "job") == []
         if prompt == "b":
-            assert repeats.answer(keys["a"]) is not None  # "a" used: "b" is the oldest now
-    assert repeats.answer(keys["b"]) is None  # type: ignore[arg-type]
-    assert [repeats.answer(keys[p]).text for p in "ac"] == ["a", "c"]  # type: ignore[arg-type, union-attr]
+            assert repeats.answer(keys["a"], "job") is not None  # "a" used: "b" is oldest now
+    assert repeats.answer(keys["b"], "job") is None  # type: ignore[arg-type]
+    assert [repeats.answer(keys[p], "job").text for p in "ac"] == ["a", "c"]  # type: ignore[arg-type, union-attr]
+
+
+def test_answers_are_remembered_for_their_submission_until_it_is_forgotten() -> None:
+    repeats: Repeats[str] = Repeats()
+    key = request_key(loaded("p"), GREEDY)
+    assert key is not None
+    for n, scope in enumerate(("one", "two")):
+        repeats.lead(key, f"e{n}")
+        repeats.settle(f"e{n}", Result(f"e{n}", scope), scope)
+    repeats.forget("one")
+    assert repeats.answer(key, "one") is None
+    assert repeats.answer(key, "two").text == "two"  # type: ignore[union-attr]
+    assert repeats.answer(key, "three") is None
 
 
 def test_a_failed_answer_is_not_remembered() -> None:
@@ -326,8 +344,9 @@ def test_a_failed_answer_is_not_remembered() -> None:
     assert key is not None
     repeats.lead(key, "e0")
     assert repeats.follow(key, "follower")
-    assert repeats.settle("e0", Result.failure("e0", "engine", "gone", "engine")) == ["follower"]
-    assert repeats.answer(key) is None
+    failure = Result.failure("e0", "engine", "gone", "engine")
+    assert repeats.settle("e0", failure, "job") == ["follower"]
+    assert repeats.answer(key, "job") is None
     assert not repeats.follow(key, "late")  # no leader in flight: it goes to the engine
 
 
