@@ -124,13 +124,11 @@ class Repeats(Generic[Follower]):
         for remembered in [entry for entry in self._answers if entry[0] == scope]:
             del self._answers[remembered]
 
-    def forget_in_flight(self) -> list[Follower]:
-        """Every leader is gone from the engine (the pipeline died): their followers, which
-        will get no answer from here."""
-        followers = [f for leader in self._leaders.values() for f in leader.followers]
+    def forget_in_flight(self) -> None:
+        """Every leader is gone from the engine (the pipeline died): they and their
+        followers, who will get no answer from here, are forgotten."""
         self._leaders.clear()
         self._leader_of.clear()
-        return followers
 
     @property
     def following(self) -> int:
