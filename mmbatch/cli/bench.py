@@ -91,11 +91,10 @@ def register(commands: Commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from mmbatch.bench.driver import run_bench, table
+    from mmbatch.cli.options import sampling_from
     from mmbatch.engine.config import parse_engine_args
-    from mmbatch.errors import ConfigError
 
-    if args.temperature < 0:
-        raise ConfigError(f"--temperature must be a number >= 0, got {args.temperature}")
+    sampling_from(args)  # its sampling flags are checked, and worded, as a job's own are
     options = {
         "model": args.model,
         "temperature": args.temperature,

@@ -399,4 +399,4 @@ def test_the_temperature_is_every_sides_and_the_report_says_it(
     assert "seed 0" in driver.sampling_text(spec)
     assert cli.main([*argv, "--temperature", "-1"]) == 2
     err = capsys.readouterr().err
-    assert "mmbatch: error: --temperature must be a number >= 0, got -1.0" in err
+    assert "mmbatch: error: --temperature -1.0: must be a number >= 0" in err
