@@ -42,6 +42,7 @@ from mmbatch.media.hashing import media_key
 from mmbatch.media.options import ImageOptions
 from mmbatch.output.folders import read_folder
 from mmbatch.output.rows import FLAT
+from mmbatch.output.stats import JobStats
 from mmbatch.pipeline import RunConfig
 from mmbatch.types import MediaRef, Request, Sampling
 
@@ -152,7 +153,14 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     for item_id in earlier:
         assert ray_rows[item_id]["text"] == "from the earlier run"  # skipped, not redone
 
-    local = local_rows(request.getfixturevalue("vl_engine"), requests)
+    # The local run of the same job: the items the Ray run did (the earlier rows skipped).
+    run_here = [r for r in requests if r.id not in earlier]
+    local, local_stats = local_rows(request.getfixturevalue("vl_engine"), run_here)
+    # What the replicas counted that the rows do not say, as the local run counts it: the
+    # sunset's two files under each prompt are one request asked twice, answered once.
+    assert local_stats.answered_by_identical == 2
+    for name in ("answered_by_identical", "repeated_output_tokens", "decodes"):
+        assert summary["stats"][name] == getattr(local_stats, name), name
     for item_id, row in ray_rows.items():
         if item_id in earlier:
             continue
@@ -337,9 +345,9 @@ def test_ctrl_c_and_sigterm_stop_a_ray_job_like_a_local_one_and_it_resumes_exact
     assert all(rows[i]["error"] is None and rows[i]["text"] for i in ids)
 
 
-def local_rows(engine: Any, requests: list[Request]) -> dict[str, dict[str, Any]]:
-    rows, _ = run_in_memory(Job(requests, SAMPLING), engine, RunConfig(progress=False))
-    return {row["id"]: row for row in rows}
+def local_rows(engine: Any, requests: list[Request]) -> tuple[dict[str, dict[str, Any]], JobStats]:
+    rows, stats = run_in_memory(Job(requests, SAMPLING), engine, RunConfig(progress=False))
+    return {row["id"]: row for row in rows}, stats
 
 
 @pytest.mark.ray
