@@ -308,8 +308,9 @@ def run_on_ray(
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
             # Ray Data has been told to stop (its tasks cancelled, its actors let go) but may
-            # not have yet: a writer may still add its file after this count, which then
-            # says less than the folder holds. A rerun counts again, and keeps every row.
+            # not have yet: a writer may still add its file after this count, which is
+            # therefore said as the least that is saved. A rerun counts again, and keeps
+            # every row.
             say_interrupted(whole, out)
             raise
         finally:
