@@ -259,13 +259,21 @@ def engine_stopped(exc: FatalEngineError, job: Job, out: FileOutput) -> FatalEng
 
 def say_interrupted(job: Job, out: FileOutput) -> None:
     """Say what ``out`` holds once Ctrl-C (or SIGTERM, which the command line turns into it)
-    stopped ``job``: the rows finished are kept; the face then says to run it again."""
-    tally = _count(out, job)
-    print(
-        f"mmbatch: interrupted: {tally.done} rows are saved in {out.path} "
-        f"({len(job.item_ids) - tally.done} items left)",
-        file=sys.stderr,
+    stopped ``job``: the rows finished are kept; the face then says to run it again.
+
+    A row folder's writers are Ray's, which stop in the background: one may still finish
+    its file after this count (and a file it is writing is left to it, not set aside), so
+    the count is said as the least that is saved. The rerun counts again and keeps them."""
+    settled = not out.row_folder
+    tally = _count(out, job, settled)
+    done, left = tally.done, len(job.item_ids) - tally.done
+    saved = (
+        f"{done} rows are saved in {out.path} ({left} items left)"
+        if settled
+        else f"at least {done} rows are saved in {out.path} (at most {left} items left; "
+        "Ray's writers, still stopping, may add the rows they hold)"
     )
+    print(f"mmbatch: interrupted: {saved}", file=sys.stderr)
 
 
 def _write_rows(
@@ -400,9 +408,9 @@ def _remove_orphans(paths: OutputPaths) -> None:
         paths.temporary.unlink()
 
 
-def _count(out: FileOutput, job: Job) -> OutputTally:
+def _count(out: FileOutput, job: Job, settled: bool = True) -> OutputTally:
     paths = out.paths
-    rows = written_rows(paths, job.shape)
+    rows = written_rows(paths, job.shape, settled)
     return count_output(rows, job.shape, job.item_ids, paths.quarantine)
 
 

@@ -14,6 +14,11 @@ The flow on the cluster::
          the local runner (``mmbatch.jobs.run_in_memory``), one row per item, checked
       -> Ray's writer (JSON lines or Parquet) -> one row per input id, checked on the driver.
 
+What the rows do not carry (requests answered by an identical request's answer, media
+decoded) each replica tells a small actor of the job's (``ReplicaTally``) before it returns
+a batch's rows, and the driver adds it to the counts it reads off the rows: the summary
+says what a local run of the job says.
+
 The driver resumes and reports with the local runner's own code (``mmbatch.jobs.plan_resume``
 and ``summarize``): the job's fingerprint in ``OUT.job.json`` (another job's folder is refused
 unless forced), ids already in the folder skipped, ``--retry-errors``, items whose prompt
@@ -228,10 +233,15 @@ def requests_dataset(requests: Sequence[Request]) -> Dataset:
 
 
 def caption_dataset(
-    ds: Dataset, job: RayJob, resources: RayResources, skip_ids: Iterable[str] = ()
+    ds: Dataset,
+    job: RayJob,
+    resources: RayResources,
+    skip_ids: Iterable[str] = (),
+    tally: Any | None = None,
 ) -> Dataset:
     """The lazy Dataset of output rows for the input rows of ``ds`` (minus ``skip_ids``):
-    one row per input row, a caption or an error."""
+    one row per input row, a caption or an error. ``tally``: a ``ReplicaTally`` actor the
+    replicas tell what their rows do not say (``start_tally``)."""
     import_ray()
     skip = sorted(set(skip_ids))
     if skip:
@@ -240,7 +250,7 @@ def caption_dataset(
     packed = media_groups(ds, job.media.image, partitions)
     return packed.map_batches(
         EngineReplica,
-        fn_constructor_args=(job,),
+        fn_constructor_args=(job, tally),
         batch_size=resources.batch_groups,
         batch_format="pyarrow",
         concurrency=resources.replicas,
@@ -284,29 +294,96 @@ def run_on_ray(
     write_record(out.paths.record, whole.fingerprint)
     started = time.perf_counter()
     pending = {r.row_id for r in plan.pending}
+    figures = ReplicaFigures()
     if pending:
-        rows = caption_dataset(ds, job, resources, skip_ids=whole.item_ids - pending)
+        tally = start_tally(ray)
         try:
+            rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
             if out.format == "parquet":
                 rows.write_parquet(str(out.path))
             else:
                 rows.write_json(str(out.path), force_ascii=False)
+            figures = ray.get(tally.total.remote())
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
             # Ray Data has been told to stop (its tasks cancelled, its actors let go) but may
-            # not have yet: a writer may still add its file after this count, which then
-            # says less than the folder holds. A rerun counts again, and keeps every row.
+            # not have yet: a writer may still add its file after this count, which is
+            # therefore said as the least that is saved. A rerun counts again, and keeps
+            # every row.
             say_interrupted(whole, out)
             raise
+        finally:
+            ray.kill(tally)
     rows_by_id = _check_one_row_per_input(
         whole.item_ids, list(written_rows(out.paths, whole.shape)), whole.shape
     )
     run = JobStats(total=len(pending), started=started)
     for item_id in sorted(pending):
         run.record(whole.shape.outcome(rows_by_id[item_id]))
+    figures.add_to(run)
     run.finished = time.perf_counter()
     return summarize(whole, out, plan, run, whole.info)
+
+
+@dataclass(frozen=True)
+class ReplicaFigures:
+    """What a replica counts of its batches that their rows do not say, and the driver's
+    summary, counted off the rows, would otherwise report as 0 (the local runner counts
+    them as it runs, ``JobStats``): requests answered with an identical request's answer
+    (``mmbatch.repeats``) and their output tokens, which tok/s leaves out; media decoded
+    and bytes read."""
+
+    answered_by_identical: int = 0
+    repeated_output_tokens: int = 0
+    decodes: int = 0
+    bytes_read: int = 0
+
+    @classmethod
+    def of(cls, stats: JobStats) -> ReplicaFigures:
+        return cls(
+            stats.answered_by_identical,
+            stats.repeated_output_tokens,
+            stats.decodes,
+            stats.bytes_read,
+        )
+
+    def __add__(self, other: ReplicaFigures) -> ReplicaFigures:
+        return ReplicaFigures(
+            self.answered_by_identical + other.answered_by_identical,
+            self.repeated_output_tokens + other.repeated_output_tokens,
+            self.decodes + other.decodes,
+            self.bytes_read + other.bytes_read,
+        )
+
+    def add_to(self, stats: JobStats) -> None:
+        stats.answered_by_identical += self.answered_by_identical
+        stats.repeated_output_tokens += self.repeated_output_tokens
+        stats.decodes += self.decodes
+        stats.bytes_read += self.bytes_read
+
+
+class ReplicaTally:
+    """The ``ReplicaFigures`` of a job's batches, as a Ray actor (``start_tally``) that each
+    replica tells before it returns a batch's rows: once Ray has written every row, every
+    batch is counted. A batch is named by its first item id (an item is in one batch): one
+    that Ray runs again, its actor lost, replaces its figures rather than adding them
+    twice."""
+
+    def __init__(self) -> None:
+        self._batches: dict[str, ReplicaFigures] = {}
+
+    def add(self, batch: str, figures: ReplicaFigures) -> None:
+        self._batches[batch] = figures
+
+    def total(self) -> ReplicaFigures:
+        return sum(self._batches.values(), ReplicaFigures())
+
+
+def start_tally(ray: Any) -> Any:
+    """A ``ReplicaTally`` actor for one run; it holds no CPU, so it never waits for the
+    replicas' resources, nor they for it."""
+    return ray.remote(num_cpus=0)(ReplicaTally).remote()
 
 
 def _check_output(out: FileOutput, job: RayJob) -> None:
@@ -350,13 +427,15 @@ class EngineReplica:
     picture seen in an earlier batch is neither decoded nor encoded again.
     """
 
-    def __init__(self, job: RayJob, engine: Engine | None = None) -> None:
-        """Ray passes only ``job``; ``engine`` lets a test run the bookkeeping in-process.
+    def __init__(self, job: RayJob, tally: Any | None = None, engine: Engine | None = None) -> None:
+        """Ray passes ``job`` and the run's ``ReplicaTally`` actor (None: nothing is told);
+        ``engine`` lets a test run the bookkeeping in-process.
 
         An engine that cannot start fails the actor's first batch, not its constructor: an
         error raised here reaches the driver only as "the actor died", an error raised from
         a batch as itself (``media_groups`` asks Ray Data for that)."""
         self.job = job
+        self.tally = tally
         self.failed: MmbatchError | None = None
         if engine is None:
             from mmbatch.engine.builder import start_engine
@@ -382,13 +461,15 @@ class EngineReplica:
         finished: asyncio.Future[None] = loop.create_future()
         submission.on_done(lambda: loop.call_soon_threadsafe(finished.set_result, None))
         await finished
-        rows, _ = rows_of(submission)
+        rows, stats = rows_of(submission)
         written = sorted(str(row["id"]) for row in rows)
         if written != sorted(item.id for item in items):
             raise RuntimeError(
                 f"bug: a batch of {len(items)} items gave {len(written)} rows "
                 "that do not match its ids one to one"
             )
+        if self.tally is not None and items:
+            await self.tally.add.remote(min(written), ReplicaFigures.of(stats))
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)

@@ -59,13 +59,18 @@ def row_files(folder: Path, fmt: FolderFormat) -> list[Path]:
     return files
 
 
-def read_folder(folder: Path, fmt: FolderFormat, shape: RowShape) -> Iterator[dict[str, Any]]:
+def read_folder(
+    folder: Path, fmt: FolderFormat, shape: RowShape, set_aside: bool = True
+) -> Iterator[dict[str, Any]]:
     """The rows of every complete row file under ``folder``; a file that cannot be read
-    whole is set aside first (its rows are then not written, and get made again)."""
+    whole is set aside first (its rows are then not written, and get made again), or with
+    ``set_aside=False`` (a writer may still be writing it) only passed over."""
     for path in row_files(folder, fmt):
         try:
             rows = _read_file(path, fmt, shape)
         except (ValueError, OSError) as exc:
+            if not set_aside:
+                continue
             aside = path.with_name(PARTIAL_PREFIX + path.name)
             path.rename(aside)
             print(f"mmbatch: set aside the unreadable output file {path} ({exc})", file=sys.stderr)

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from mmbatch.errors import ConfigError, OutputError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic, write_text_atomic
-from mmbatch.output.folders import FolderRows, folder_format
+from mmbatch.output.folders import FolderRows, folder_format, read_folder
 from mmbatch.output.formats import read_output
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.rows import RowShape, asked_of
@@ -222,10 +222,17 @@ def _written(paths: OutputPaths) -> WrittenRows:
     return JsonlRows(paths.progress)
 
 
-def written_rows(paths: OutputPaths, shape: RowShape) -> Iterator[dict[str, Any]]:
+def written_rows(
+    paths: OutputPaths, shape: RowShape, settled: bool = True
+) -> Iterator[dict[str, Any]]:
     """Every row of the output at ``paths``, for counting: a JSONL file's checked
-    (``read_rows``), a row folder's whole files, a finished columnar output read back."""
+    (``read_rows``), a row folder's whole files, a finished columnar output read back.
+    ``settled=False``: a row folder's writers may still be at work (Ray's, stopping), so a
+    file that cannot be read whole is passed over rather than set aside: its writer may
+    yet finish it, and the next run's resume sets it aside if it did not."""
     if paths.row_folder:
+        if not settled:
+            return read_folder(paths.rows, folder_format(paths.format), shape, set_aside=False)
         return _written(paths).whole_rows(shape)
     if paths.format == "jsonl":
         return read_rows(paths.rows, shape)
