@@ -23,6 +23,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 ORPHANED_EXIT = 70
 """The exit code of a helper that ended because its job was gone (``os.EX_SOFTWARE``)."""
@@ -91,6 +92,47 @@ def quiet_resource_tracker() -> None:
         os.close(stderr)
         os.close(devnull)
     _QUIET_TRACKER[0] = True
+
+
+def orphan_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker for this process and all it spawns as an
+    orphan in a session of its own, with its stderr on /dev/null; nothing where one already
+    runs. For a process whose direct children are killed as it ends:
+
+    a Ray worker (an ``EngineReplica`` actor) kills its direct children as it exits, and the
+    tracker, started by default as one, would be among them: vLLM's engine core, another,
+    dies without unlinking the shared memory it made (160 MB on a CPU), and nothing is left
+    to unlink it. Started here, through a shell that exits at once, the tracker outlives the
+    worker: the engine core (killed) and its workers (which end when it does) close their
+    ends of its pipe, and it unlinks what they left, as it does for a command's engines
+    (``quiet_resource_tracker``), quietly: its warnings would name that cleanup, not a leak."""
+    import subprocess
+    from multiprocessing import resource_tracker, spawn
+
+    tracker: Any = resource_tracker._resource_tracker  # its pipe's end and pid: private
+    if tracker._fd is not None:
+        return  # already running (this process's own, or inherited from its parent)
+    read, write = os.pipe()
+    command = f"from multiprocessing.resource_tracker import main;main({read})"
+    argv = [spawn.get_executable(), "-B", "-c", command]
+    try:
+        subprocess.run(
+            ["/bin/sh", "-c", '"$@" &', "sh", *argv],
+            pass_fds=(read,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # outside the worker's process group too
+            check=True,
+        )
+    except BaseException:
+        os.close(write)
+        raise
+    finally:
+        os.close(read)
+    # As in a process spawned by one that runs the tracker: the write end, and no pid to
+    # wait for (it is not this process's child).
+    tracker._fd, tracker._pid = write, None
 
 
 def engines_may_end_at_once() -> bool:

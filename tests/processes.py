@@ -10,6 +10,7 @@ yet reaped by its new parent) holds nothing and does not count.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -78,3 +79,40 @@ def left_after(find: Callable[[], list[int]], seconds: float) -> list[str]:
         if not left or time.monotonic() >= deadline:
             return [f"{pid} {command(pid)}" for pid in left]
         time.sleep(0.02)
+
+
+def shared_memory() -> set[str]:
+    """The POSIX shared memory segments and named semaphores of this host (Linux)."""
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _mapped_shared_memory() -> set[str]:
+    """The names in /dev/shm that some live process maps."""
+    names = set()
+    for pid in _pids():
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        for line in maps.splitlines():
+            where = line.find("/dev/shm/")
+            if where >= 0:
+                names.add(line[where + len("/dev/shm/") :].split()[0])
+    return names
+
+
+def leaked_shared_memory(before: set[str], seconds: float) -> set[str]:
+    """The ``multiprocessing.shared_memory`` segments (``psm_*``: vLLM's message queues)
+    made since ``before`` that no process maps any more and that are still there once
+    ``seconds`` have passed (at once if none is): nothing will unlink those. A segment some
+    process still maps is not counted: it may be another job's on this host, or one whose
+    last holder is still exiting; a tracker unlinks it once its holders are gone. Named
+    semaphores are left out: glibc maps one under a temporary name, so who holds it cannot
+    be told from ``/proc/PID/maps``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        new = {name for name in shared_memory() - before if name.startswith("psm_")}
+        leaked = new - _mapped_shared_memory()
+        if not leaked or time.monotonic() >= deadline:
+            return leaked
+        time.sleep(0.2)

@@ -1,6 +1,8 @@
 """The command's quiet resource tracker (``mmbatch.lifetime.quiet_resource_tracker``): what a
 process leaves in shared memory is still unlinked once it is gone, without a warning on the
-user's terminal; a process that did not ask for it keeps the tracker as Python starts it."""
+user's terminal; a process that did not ask for it keeps the tracker as Python starts it.
+And a Ray actor's (``orphan_resource_tracker``): it outlives the actor's children, which Ray
+kills as it ends the actor, and unlinks what they left."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +66,67 @@ def test_without_it_the_tracker_unlinks_and_warns() -> None:
     name, stderr = leave_a_segment("plain")
     assert "leaked shared_memory" in stderr
     assert gone(name)
+
+
+KILLED_WITH_ITS_CHILDREN = textwrap.dedent(
+    """
+    import multiprocessing, os, signal, sys
+    from multiprocessing import shared_memory
+
+    def hold(conn):
+        segment = shared_memory.SharedMemory(create=True, size=4096)
+        conn.send(segment.name)
+        conn.recv()  # held until killed
+
+    if __name__ == "__main__":
+        if sys.argv[1] == "orphan":
+            from mmbatch.lifetime import orphan_resource_tracker
+            orphan_resource_tracker()
+        context = multiprocessing.get_context("spawn")
+        mine, theirs = context.Pipe()
+        child = context.Process(target=hold, args=(theirs,))  # as vLLM's engine core
+        child.start()
+        print(mine.recv(), flush=True)
+        # As a Ray worker ends: every direct child killed, then the worker gone.
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue
+            if parent == os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
+        child.join()
+        os._exit(0)
+    """
+)
+
+
+def killed_with_its_children(mode: str, folder: Path) -> str:
+    """Run a process that spawns a child holding a shared memory segment, then kills its
+    direct children and exits, as a Ray actor ends; the segment's name."""
+    script = folder / "worker.py"
+    script.write_text(KILLED_WITH_ITS_CHILDREN)
+    proc = subprocess.run(
+        [sys.executable, str(script), mode], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm")
+def test_the_orphan_tracker_unlinks_what_children_killed_with_their_parent_left(
+    tmp_path: Path,
+) -> None:
+    name = killed_with_its_children("orphan", tmp_path)
+    assert gone(name)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm")
+def test_the_default_tracker_is_killed_with_them_and_the_segment_stays(tmp_path: Path) -> None:
+    """What a Ray actor left before: 160 MB of vLLM's per actor, until the host restarts."""
+    name = killed_with_its_children("plain", tmp_path)
+    try:
+        assert not gone(name, within=1.0)
+    finally:
+        Path(f"/dev/shm/{name.lstrip('/')}").unlink(missing_ok=True)

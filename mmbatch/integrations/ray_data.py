@@ -439,7 +439,11 @@ class EngineReplica:
         self.failed: MmbatchError | None = None
         if engine is None:
             from mmbatch.engine.builder import start_engine
+            from mmbatch.lifetime import orphan_resource_tracker
 
+            # Ray kills this worker's direct children as it ends: the tracker, which unlinks
+            # the shared memory vLLM's engine core leaves then, must not be one of them.
+            orphan_resource_tracker()
             kind = job.recipe.media.kind if job.recipe else "image"
             try:
                 engine = start_engine(job.engine, {kind: 1})

@@ -21,7 +21,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from processes import command, in_session, left_after
+from processes import command, in_session, left_after, shared_memory
 from test_end_to_end import TINY_ENGINE_ARGS
 
 pytestmark = pytest.mark.slow
@@ -62,11 +62,6 @@ def test_a_job_killed_while_vllm_starts_its_processes_leaves_none(
         job.kill()
     left = left_after(partial(in_session, job.pid), 2.0)
     assert not left, f"left two seconds after the job was killed: {left} (of {started})"
-
-
-def shared_memory() -> set[str]:
-    """The POSIX shared memory segments and named semaphores of this host (Linux)."""
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
 def test_a_finished_job_leaves_nothing_and_warns_of_no_leaked_resources(

@@ -14,6 +14,7 @@ import pickle
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -123,8 +124,22 @@ def engine_environment(batch: dict, rank: int | None, engine_kwargs: dict) -> di
     return {"outcome": [outcome] * len(batch["x"])}
 
 
+@pytest.fixture
+def environ_kept() -> Iterator[None]:
+    """``os.environ`` as it was, put back after the test. datasets' ``map(num_proc=...)``
+    ends by putting back a copy of ``os.environ`` taken as it started (``os.environ =
+    prev_env``), so ``monkeypatch``'s undo writes into the object it replaced: without this,
+    every later test lost the ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` taken away here, and each
+    engine after it ran vLLM's engine core in a process of its own (slower to start, and the
+    shared memory it makes outlived Ray's actors then)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 def test_num_proc_workers_get_a_gpu_each_and_an_in_process_engine(
-    monkeypatch: pytest.MonkeyPatch,
+    environ_kept: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Real datasets worker processes (daemonic): vLLM could not start its engine process
     # there, so the engine must run in the worker, on the GPU its rank picks.

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from conftest import TINY_ENGINE_KWARGS
 from PIL import Image
-from processes import in_session, left_after
+from processes import in_session, leaked_shared_memory, left_after, shared_memory
 
 from mmbatch.cli import (
     EXIT_INTERRUPTED,
@@ -98,7 +98,9 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     tmp_path: Path,
     request: pytest.FixtureRequest,
     capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # type: ignore[no-untyped-def]
+    shared_before = shared_memory()
     requests = caption_requests(samples, tmp_path)
     manifest = tmp_path / "items.jsonl"
     write_manifest(requests, manifest)
@@ -139,7 +141,11 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     # belong to this job cannot be told, and the folder is refused unless forced.
     assert main(argv) == EXIT_JOB_FAILED
     assert "no job record" in capsys.readouterr().err
-    code = main([*argv, "--force"])
+    with monkeypatch.context() as env:
+        # The engine as a user's job has it (vLLM's default, which the other tests turn off
+        # for speed): its engine core in a process of its own, holding shared memory.
+        env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+        code = main([*argv, "--force"])
     assert code == EXIT_ITEMS_FAILED  # the truncated, missing and empty files
     ray_rows = rows_on_disk(out)
     assert sorted(ray_rows) == sorted(r.id for r in requests)  # one row per input, no more
@@ -183,6 +189,11 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     assert {k: v for k, v in again.items() if v["error"] is None} == {
         k: v for k, v in ray_rows.items() if v["error"] is None
     }
+    # Ray ended the first run's actor, killing the actor's children as it went (vLLM's engine
+    # core, with the shared memory it made): none of it is left behind (160 MB), once the
+    # last of their processes has exited (the engine's workers take seconds).
+    leaked = leaked_shared_memory(shared_before, 60.0)
+    assert not leaked, f"shared memory left by the Ray runs' engines: {sorted(leaked)}"
 
 
 TWO_QUESTIONS = """
