@@ -14,6 +14,7 @@ import pickle
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -279,6 +280,10 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
     def counting_step(engine):  # type: ignore[no-untyped-def]
         batches = {engine_id.split(":")[0] for engine_id in engine._in_flight}
         batches_in_engine.append(len(batches))
+        # A tiny model's step can take less time than the next batch's coroutine needs to
+        # hand its requests over: a step as slow as a real model's gives it the time. A
+        # plain call still shows one batch at a time, as it drains the engine between them.
+        time.sleep(0.02)
         return real_step(engine)
 
     monkeypatch.setattr(type(vl_engine), "step", counting_step)

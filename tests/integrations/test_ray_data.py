@@ -165,8 +165,11 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     # What the replicas counted that the rows do not say, as the local run counts it: the
     # sunset's two files under each prompt are one request asked twice, answered once.
     assert local_stats.answered_by_identical == 2
-    for name in ("answered_by_identical", "repeated_output_tokens", "decodes"):
+    for name in ("answered_by_identical", "repeated_output_tokens"):
         assert summary["stats"][name] == getattr(local_stats, name), name
+    # The actor, a fresh process, decoded each readable distinct picture once (the local
+    # run's count depends on what the shared engine's earlier jobs left decoded).
+    assert summary["stats"]["decodes"] == 4
     for item_id, row in ray_rows.items():
         if item_id in earlier:
             continue
