@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -341,26 +341,21 @@ class ReplicaFigures:
 
     @classmethod
     def of(cls, stats: JobStats) -> ReplicaFigures:
-        return cls(
-            stats.answered_by_identical,
-            stats.repeated_output_tokens,
-            stats.decodes,
-            stats.bytes_read,
-        )
+        return cls(**{name: getattr(stats, name) for name in cls.names()})
 
     def __add__(self, other: ReplicaFigures) -> ReplicaFigures:
         return ReplicaFigures(
-            self.answered_by_identical + other.answered_by_identical,
-            self.repeated_output_tokens + other.repeated_output_tokens,
-            self.decodes + other.decodes,
-            self.bytes_read + other.bytes_read,
+            **{name: getattr(self, name) + getattr(other, name) for name in self.names()}
         )
 
     def add_to(self, stats: JobStats) -> None:
-        stats.answered_by_identical += self.answered_by_identical
-        stats.repeated_output_tokens += self.repeated_output_tokens
-        stats.decodes += self.decodes
-        stats.bytes_read += self.bytes_read
+        for name in self.names():
+            setattr(stats, name, getattr(stats, name) + getattr(self, name))
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The figures, each a ``JobStats`` field of the same name."""
+        return [f.name for f in fields(cls)]
 
 
 class ReplicaTally:

@@ -231,9 +231,7 @@ def written_rows(
     file that cannot be read whole is passed over rather than set aside: its writer may
     yet finish it, and the next run's resume sets it aside if it did not."""
     if paths.row_folder:
-        if not settled:
-            return read_folder(paths.rows, folder_format(paths.format), shape, set_aside=False)
-        return _written(paths).whole_rows(shape)
+        return read_folder(paths.rows, folder_format(paths.format), shape, set_aside=settled)
     if paths.format == "jsonl":
         return read_rows(paths.rows, shape)
     return read_output(paths.rows)
