@@ -222,7 +222,7 @@ def _frames(rows: list[Row]) -> dict[tuple[str, float | None], Any]:
 class _Mmbatch:
     def __init__(self, spec: dict[str, Any]) -> None:
         """The engine(s) ``mmbatch caption`` would lay out for the largest of the side's
-        jobs: how many per GPU, eager or compiled, as the product decides for its users."""
+        jobs: how many per GPU, compiled or not, as the product decides for its users."""
         import vllm
 
         from mmbatch.engine.config import EngineConfig

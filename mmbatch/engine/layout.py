@@ -46,17 +46,18 @@ start costs a small job more than it gains (32 pictures: 59.1 s in all against 5
 ONE_ENGINE_REQUESTS = 1024
 """Requests one engine runs at once (vLLM's ``max_num_seqs`` on a large GPU): a job with
 more gets ``DEFAULT_ENGINES_PER_GPU`` engines on each GPU, a smaller one a single engine."""
-EAGER_REQUESTS = 1024
-"""A job of at most this many requests per engine runs its engines eager
-(``enforce_eager``): no torch.compile and no CUDA graphs to build. On an H200 with
-Qwen2.5-VL-7B's shapes a compiled engine spends 10-11 s of its start on them with a warm
-compile cache (torch.compile 5.3-5.8 s, the graphs 5 s) and a minute on a fresh host; what
-the graphs then save is the host's time launching each decode step, which a short job has
-few of. Measured there (``mmbatch/bench/results/NOTES.md``, tenth session): 32 pictures took
-36.7-36.8 s in all eager against 43.7-47.0 s compiled (and 42.9 s for a naive script);
-2,000 pictures on two engines 67.8 s against 86.0 s, the work itself no slower (35.2 s
-against 37.7 s: batches of a thousand sequences run past the CUDA graphs' largest size).
-Longer jobs are left compiled: where eager stops paying is not measured yet."""
+SHORT_JOB_REQUESTS = 1024
+"""A job of at most this many requests per engine starts its engines without torch.compile,
+which costs a compiled engine 5.3-5.8 s of its start with a warm compile cache and a minute
+on a fresh host (an H200, Qwen2.5-VL-7B's shapes). Measured there
+(``mmbatch/bench/results/NOTES.md``): 32 pictures took 36.7-36.8 s in all eager against
+43.7-47.0 s compiled and 42.9 s for a naive script; 2,000 pictures on two engines 67.8 s
+eager against 86.0 s compiled (tenth session). What a short job keeps instead is
+``short_job_compilation``'s. Longer jobs are left compiled: where that stops paying is not
+measured yet."""
+DECODE_GRAPHS_UP_TO = 1024
+"""The largest decode batch a short job captures a CUDA graph for: vLLM's ``max_num_seqs``
+on a large GPU, the most an engine runs at once."""
 COMPILE_SETTINGS = ("enforce_eager", "compilation_config")
 """Engine settings by which a user decides compilation: set, the layout leaves it to them."""
 WEIGHTS_SHARE = 0.5
@@ -84,8 +85,9 @@ class Layout:
     """Engines sharing each GPU (each group appears this many times in ``groups``)."""
     kv_cache_bytes: int | None = None
     """Each engine's KV cache when GPUs are shared (``per_gpu`` > 1): set, not profiled."""
-    eager: bool = False
-    """Engines run eager (``EAGER_REQUESTS``): a short job starts sooner."""
+    short_job: int = 0
+    """Requests per engine of a short job (``SHORT_JOB_REQUESTS``), which starts its engines
+    uncompiled (``short_job_compilation``); 0 for a long job or one of unknown size."""
 
     @property
     def replicas(self) -> int:
@@ -101,8 +103,9 @@ class Layout:
             kwargs["gpu_memory_utilization"] = share / self.per_gpu
             if self.kv_cache_bytes is not None:
                 kwargs.setdefault("kv_cache_memory_bytes", self.kv_cache_bytes)
-        if self.eager:  # only where the user left compilation to vLLM (_eager_if_short)
-            kwargs.setdefault("enforce_eager", True)
+        if self.short_job:  # only where the user left compilation to vLLM (_uncompiled_if_short)
+            for key, value in short_job_compilation(self).items():
+                kwargs.setdefault(key, value)
         return kwargs
 
     def devices(self) -> list[str | None]:
@@ -126,19 +129,48 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | Non
     """The layout for ``config`` on ``gpus`` (``config.gpus`` of them, if set) for a job of
     ``requests`` (None: unknown, as for the batches of a ``Dataset.map``: one engine per
     GPU unless ``config.engines_per_gpu`` says otherwise, compiled)."""
-    return _eager_if_short(_engines(config, gpus, requests), config, requests)
+    return _uncompiled_if_short(_engines(config, gpus, requests), config, requests)
 
 
-def _eager_if_short(layout: Layout, config: EngineConfig, requests: int | None) -> Layout:
-    """``layout``, eager if the job is short (``EAGER_REQUESTS`` per engine) and the user
-    left compilation to vLLM's default."""
+def short_job_compilation(layout: Layout) -> dict[str, Any]:
+    """The engine settings of a short job's engines: CUDA graphs for its decode steps, without
+    torch.compile, where one engine has a GPU to itself; eager where engines share a GPU, and
+    on the CPU, which has no graphs.
+
+    A lone engine's decode steps are bound by its one host thread launching kernels, which
+    the graphs take over: on an H200 with Qwen2.5-VL-7B's shapes, W3's 600 frames ran at
+    58.6 and 61.8 frames/s with them against 42.4 eager (2.48x and 2.50x a naive script
+    against 1.71x), for 4 s more of start: 32.4 s against 28.1, of which 5 s captured graphs
+    up to 1,024 sequences (thirteenth session, ``mmbatch/bench/results/NOTES.md``). Graphs
+    are captured only up to the job's own size, the largest batch it can reach, so a small
+    job captures a few. Engines that share a GPU keep it busy without them (93-98%), and their
+    eager start was what was measured there (2,000 pictures on two engines, 1.27-1.39x naive).
+    """
+    if layout.per_gpu > 1 or not any(layout.groups):
+        return {"enforce_eager": True}
+    largest = min(DECODE_GRAPHS_UP_TO, -(-layout.short_job // 16) * 16)  # vLLM's steps: 8, 16
+    graphs = {
+        "mode": 0,
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "max_cudagraph_capture_size": largest,
+    }
+    return {"compilation_config": graphs}
+
+
+def _uncompiled_if_short(layout: Layout, config: EngineConfig, requests: int | None) -> Layout:
+    """``layout``, uncompiled if the job is short (``SHORT_JOB_REQUESTS`` per engine) and the
+    user left compilation to vLLM's default."""
     if requests is None or any(key in config.engine_kwargs for key in COMPILE_SETTINGS):
         return layout
     per_engine = -(-requests // layout.replicas)
-    if per_engine > EAGER_REQUESTS:
+    if per_engine > SHORT_JOB_REQUESTS:
         return layout
-    reason = f"{layout.reason}; eager, {per_engine} requests per engine start sooner than compiled"
-    return replace(layout, reason=reason, eager=True)
+    short = replace(layout, short_job=per_engine)
+    how = (
+        "eager" if "enforce_eager" in short_job_compilation(short) else "decode graphs, uncompiled"
+    )
+    reason = f"{layout.reason}; {how}: {per_engine} requests per engine start sooner than compiled"
+    return replace(short, reason=reason)
 
 
 def _engines(config: EngineConfig, gpus: Sequence[Gpu], requests: int | None) -> Layout:

@@ -123,31 +123,47 @@ def test_a_large_job_gets_two_engines_per_gpu_where_they_fit(seven_b: Path) -> N
     assert choose_layout(config, [], requests=large).devices() == [None]
 
 
-def test_a_short_job_runs_eager_unless_the_user_decides(seven_b: Path) -> None:
-    from mmbatch.engine.layout import EAGER_REQUESTS
+def test_a_short_job_runs_uncompiled_unless_the_user_decides(seven_b: Path) -> None:
+    from mmbatch.engine.layout import SHORT_JOB_REQUESTS
 
     config = EngineConfig(str(seven_b))
-    short = choose_layout(config, gpus(1), requests=EAGER_REQUESTS)
-    assert short.eager
-    assert short.engine_kwargs({})["enforce_eager"] is True
-    assert "eager" in short.describe()
-    # Per engine: two engines on the GPU share the job, each short enough.
+    short = choose_layout(config, gpus(1), requests=SHORT_JOB_REQUESTS)
+    assert short.short_job == SHORT_JOB_REQUESTS
+    # A lone engine captures decode graphs, without torch.compile, up to the job's size.
+    graphs = short.engine_kwargs({})["compilation_config"]
+    assert graphs == {
+        "mode": 0,
+        "cudagraph_mode": "FULL_DECODE_ONLY",
+        "max_cudagraph_capture_size": 1024,
+    }
+    assert "enforce_eager" not in short.engine_kwargs({})
+    assert "decode graphs, uncompiled" in short.describe()
+    # ... rounded up to one of vLLM's capture sizes, so that the job's largest batch has one.
+    for requests, largest in ((600, 608), (32, 32), (3, 16)):
+        small = choose_layout(config, gpus(1), requests=requests).engine_kwargs({})
+        assert small["compilation_config"]["max_cudagraph_capture_size"] == largest
+    # Per engine: two engines on the GPU share the job, each short enough, and run eager.
     shared = choose_layout(
-        EngineConfig(str(seven_b), engines_per_gpu=2), gpus(1), 2 * EAGER_REQUESTS
+        EngineConfig(str(seven_b), engines_per_gpu=2), gpus(1), 2 * SHORT_JOB_REQUESTS
     )
-    assert shared.eager
+    assert shared.short_job == SHORT_JOB_REQUESTS
     assert shared.replicas == 2
+    assert shared.engine_kwargs({})["enforce_eager"] is True
+    assert "compilation_config" not in shared.engine_kwargs({})
+    assert "eager" in shared.describe()
+    # The CPU has no graphs to capture: eager.
+    assert choose_layout(config, [], requests=8).engine_kwargs({}) == {"enforce_eager": True}
     # A long job, or one of unknown size (a Dataset.map's batches), compiles.
     for long in (
-        choose_layout(config, gpus(1), EAGER_REQUESTS * 3),
+        choose_layout(config, gpus(1), SHORT_JOB_REQUESTS * 3),
         choose_layout(config, gpus(1)),
     ):
-        assert not long.eager
-        assert "enforce_eager" not in long.engine_kwargs({})
+        assert not long.short_job
+        assert not {"enforce_eager", "compilation_config"} & set(long.engine_kwargs({}))
     # The user's own choice stands, either way.
     for setting in ({"enforce_eager": False}, {"compilation_config": {"mode": 3}}):
         asked = choose_layout(EngineConfig(str(seven_b), setting), gpus(1), requests=8)
-        assert not asked.eager
+        assert not asked.short_job
         assert asked.engine_kwargs(setting) == setting
 
 
