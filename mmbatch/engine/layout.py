@@ -144,7 +144,7 @@ def short_job_compilation(layout: Layout) -> dict[str, Any]:
     up to 1,024 sequences (thirteenth session, ``mmbatch/bench/results/NOTES.md``). Graphs
     are captured only up to the job's own size, the largest batch it can reach, so a small
     job captures a few. Engines that share a GPU keep it busy without them (93-98%), and their
-    eager start was what was measured there (2,000 pictures on two engines, 1.27-1.39x naive).
+    eager start was what was measured there (2,000 pictures on two engines, 1.31x and 1.39x naive).
     A model whose attention cannot be captured whole runs eager: vLLM then turns the graphs
     off with a warning (``CompilationConfig.resolve_cudagraph_mode_and_sizes``).
     """
