@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -434,9 +434,14 @@ def test_two_vllm_engines_give_each_id_the_text_one_engine_gives(
 # loop, where coverage does not follow it) -----------------------------------------------
 
 
-def serving(engine: FakeEngine) -> tuple[Connection, threading.Thread]:
-    """The parent's end of a pipe whose other end ``_serve_engine`` serves ``engine`` on."""
+def serving(
+    engine: FakeEngine, queued: Sequence[tuple[Any, ...]] = ()
+) -> tuple[Connection, threading.Thread]:
+    """The parent's end of a pipe whose other end ``_serve_engine`` serves ``engine`` on;
+    ``queued``: messages sent before it starts, so that it finds them all waiting."""
     parent, child = multiprocessing.Pipe()
+    for message in queued:
+        parent.send(message)
     loop = threading.Thread(target=_serve_engine, args=(engine, child), daemon=True)
     loop.start()
     return parent, loop
@@ -484,7 +489,8 @@ class CountedStats(FakeEngine):
     """Counts its counter reads (vLLM's: milliseconds of Python each)."""
 
     def __init__(self) -> None:
-        super().__init__(per_step=1)
+        # A step as slow as a small model's: the replica's receiving thread keeps ahead of it.
+        super().__init__(per_step=1, step_seconds=0.02)
         self.reads = 0
 
     def cache_stats(self) -> CacheStats:
@@ -494,9 +500,10 @@ class CountedStats(FakeEngine):
 
 def test_a_replica_reads_its_engines_counters_now_and_then_and_when_it_runs_dry() -> None:
     engine = CountedStats()
-    parent, loop = serving(engine)
-    for i in range(40):
-        parent.send(("add", text_request(f"r{i}", "hi"), [], Sampling()))
+    # All waiting from the start: sent one by one, on a loaded machine each could be served
+    # before the next arrived, the replica running dry (and reading) after every one.
+    adds = [("add", text_request(f"r{i}", "hi"), [], Sampling()) for i in range(40)]
+    parent, loop = serving(engine, adds)
     got = replies(parent, lambda got: len(results_in(got)) == 40)
     reports = [m for m in got if m[0] == "results" and m[1]]
     assert len(reports) >= 20  # a step per request, most of them a report of their own
