@@ -52,8 +52,8 @@ which costs a compiled engine 5.3-5.8 s of its start with a warm compile cache a
 on a fresh host (an H200, Qwen2.5-VL-7B's shapes). Measured there
 (``mmbatch/bench/results/NOTES.md``): 32 pictures took 36.7-36.8 s in all eager against
 43.7-47.0 s compiled and 42.9 s for a naive script; 2,000 pictures on two engines 67.8 s
-eager against 86.0 s compiled (tenth session). What a short job keeps instead is
-``short_job_compilation``'s. Longer jobs are left compiled: where that stops paying is not
+eager against 86.0 s compiled (tenth session). Which CUDA graphs a short job still
+captures: ``short_job_compilation``. Longer jobs are left compiled: where that stops paying is not
 measured yet."""
 DECODE_GRAPHS_UP_TO = 1024
 """The largest decode batch a short job captures a CUDA graph for: vLLM's ``max_num_seqs``
@@ -143,7 +143,7 @@ def short_job_compilation(layout: Layout) -> dict[str, Any]:
     against 1.71x), for 4 s more of start: 32.4 s against 28.1, of which 5 s captured graphs
     up to 1,024 sequences (thirteenth session, ``mmbatch/bench/results/NOTES.md``). Graphs
     are captured only up to the job's own size, the largest batch it can reach, so a small
-    job captures a few. Engines that share a GPU keep it busy without them (93-98%), and their
+    job captures only a few. Engines that share a GPU keep it busy without them (93-98%), and their
     eager start was what was measured there (2,000 pictures on two engines, 1.31x and 1.39x naive).
     A model whose attention cannot be captured whole runs eager: vLLM then turns the graphs
     off with a warning (``CompilationConfig.resolve_cudagraph_mode_and_sizes``).
