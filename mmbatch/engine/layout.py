@@ -42,7 +42,10 @@ DEFAULT_ENGINES_PER_GPU = 2
 ``mmbatch/bench/results/NOTES.md``, ninth session): two engines took W1 from 55.3 to 62.1
 images/s and W2 from 23.3 to 29.0, GPU busy from 79% and 69% to 98%; three added nothing
 (62.4, 29.5): the GPU, not the engine-core thread, was then the bound. A second engine's
-start costs a small job more than it gains (32 pictures: 59.1 s in all against 53.0)."""
+start costs a small job more than it gains (32 pictures: 59.1 s in all against 53.0). One
+engine with decode graphs (``short_job_compilation``) ran W1 7% faster than two eager
+engines but started 2-6 s later, a tie on the whole job, and W2 6% slower (fourteenth
+session): two engines stay."""
 ONE_ENGINE_REQUESTS = 1024
 """Requests one engine runs at once (vLLM's ``max_num_seqs`` on a large GPU): a job with
 more gets ``DEFAULT_ENGINES_PER_GPU`` engines on each GPU, a smaller one a single engine."""
@@ -143,7 +146,9 @@ def short_job_compilation(layout: Layout) -> dict[str, Any]:
     against 1.71x), for 4 s more of start: 32.4 s against 28.1, of which 5 s captured graphs
     up to 1,024 sequences (thirteenth session, ``mmbatch/bench/results/NOTES.md``). Graphs
     are captured only up to the job's own size, the largest batch it can reach, so a small
-    job captures only a few. Engines that share a GPU keep it busy without them (93-98%), and their
+    job captures only a few: as the product runs them, W3 at 63.3 and 61.5 frames/s (2.54x
+    naive) and 32 pictures in 40.8 and 50.2 s against a naive script's 74.1 and 61.4
+    (fourteenth session). Engines that share a GPU keep it busy without them (93-98%), and their
     eager start was what was measured there (2,000 pictures on two engines, 1.31x and 1.39x naive).
     A model whose attention cannot be captured whole runs eager: vLLM then turns the graphs
     off with a warning (``CompilationConfig.resolve_cudagraph_mode_and_sizes``).
