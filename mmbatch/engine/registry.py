@@ -12,6 +12,7 @@ nothing of this registry.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 
 from mmbatch.engine.base import Engine
@@ -21,6 +22,10 @@ from mmbatch.engine.layout import Layout
 from mmbatch.types import Modality
 
 _ENGINES: dict[str, tuple[Engine, Layout]] = {}
+KEPT = "kept from an earlier job in this process, as laid out for that job"
+"""Said of a kept engine's layout: its engine count and compilation were chosen for the job
+that built it (a short job's: uncompiled), not for the one asking now, which gets it rather
+than paying a second model load and the GPU memory of a second engine."""
 
 
 def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Engine:
@@ -31,8 +36,9 @@ def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -
 def shared_engine_and_layout(
     config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout | None = None
 ) -> tuple[Engine, Layout]:
-    """``shared_engine``, and the layout it was built with (for the job's summary);
-    ``layout``: the one already chosen for this host (``host_layout``)."""
+    """``shared_engine``, and the layout it was built with (for the job's summary: ``KEPT``
+    where an earlier ask built it); ``layout``: the one already chosen for this host
+    (``host_layout``)."""
     key = json.dumps(
         [
             config.llm_kwargs(),
@@ -44,15 +50,17 @@ def shared_engine_and_layout(
         sort_keys=True,
         default=repr,
     )
-    built = _ENGINES.get(key)
-    if built is None:
-        layout = layout or host_layout(config)
-        engine = build_engine(config, media_per_prompt, layout)
-        built = _ENGINES[key] = (engine, layout)
-        on_close = getattr(engine, "on_close", None)
-        if on_close is not None:
-            on_close(partial(_forget, engine))
-    return built
+    kept = _ENGINES.get(key)
+    if kept is not None:  # laid out for the job that built it, which the summary says
+        engine, built_for = kept
+        return engine, replace(built_for, reason=f"{built_for.reason}; {KEPT}")
+    layout = layout or host_layout(config)
+    engine = build_engine(config, media_per_prompt, layout)
+    _ENGINES[key] = (engine, layout)
+    on_close = getattr(engine, "on_close", None)
+    if on_close is not None:
+        on_close(partial(_forget, engine))
+    return engine, layout
 
 
 def _forget(engine: Engine) -> None:

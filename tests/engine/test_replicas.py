@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -626,6 +627,8 @@ def test_a_shared_engine_is_kept_until_it_closes(monkeypatch: pytest.MonkeyPatch
     try:
         assert ask() is first
         assert len(built) == 1
+        kept = registry.shared_engine_and_layout(config, media, replace(layout, reason="new"))[1]
+        assert kept.describe() == f"one engine on this machine (one; {registry.KEPT})"
     finally:
         built[0].close()
     try:
