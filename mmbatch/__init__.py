@@ -34,6 +34,7 @@ from mmbatch.types import (
 
 if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
+    from mmbatch.integrations.dataset_runs import run_dataset
     from mmbatch.integrations.hf_datasets import DatasetMap
     from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory, run_job
     from mmbatch.notebook import caption, load_engine
@@ -51,6 +52,7 @@ _LAZY = {
     "Job": "mmbatch.jobs",
     "JobReport": "mmbatch.jobs",
     "run_job": "mmbatch.jobs",
+    "run_dataset": "mmbatch.integrations.dataset_runs",
     "run_in_memory": "mmbatch.jobs",
     "caption": "mmbatch.notebook",
     "load_engine": "mmbatch.notebook",
@@ -98,6 +100,7 @@ __all__ = [
     "frame_requests",
     "image_requests",
     "load_engine",
+    "run_dataset",
     "run_in_memory",
     "run_job",
 ]

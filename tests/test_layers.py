@@ -75,6 +75,8 @@ NARROWED: dict[tuple[str, str], frozenset[tuple[str, str]]] = {
         {
             ("integrations/hf_datasets.py", "mmbatch.sources.cells"),
             ("integrations/hf_datasets.py", "mmbatch.sources.paths"),
+            ("integrations/dataset_origin.py", "mmbatch.sources.paths"),
+            ("integrations/dataset_runs.py", "mmbatch.sources.cells"),
         }
     ),
 }
