@@ -90,6 +90,8 @@ def _table_origin(dataset: Any) -> DatasetOrigin:
     if not files:
         if builder is None:
             return DatasetOrigin("own", "a dataset built in memory by this process")
+        if builder in OWN_BUILDERS:  # load_dataset(..., keep_in_memory=True)
+            return DatasetOrigin("own", _own_reason(builder))
         return DatasetOrigin("files", f"{builder} files held in memory")
     folders = tuple(sorted({str(f.parent) for f in files}))
     if builder in OWN_BUILDERS and all(_builders_cache(Path(f), builder) for f in folders):

@@ -105,15 +105,18 @@ def run_table(
     root: Path,
     run: RunConfig | None,
     say: Callable[[JobReport], Sequence[str]] = JobReport.lines,
+    identity: str | None = None,
 ) -> datasets.Dataset:
     """``run_dataset`` for a ``Dataset`` whose path cells follow ``origin``'s rule, its job
-    in a folder under ``root``: loaded from there when it is finished, else run (resumed),
-    and ``say``'s lines of its report printed."""
+    in a folder under ``root`` named by ``identity`` (default: the dataset's fingerprint):
+    loaded from there when it is finished, else run (resumed), and ``say``'s lines of its
+    report printed."""
     _check_columns(task, dataset.column_names)
-    job_files = DatasetJob(root / job_name(dataset._fingerprint, task))
+    identity = identity or dataset._fingerprint
+    job_files = DatasetJob(root / job_name(identity, task))
     if not job_files.columns.is_file():
         requests = dataset_requests(dataset, task, origin)
-        report = run_task_job(requests, task, job_files.rows, dataset._fingerprint, run)
+        report = run_task_job(requests, task, job_files.rows, identity, run)
         for line in say(report):
             print(line, file=sys.stderr)
         rows = list(read_output(job_files.rows))

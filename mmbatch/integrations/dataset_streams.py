@@ -124,8 +124,9 @@ def _run_window(
         counts = f"{report.output.ok} ok, {report.output.failed} failed"
         return [f"mmbatch: {path.stem}: {report.total} rows, {counts}"]
 
+    # Each window's job is named by the window, whatever datasets makes of its file.
     window = datasets.Dataset.from_file(str(path))
-    return run_table(window, task, origin, path.parent / "jobs", run, one_line)
+    return run_table(window, task, origin, path.parent / "jobs", run, one_line, path.stem)
 
 
 def _resumed(raw: datasets.IterableDataset, progress: StreamProgress) -> Iterator[dict[str, Any]]:

@@ -348,9 +348,10 @@ class CellRows:
         if key not in _SAID:
             _SAID.add(key)
             print(
-                f"mmbatch: {len(self.refused)} of {rows} rows name files outside the folders "
-                f"{self.origin.reason} may read ({self.refused[0]!r}): each is its row's error; "
-                f"allow their folder with DatasetMap(..., {fix})",
+                f"mmbatch: {len(self.refused)} of {rows} rows name files on this machine "
+                f"outside the folders allowed for {self.origin.reason} (e.g. "
+                f"{self.refused[0]!r}): each is its row's error; if they are yours, allow "
+                f"their folder with DatasetMap(..., {fix})",
                 file=sys.stderr,
             )
 

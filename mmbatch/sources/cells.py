@@ -106,6 +106,8 @@ def _binary_views(array: Any) -> list[memoryview | None]:
     import numpy as np
     import pyarrow as pa
 
+    if pa.types.is_null(array.type):  # a column of no bytes at all, typed as nothing
+        return [None] * len(array)
     _, offsets_buffer, data_buffer = array.buffers()[:3]
     width = np.int64 if pa.types.is_large_binary(array.type) else np.int32
     offsets = np.frombuffer(offsets_buffer, dtype=width)[
