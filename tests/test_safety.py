@@ -402,7 +402,7 @@ def shared_recipe(tmp_path: Path, engine: str) -> Path:
 
 
 ATTACKS = [
-    # issue 24's: each reached vLLM untouched, and the first two imported the module
+    # Each of these once reached vLLM untouched, and the first two imported the module
     (f'compilation_config = {{ inductor_passes = {{ p = "{PAYLOAD}.evil" }} }}',
      "compilation_config.inductor_passes"),
     (f'compilation_config = {{ backend = "{PAYLOAD}.evil" }}', "compilation_config.backend"),

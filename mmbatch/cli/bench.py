@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -24,7 +25,12 @@ def register(commands: Commands) -> None:
         required=True,
         help="model directory (or config-only, with --engine-arg load_format=dummy)",
     )
-    parser.add_argument("--out", required=True, help="report JSON")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="the report's JSON file (default: mmbatch-bench-DATE-TIME.json in the working "
+        "directory)",
+    )
     parser.add_argument("--images", type=int, default=500, help="images of W2")
     parser.add_argument("--w1-images", type=int, default=2000, help="images of W1, rows of W4")
     parser.add_argument("--videos", type=int, default=10, help="videos of W3")
@@ -116,9 +122,17 @@ def run(args: argparse.Namespace) -> int:
         "whole": [int(n) for n in args.whole.split(",") if n.strip()],
         "whole_repeats": args.whole_repeats,
     }
+    out = Path(args.out) if args.out else default_report_path()
     report = run_bench(options, sys.argv[1:])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
-    print(f"report written to {args.out}")
+    print(f"report written to {out}")
     return EXIT_OK
+
+
+def default_report_path() -> Path:
+    """Where a report goes unless ``--out`` says: the working directory, named by the time
+    the run started (UTC), so that a later run never overwrites an earlier one's report."""
+    started = datetime.datetime.now(datetime.timezone.utc)
+    return Path(f"mmbatch-bench-{started:%Y-%m-%d-%H%M%S}.json")

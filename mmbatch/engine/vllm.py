@@ -394,7 +394,8 @@ def _sampling_params(sampling: Sampling, model_defaults: Mapping[str, Any]) -> S
             # detokenises as it generates (its default), so the text is exactly its own: a
             # cut inside a character is held back, not decoded as U+FFFD, and stop strings
             # are found. It costs about 1.3 us a token in the engine's driving process
-            # (this project's 2-core CPU; 0.2 us decoding each finished output once).
+            # (a 2-core CPU, vLLM 0.32's CPU build, 2026-12-01; 0.2 us decoding each finished
+            # output once).
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
     except (ValueError, TypeError) as exc:  # vLLM's own checks, on the settings merged

@@ -113,7 +113,7 @@ VIDEO_SETTINGS = ("fps", "num_frames", "timestamps")
 
 
 class VideoMedia(_Table):
-    """Issue 3's video loader options (``VideoOptions``); ``as_clip`` hands the sampled
+    """The video loader's options (``VideoOptions``); ``as_clip`` hands the sampled
     frames over as one video."""
 
     kind: Literal["video"]

@@ -4,8 +4,9 @@
 # VLLM::EngineCore process and on its parent (the side's front end: the bench worker, or
 # mmbatch's engine process), named after the side then running (its spec-MODE.json);
 # index.txt also logs each core's thread count and OMP_NUM_THREADS (torch's thread pool).
-#   bash mmbatch/bench/sample_engines.sh PY_SPY_WHEEL OUTDIR &   # then: kill $!
-# Summarise a file by thread and function: results/NOTES.md, seventh session.
+#   bash benchmarks/sample_engines.sh PY_SPY_WHEEL OUTDIR &   # then: kill $!
+# PY_SPY_WHEEL is py-spy's manylinux wheel (pip download --no-deps --only-binary=:all: py-spy);
+# each raw file sums up by thread and function (docs/performance.md says what it found).
 wheel=$1 out=$2
 mkdir -p "$out" /tmp/py-spy && python3 -m zipfile -e "$wheel" /tmp/py-spy
 spy=$(ls /tmp/py-spy/*.data/scripts/py-spy) && chmod +x "$spy"
