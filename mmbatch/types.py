@@ -10,7 +10,7 @@ Pixels live only in ``MediaItem.payload``; everything the planner sees is keys.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from typing import Any, Literal
 
 Modality = Literal["image", "video", "audio"]
@@ -263,6 +263,10 @@ class Usage:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        """The counts of two requests together (an item's answers, summed)."""
+        return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 @dataclass(frozen=True)
