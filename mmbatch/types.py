@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, astuple, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 Modality = Literal["image", "video", "audio"]
 """The kinds of media a request can carry; the names match vLLM's ``multi_modal_data`` keys."""
+MODALITIES: tuple[Modality, ...] = get_args(Modality)
+"""Every ``Modality``, in the order above."""
 
 Stage = Literal["source", "load", "decode", "validate", "engine", "parse", "sink"]
 """Where in the pipeline an item failed; error rows carry it so users can tell bad input
