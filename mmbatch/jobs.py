@@ -32,7 +32,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
@@ -52,6 +52,9 @@ from mmbatch.output.summary import with_last_measured, write_summary
 from mmbatch.output.writable import check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
+
+if TYPE_CHECKING:
+    from mmbatch.engine.builder import Host
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ def run_job(
     the config of the vLLM engine to start if anything is left to do)."""
     run = run or RunConfig()
     milestone("inputs_listed")
-    _check_layout(engine)  # a configuration mistake stops the job before any output
+    laid_out = _read_host(engine)  # a configuration mistake stops the job before any output
     log = engine.log_file if isinstance(engine, EngineConfig) else None
     plan = plan_resume(job, out, Path(log) if log else None)
     # The engine starts before anything is written: a setting it refuses leaves no output.
@@ -196,7 +199,7 @@ def run_job(
     startup = None
     if plan.pending:
         start_decoders(run.workers())  # they start while the engine loads
-        live = _engine(engine, plan.pending, info)
+        live = _engine(laid_out, plan.pending, info)
         startup = process_seconds()
         milestone("engines_ready")
     write_record(out.paths.record, job.fingerprint)
@@ -355,28 +358,29 @@ def _run(
     return run_requests(pending, engine, job.media, sink, job.sampling, run, rows)
 
 
-def _check_layout(engine: Engine | EngineConfig) -> None:
-    """``ConfigError`` for engine settings the host cannot lay out (a missing model folder,
-    more GPUs than there are), before anything is written."""
-    if isinstance(engine, EngineConfig):
-        from mmbatch.engine.builder import host_layout
-
-        host_layout(engine)
-
-
-def _engine(
-    engine: Engine | EngineConfig, requests: Sequence[Request], info: dict[str, Any]
-) -> Engine:
-    """``engine``, or the engine(s) ``engine`` describes, built for the host's GPUs and sized
-    for the work left (a small job: one engine per GPU); the layout chosen, and why, goes to
-    the summary (and is said at once)."""
+def _read_host(engine: Engine | EngineConfig) -> Engine | Host:
+    """``engine``, or the host the engine(s) ``engine`` describes will run on, checked:
+    ``ConfigError`` for settings the host cannot lay out (a missing model folder, more GPUs
+    than there are), before anything is written."""
     if not isinstance(engine, EngineConfig):
         return engine
-    from mmbatch.engine.builder import host_layout
+    from mmbatch.engine.builder import read_host
+
+    return read_host(engine)
+
+
+def _engine(engine: Engine | Host, requests: Sequence[Request], info: dict[str, Any]) -> Engine:
+    """``engine``, or the engine(s) for ``engine``'s host, laid out for the work left (a
+    small job: one engine per GPU); the layout chosen, and why, goes to the summary (and is
+    said at once)."""
+    from mmbatch.engine.builder import Host
     from mmbatch.engine.registry import shared_engine_and_layout
 
-    layout = host_layout(engine, len(requests))
-    built, layout = shared_engine_and_layout(engine, media_per_prompt(requests), layout)
+    if not isinstance(engine, Host):
+        return engine
+    layout = engine.layout(len(requests))
+    media = media_per_prompt(requests)
+    built, layout = shared_engine_and_layout(engine.config, media, layout)
     info["engines"] = layout.describe()
     print(f"mmbatch: {layout.describe()}", file=sys.stderr)
     return built
