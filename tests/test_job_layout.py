@@ -14,7 +14,8 @@ from mmbatch.engine import builder, registry
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Gpu, Layout, choose_layout
 from mmbatch.errors import ConfigError
-from mmbatch.jobs import FileOutput, Job, run_job
+from mmbatch.jobs import Job, run_job
+from mmbatch.output.file_output import FileOutput
 from mmbatch.pipeline import RunConfig
 from mmbatch.testing.fake_engine import FakeEngine
 
