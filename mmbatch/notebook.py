@@ -25,7 +25,7 @@ from mmbatch.jobs import Job, media_per_prompt, run_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.pipeline import RunConfig, close_pipeline
 from mmbatch.sources import DEFAULT_PROMPT
-from mmbatch.sources.mixed_media import list_media, media_requests, modality_of
+from mmbatch.sources.mixed_media import Takes, list_media, media_requests, modality_of
 from mmbatch.types import MODALITIES, MediaRef, Modality, Request, Sampling
 
 
@@ -116,7 +116,7 @@ def _requests(
                 from mmbatch.engine.processor import model_modalities
 
                 take = set(model_modalities(config)) if config else set(MODALITIES)
-            requests += media_requests(files, prompt, system, take=take, as_clip=True)
+            requests += media_requests(files, prompt, system, takes=Takes(take, as_clip=True))
         elif isinstance(item, (bytes, bytearray, memoryview)):
             requests.append(Request(f"#{index}", prompt, (_in_memory(index, data=item),), system))
         elif _is_image(item):
