@@ -35,8 +35,10 @@ from mmbatch.types import (
 if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
     from mmbatch.integrations.hf_datasets import DatasetMap
-    from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory, run_job
+    from mmbatch.jobs import Job, run_in_memory, run_job
     from mmbatch.notebook import caption, load_engine
+    from mmbatch.output.file_output import FileOutput
+    from mmbatch.output.summary import JobReport
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.clips import ClipSplit, clip_requests
     from mmbatch.sources.files import image_requests
@@ -47,9 +49,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "DatasetMap": "mmbatch.integrations.hf_datasets",
     "VLLMEngine": "mmbatch.engine.vllm",
-    "FileOutput": "mmbatch.jobs",
+    "FileOutput": "mmbatch.output.file_output",
     "Job": "mmbatch.jobs",
-    "JobReport": "mmbatch.jobs",
+    "JobReport": "mmbatch.output.summary",
     "run_job": "mmbatch.jobs",
     "run_in_memory": "mmbatch.jobs",
     "caption": "mmbatch.notebook",

@@ -10,11 +10,13 @@ Pixels live only in ``MediaItem.payload``; everything the planner sees is keys.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, astuple, dataclass, field
+from typing import Any, Literal, get_args
 
 Modality = Literal["image", "video", "audio"]
 """The kinds of media a request can carry; the names match vLLM's ``multi_modal_data`` keys."""
+MODALITIES: tuple[Modality, ...] = get_args(Modality)
+"""Every ``Modality``, in the order above."""
 
 Stage = Literal["source", "load", "decode", "validate", "engine", "parse", "sink"]
 """Where in the pipeline an item failed; error rows carry it so users can tell bad input
@@ -263,6 +265,10 @@ class Usage:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        """The counts of two requests together (an item's answers, summed)."""
+        return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 @dataclass(frozen=True)

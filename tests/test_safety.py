@@ -104,7 +104,7 @@ def test_videos_and_audio_outside_a_manifests_folder_are_not_opened(
     refused is its row's error before anything reads it, and a clip as a whole likewise."""
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.sources import timeline
-    from mmbatch.sources.mixed_media import list_media, media_requests
+    from mmbatch.sources.mixed_media import Takes, list_media, media_requests
 
     opened: list[str] = []
     monkeypatch.setattr(timeline, "_frames_taken", lambda path, *a: opened.append(path))
@@ -116,7 +116,7 @@ def test_videos_and_audio_outside_a_manifests_folder_are_not_opened(
         listed = [
             *timeline.frame_requests([str(items)], VideoOptions(num_frames=2), "p"),
             *timeline.audio_requests([str(items)], AudioOptions(), "p"),
-            *media_requests(list_media([str(items)]), "p", take=("video",), as_clip=True),
+            *media_requests(list_media([str(items)]), "p", takes=Takes(("video",), as_clip=True)),
         ]
         for request in listed:
             assert_refused(request.error, f"../{name}", "--input-root DIR")

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.jobs import FileOutput, Job
+    from mmbatch.jobs import Job
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
+    from mmbatch.output.file_output import FileOutput
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.files import KeepColumns, SourcePolicy
@@ -522,7 +523,7 @@ def audio_options_from(args: argparse.Namespace) -> AudioOptions:
 
 
 def file_output_from(args: argparse.Namespace) -> FileOutput:
-    from mmbatch.jobs import FileOutput
+    from mmbatch.output.file_output import FileOutput
 
     return FileOutput.at(
         args.out,

@@ -61,7 +61,7 @@ def run(
     from mmbatch.engine.builder import check_engine_without_devices
     from mmbatch.errors import ConfigError
     from mmbatch.integrations import ray_data
-    from mmbatch.jobs import FileOutput
+    from mmbatch.output.file_output import FileOutput
     from mmbatch.output.folders import FOLDER_FORMATS
 
     try:

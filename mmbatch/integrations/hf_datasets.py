@@ -52,7 +52,7 @@ from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.errors import ConfigError, ItemFailure
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
-from mmbatch.output.rows import output_row
+from mmbatch.output.rows import TOKEN_COLUMNS, output_row
 from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import ItemError, Modality, Request, Result, Sampling
@@ -215,7 +215,7 @@ class DatasetMap:
         }
         if self.with_usage:
             columns["finish_reason"] = [row["finish_reason"] or empty for row in ordered]
-            for name in ("prompt_tokens", "output_tokens", "cached_tokens"):
+            for name in TOKEN_COLUMNS:
                 columns[name] = [int(row[name] or 0) for row in ordered]
         return columns
 

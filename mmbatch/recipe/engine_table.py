@@ -26,6 +26,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mmbatch.types import MODALITIES
+
 Problem = tuple[str, str, bool]
 """``(key path, why, refused)``: ``refused`` when the command line could set it (a key or
 a value a recipe may not hold), not when the value is malformed for any caller."""
@@ -167,7 +169,6 @@ def _not_settable(key: str, known: Mapping[str, Shape], table: str = "") -> str:
 INTEGER = Number(integer=True)
 NUMBER = Number()
 FLAG = Flag()
-MEDIA_KINDS = ("image", "video", "audio")
 _SIZE = Table(
     dict.fromkeys(
         ("shortest_edge", "longest_edge", "height", "width", "min_pixels", "max_pixels"), INTEGER
@@ -295,7 +296,7 @@ ENGINE_SETTINGS: Mapping[str, Shape] = {
     ),
     # Multimodal
     "limit_mm_per_prompt": TableOf(
-        MEDIA_KINDS,
+        MODALITIES,
         Either(
             (
                 INTEGER,
@@ -312,7 +313,7 @@ ENGINE_SETTINGS: Mapping[str, Shape] = {
             **dict.fromkeys(_PROCESSOR_FLAGS, FLAG),
         }
     ),
-    "media_io_kwargs": TableOf(MEDIA_KINDS, Table({"num_frames": INTEGER, "fps": NUMBER})),
+    "media_io_kwargs": TableOf(MODALITIES, Table({"num_frames": INTEGER, "fps": NUMBER})),
     "mm_processor_cache_gb": NUMBER,
     "mm_processor_cache_type": OneOf(("lru", "shm")),
     "mm_shm_cache_max_object_size_mb": INTEGER,

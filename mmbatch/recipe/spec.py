@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from mmbatch.errors import ConfigError
 from mmbatch.recipe.engine_table import engine_problems
-from mmbatch.types import InvalidSetting, Modality, Sampling
+from mmbatch.types import MODALITIES, InvalidSetting, Modality, Sampling
 from mmbatch.validation import TYPE_ERRORS, Problem, expected, problems
 
 if sys.version_info >= (3, 11):
@@ -146,7 +146,6 @@ MediaTable = Annotated[
     | Annotated[AudioMedia, Tag("audio")],
     Discriminator(_media_kind),
 ]
-MEDIA_KINDS = ("image", "video", "audio")
 
 
 class OutputTable(_Table):
@@ -322,7 +321,7 @@ def _said(problem: Problem, data: Mapping[str, Any]) -> str:
         if problem.kind == "missing":
             return f"missing the [{key}] table"
         if isinstance(value, Mapping) and key == "media":  # a table, of a kind not known
-            return f"[media] kind must be one of {', '.join(MEDIA_KINDS)}, got {value['kind']!r}"
+            return f"[media] kind must be one of {', '.join(MODALITIES)}, got {value['kind']!r}"
         return f"{key!r} must be a table ([{key}]), got {value!r}"
     if path[:2] == ("prompt", "questions") and len(path) <= 3:
         value = _raw(data, path)

@@ -34,6 +34,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 from mmbatch.errors import SourceError
 from mmbatch.jsonl import JsonlError, printable, read_objects
 from mmbatch.media.fetch import is_url
+from mmbatch.output.rows import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.paths import LocalPaths, PathNotAllowed
 from mmbatch.types import ItemError, MediaRef, Request
@@ -48,16 +49,6 @@ AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".
 
 KeepColumns: TypeAlias = "tuple[str, ...] | Literal['all']"
 """The input columns carried into each output row: named ones, or ``"all"``."""
-
-OUTPUT_FIELDS = frozenset(
-    {
-        "id", "source", "media_hash", "prompt", "text", "parsed", "finish_reason",
-        "prompt_tokens", "output_tokens", "cached_tokens", "error", "outputs",
-        "video", "frame_index", "pts", "frame_path", "start", "end",
-    }
-)  # fmt: skip
-"""Fields of mmbatch's own rows; an input column of one of these names is kept as
-``input_NAME`` instead."""
 
 
 @dataclass(frozen=True)
@@ -293,7 +284,7 @@ def input_columns(
     lacks is null."""
     names = [n for n in row if n not in own] if keep == "all" else list(keep)
     return tuple(
-        (f"input_{name}" if name in OUTPUT_FIELDS else name, json_value(row.get(name)))
+        (f"input_{name}" if name in COLUMN_NAMES else name, json_value(row.get(name)))
         for name in names
     )
 
