@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
+from mmbatch.errors import ItemFailure
 from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
 
 OutputParser = Callable[[str], Any]
@@ -295,6 +296,8 @@ class ItemRows:
                     values = [self.parse(text) for text in texts]
                 except ValueError as exc:
                     error = ItemError("parse", str(exc), "unparsable")
+                except ItemFailure as exc:  # the schema could not be applied
+                    error = ItemError(exc.stage, str(exc), exc.kind)
                 else:
                     parsed = values if result.choices else values[0]
             answer["parsed"] = parsed
