@@ -423,6 +423,8 @@ ATTACKS = [
     ('load_format = "tensorizer"', "load_format"),
     ('download_dir = "/elsewhere"', "download_dir"),
     (f'quantization = "{PAYLOAD}.Evil"', "quantization"),
+    # a setting that starts a cluster whose daemons listen on the network
+    ('distributed_executor_backend = "ray"', "distributed_executor_backend"),
 ]  # fmt: skip
 
 
@@ -537,6 +539,7 @@ def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: P
         'compilation_config={"backend": "mine.backend"}',
         'hf_overrides={"architectures": ["Mine"]}',
         "chat_template=/home/me/template.jinja",
+        "distributed_executor_backend=ray",
     ]
     args = build_parser().parse_args(
         [*argv, "--trust-remote-code", *(f"--engine-arg={pair}" for pair in chosen)]
@@ -547,6 +550,7 @@ def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: P
         "compilation_config": {"backend": "mine.backend"},
         "hf_overrides": {"architectures": ["Mine"]},
         "chat_template": "/home/me/template.jinja",
+        "distributed_executor_backend": "ray",
     }
     # The job runs with them (on the fake engine: nothing is imported here).
     assert main([*argv, *(f"--engine-arg={pair}" for pair in chosen)], FakeEngine()) == EXIT_OK
