@@ -69,6 +69,15 @@ class ClipSpan:
 
 
 @dataclass(frozen=True)
+class FileId:
+    """A file as its file system numbers it: what a checked path led to when it was checked,
+    so that the read can make sure it opened that very file (``mmbatch.sources.paths``)."""
+
+    device: int
+    inode: int
+
+
+@dataclass(frozen=True)
 class MediaRef:
     """What a source row points at, nothing decoded yet: a file to read, or media already
     in memory, the way datasets stores media as ``{bytes, path}``.
@@ -82,6 +91,11 @@ class MediaRef:
     ``part`` narrows a file: an image taken from one frame of a video (``FrameAt``), a
     window of an audio file (``TimeSpan``), or a clip cut from a video (``ClipSpan``);
     ``None`` is the whole file.
+
+    ``pinned``, for a path the path rule checked (one named inside an input, or found by a
+    folder walk), is the file it led to then: a read that opens another file (a symlink
+    swapped in since) reads nothing and fails the item. ``None``: a path the person running
+    the job named, read as it is.
     """
 
     modality: Modality
@@ -89,6 +103,7 @@ class MediaRef:
     data: bytes | memoryview | None = field(default=None, repr=False)
     image: Any = field(default=None, repr=False)
     part: FrameAt | TimeSpan | ClipSpan | None = None
+    pinned: FileId | None = None
 
     def __post_init__(self) -> None:
         if self.data is not None and self.image is not None:

@@ -28,7 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 from mmbatch.errors import MediaError
 from mmbatch.media.options import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.media.video import VideoIndex
-from mmbatch.types import ClipSpan, FrameAt, ItemError, MediaItem, TimeSpan
+from mmbatch.types import ClipSpan, FileId, FrameAt, ItemError, MediaItem, TimeSpan
 
 Decoded: TypeAlias = "dict[str, MediaItem | ItemError]"
 """What a job made: an item, or the reason it could not be made, by media key."""
@@ -131,6 +131,8 @@ class AudioJob(_OneItem, _ReadsItsFile):
     source: str
     span: TimeSpan | None
     options: AudioOptions
+    pinned: FileId | None = None
+    """The file the path rule checked (``MediaRef.pinned``)."""
 
 
 DecodeJob: TypeAlias = "ImageJob | DecodedImageJob | FramesJob | ClipJob | AudioJob"
@@ -223,7 +225,7 @@ def _audio(job: AudioJob) -> Decoded:
     from mmbatch.media.audio import decode_audio
 
     rate = job.options.rate
-    samples = decode_audio(job.source, rate, job.span)
+    samples = decode_audio(job.source, rate, job.span, job.pinned)
     if samples.size == 0:
         raise MediaError("the audio window holds no samples")
     meta: dict[str, Any] = {

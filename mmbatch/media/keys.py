@@ -114,13 +114,13 @@ class Keyer:
             raise unusable[ref.source]
         try:
             if ref.modality == "image" and ref.part is None:
-                return self._image(ref.source, unit, jobs)
+                return self._image(ref, unit, jobs)
             if ref.modality == "image" and isinstance(ref.part, FrameAt):
-                return self._frame(ref.source, ref.part, unit, frames)
+                return self._frame(ref, ref.part, unit, frames)
             if ref.modality == "video" and (ref.part is None or isinstance(ref.part, ClipSpan)):
-                return self._clip(ref.source, ref.part, request, unit, jobs)
+                return self._clip(ref, ref.part, request, unit, jobs)
             if ref.modality == "audio" and (ref.part is None or isinstance(ref.part, TimeSpan)):
-                return self._audio(ref.source, ref.part, unit, jobs)
+                return self._audio(ref, ref.part, unit, jobs)
         except MediaError as exc:
             if exc.stage == "load":  # the file itself is unusable: so is every ref to it
                 unusable[ref.source] = exc
@@ -129,10 +129,10 @@ class Keyer:
             f"cannot load {ref.modality} from {ref.part!r}", stage="load", kind="unsupported"
         )
 
-    def _image(self, source: str, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
+    def _image(self, ref: MediaRef, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
         # Always hashed from the bytes that will be decoded: a key remembered by name could
         # outlive a change to the file, and vLLM trusts our keys blindly.
-        data = read_source(source, self.options.urls)
+        data = read_source(ref.source, self.options.urls, pinned=ref.pinned)
         unit.bytes_read += len(data)
         key = media_key("image", data, self.options.image.cache_token())
         jobs.setdefault(key, ImageJob(key, data, self.options.image))
@@ -157,12 +157,13 @@ class Keyer:
         jobs.setdefault(key, job)
         return key
 
-    def _digest(self, source: str, unit: KeyedUnit) -> bytes:
+    def _digest(self, ref: MediaRef, unit: KeyedUnit) -> bytes:
+        source = ref.source
         with self._lock:
             known = self._digests.get(source)
         if known is None:
             try:
-                known = file_digest(source)
+                known = file_digest(source, ref.pinned)
             except OSError as exc:
                 raise MediaError(
                     f"cannot read {source!r}: {exc.strerror or exc}",
@@ -176,56 +177,57 @@ class Keyer:
                 _remember(self._digests, source, known)
         return known[0]
 
-    def _index(self, source: str) -> VideoIndex:
+    def _index(self, ref: MediaRef) -> VideoIndex:
         """The video's index (demuxed once for all the clips cut from it)."""
         from mmbatch.media.video import index_video
 
+        source = ref.source
         with self._lock:
             known = self._indices.get(source)
         if known is None:
-            known = index_video(source, self.options.video.max_source_pixels)
+            known = index_video(source, self.options.video.max_source_pixels, ref.pinned)
             with self._lock:
                 _remember(self._indices, source, known, INDEX_ENTRIES)
         return known
 
     def _frame(
         self,
-        source: str,
+        ref: MediaRef,
         frame: FrameAt,
         unit: KeyedUnit,
         frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]],
     ) -> str:
         token = frame_token(frame, self.options.frame_max_pixels)
-        key = media_key("image", self._digest(source, unit), token)
-        if source not in frames:
-            frames[source] = (self._index(source), {})
-        frames[source][1][key] = frame
+        key = media_key("image", self._digest(ref, unit), token)
+        if ref.source not in frames:
+            frames[ref.source] = (self._index(ref), {})
+        frames[ref.source][1][key] = frame
         return key
 
     def _clip(
         self,
-        source: str,
+        ref: MediaRef,
         span: ClipSpan | None,
         request: Request,
         unit: KeyedUnit,
         jobs: dict[str, DecodeJob],
     ) -> str:
-        digest = self._digest(source, unit)
+        digest = self._digest(ref, unit)
         options = self.options.video
-        index = self._index(source)
+        index = self._index(ref)
         clip = index if span is None else index.between(span.first, span.stop)
         if self.limits is not None:
             options = self.limits.fit_clip(request, clip, options)
         key = media_key("video", digest, clip_token(options, span))
-        jobs.setdefault(key, ClipJob(key, source, index, options, span))
+        jobs.setdefault(key, ClipJob(key, ref.source, index, options, span))
         return key
 
     def _audio(
-        self, source: str, span: TimeSpan | None, unit: KeyedUnit, jobs: dict[str, DecodeJob]
+        self, ref: MediaRef, span: TimeSpan | None, unit: KeyedUnit, jobs: dict[str, DecodeJob]
     ) -> str:
         options = self.options.audio
-        key = media_key("audio", self._digest(source, unit), audio_token(span, options))
-        jobs.setdefault(key, AudioJob(key, source, span, options))
+        key = media_key("audio", self._digest(ref, unit), audio_token(span, options))
+        jobs.setdefault(key, AudioJob(key, ref.source, span, options, ref.pinned))
         return key
 
 

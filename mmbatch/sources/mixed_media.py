@@ -29,7 +29,7 @@ from mmbatch.sources.files import (
 )
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.timeline import audio_file_requests
-from mmbatch.types import ItemError, MediaRef, Modality, Request
+from mmbatch.types import ItemError, Modality, Request
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
 
@@ -76,7 +76,7 @@ def media_requests(
         text = file.prompt or prompt
         kind = modality_of(file.path)
         if file.refused is not None:  # a path its manifest may not name
-            ref = MediaRef(kind, file.path)
+            ref = file.ref(kind)
             requests.append(
                 Request(file.id, text, (ref,), system, columns=file.columns, error=file.refused)
             )
@@ -89,7 +89,7 @@ def media_requests(
                 )
                 continue
             error = ItemError("validate", _not_taken(kind, as_clip, take, taker), "unsupported")
-            ref = MediaRef(kind, file.path)
+            ref = file.ref(kind)
             requests.append(
                 Request(file.id, text, (ref,), system, columns=file.columns, error=error)
             )
@@ -98,7 +98,7 @@ def media_requests(
         elif kind == "video" and clips is not None:
             requests.extend(video_clips(file, cuts[file.path], text, system, clips))
         else:
-            ref = MediaRef(kind, file.path)
+            ref = file.ref(kind)
             requests.append(Request(file.id, text, (ref,), system, columns=file.columns))
     if not requests:
         kinds = " or ".join(sorted(wanted)) or "media"
