@@ -33,10 +33,12 @@ def canonical_schema(schema: Any, where: str) -> str:
 
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
+        check_references(schema, where)
+        return json.dumps(schema, sort_keys=True, separators=(",", ":"))
     except jsonschema.SchemaError as exc:
         raise ConfigError(f"{where}: not a valid JSON schema: {exc.message}") from None
-    check_references(schema, where)
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    except RecursionError:
+        raise ConfigError(f"{where}: the JSON schema is nested too deeply") from None
 
 
 class JsonParser:

@@ -230,6 +230,8 @@ def load_recipe(path: str | Path) -> Recipe:
         raise ConfigError(f"cannot read recipe {str(path)!r}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a recipe: its TOML is nested too deeply") from None
     return parse_recipe(data, str(path), default_name=path.stem)
 
 
