@@ -49,7 +49,7 @@ from mmbatch.output.rows import FLAT, RowShape
 from mmbatch.output.sinks import MemorySink, Sink
 from mmbatch.output.stats import JobStats, OutputTally, count_output, format_counts
 from mmbatch.output.summary import with_last_measured, write_summary
-from mmbatch.output.writable import check_writable
+from mmbatch.output.writable import check_folder_writable, check_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
 
@@ -217,6 +217,8 @@ def plan_resume(job: Job, out: FileOutput, log: Path | None = None) -> ResumePla
     to write (``write_record``), once the job is sure to start."""
     paths = out.paths
     check_writable(paths.rows, [paths.progress, log])
+    if job.media.frame_dir is not None:
+        check_folder_writable(Path(job.media.frame_dir), "the saved frames (--save-frames)")
     _remove_orphans(paths)
     _restore_spool(paths, job.shape)
     plan = prepare(paths, job, force=out.force, retry_errors=out.retry_errors)
