@@ -36,6 +36,7 @@ from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.decode_only import NoEngine
 from mmbatch.errors import ConfigError, FatalEngineError, OutputError, SourceError
 from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.media.decoders import start_decoders
@@ -192,13 +193,7 @@ def run_job(
     plan = plan_resume(job, out, Path(log) if log else None)
     # The engine starts before anything is written: a setting it refuses leaves no output.
     info = dict(job.info)
-    live = None
-    startup = None
-    if plan.pending:
-        start_decoders(run.workers())  # they start while the engine loads
-        live = _engine(engine, plan.pending, info)
-        startup = process_seconds()
-        milestone("engines_ready")
+    live, startup = _started(engine, plan.pending, info, run)
     write_record(out.paths.record, job.fingerprint)
     stats = JobStats()
     # With nothing left to run, the rows are still put in input order: a job killed between
@@ -364,6 +359,29 @@ def _check_layout(engine: Engine | EngineConfig) -> None:
         from mmbatch.engine.builder import host_layout
 
         host_layout(engine)
+
+
+def _started(
+    engine: Engine | EngineConfig, pending: Sequence[Request], info: dict[str, Any], run: RunConfig
+) -> tuple[Engine | None, float | None]:
+    """The engine to run ``pending`` on (None: nothing is pending), with the decode workers,
+    and the seconds from the process's start to it being ready (None: nothing started).
+    Requests that were all refused while listing (their rows are their errors) start
+    nothing: a minute of engine start-up for no answer."""
+    if not pending:
+        return None, None
+    if all(request.error is not None for request in pending):
+        print(
+            f"mmbatch: none of the {len(pending)} requests left can run (each was refused "
+            "while listing: its row says why); no engine started",
+            file=sys.stderr,
+        )
+        return NoEngine(), None
+    start_decoders(run.workers())  # they start while the engine loads
+    live = _engine(engine, pending, info)
+    startup = process_seconds()
+    milestone("engines_ready")
+    return live, startup
 
 
 def _engine(
