@@ -77,6 +77,19 @@ class ImageJob(_OneItem):
 
 
 @dataclass(frozen=True)
+class ImageFileJob(_OneItem, _ReadsItsFile):
+    """A picture file keyed earlier in the job (``Keyer``: a file is hashed once per job),
+    read again only if its item must be decoded again (the store let it go). Its bytes must
+    still be those of ``key``: a file changed since is that item's error, never another
+    picture under the key."""
+
+    key: str
+    source: str
+    options: ImageOptions
+    pinned: FileId | None = None
+
+
+@dataclass(frozen=True)
 class DecodedImageJob(_OneItem):
     """A picture some library already decoded (a datasets ``Image()`` cell), made what an
     ``ImageJob`` would give: capped, RGB, resized."""
@@ -135,7 +148,7 @@ class AudioJob(_OneItem, _ReadsItsFile):
     """The file the path rule checked (``MediaRef.pinned``)."""
 
 
-DecodeJob: TypeAlias = "ImageJob | DecodedImageJob | FramesJob | ClipJob | AudioJob"
+DecodeJob: TypeAlias = "ImageJob | ImageFileJob | DecodedImageJob | FramesJob | ClipJob | AudioJob"
 
 
 def decode(job: DecodeJob) -> Decoded:
@@ -154,6 +167,21 @@ def _image(job: ImageJob) -> Decoded:
     from mmbatch.media.image import decode_image
 
     return {job.key: _image_item(job.key, decode_image(job.data, job.options))}
+
+
+def _image_file(job: ImageFileJob) -> Decoded:
+    from mmbatch.media.fetch import read_source
+    from mmbatch.media.hashing import media_key
+    from mmbatch.media.image import decode_image
+
+    data = read_source(job.source, None, pinned=job.pinned)
+    if media_key("image", data, job.options.cache_token()) != job.key:
+        raise MediaError(
+            f"{job.source!r} changed while the job ran; run the job again to caption it",
+            stage="load",
+            kind="unreadable",
+        )
+    return {job.key: _image_item(job.key, decode_image(data, job.options))}
 
 
 def _decoded_image(job: DecodedImageJob) -> Decoded:
@@ -238,6 +266,7 @@ def _audio(job: AudioJob) -> Decoded:
 
 _DECODERS: dict[type, Callable[[Any], Decoded]] = {
     ImageJob: _image,
+    ImageFileJob: _image_file,
     DecodedImageJob: _decoded_image,
     FramesJob: _frames,
     ClipJob: _clip,

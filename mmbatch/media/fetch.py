@@ -65,18 +65,7 @@ def read_source(
     """The bytes of ``source`` (at most ``max_bytes`` of a local file, which must be the file
     ``pinned`` when given), or ``MediaError`` saying why they cannot be had."""
     if not is_url(source):
-        with open_regular(source, pinned) as handle:
-            try:
-                data = handle.read(max_bytes + 1)
-            except OSError as exc:
-                raise unreadable(source, exc) from None
-        if len(data) > max_bytes:
-            raise MediaError(
-                f"{source!r} is over the size limit of {max_bytes} bytes for one media file",
-                stage="load",
-                kind="too_large",
-            )
-        return data
+        return read_file(source, max_bytes, pinned)[0]
     if urls is None:
         raise MediaError(
             f"{source!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",
@@ -84,6 +73,26 @@ def read_source(
             kind="unsupported",
         )
     return fetch_url(source, urls)
+
+
+def read_file(
+    path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES, pinned: FileId | None = None
+) -> tuple[bytes, os.stat_result]:
+    """The bytes of the local file ``path`` (see ``read_source``) and the status of the file
+    they were read from, taken on the open descriptor: what a caller may know them by."""
+    with open_regular(path, pinned) as handle:
+        try:
+            data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise unreadable(path, exc) from None
+        info = os.fstat(handle.fileno())
+    if len(data) > max_bytes:
+        raise MediaError(
+            f"{path!r} is over the size limit of {max_bytes} bytes for one media file",
+            stage="load",
+            kind="too_large",
+        )
+    return data, info
 
 
 def check_regular(path: str, pinned: FileId | None = None) -> os.stat_result:
