@@ -29,7 +29,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -189,6 +189,7 @@ def run_job(
     run = run or RunConfig()
     milestone("inputs_listed")
     _check_layout(engine)  # a configuration mistake stops the job before any output
+    job = _with_invariance(job, engine)
     log = engine.log_file if isinstance(engine, EngineConfig) else None
     plan = plan_resume(job, out, Path(log) if log else None)
     # The engine starts before anything is written: a setting it refuses leaves no output.
@@ -359,6 +360,25 @@ def _check_layout(engine: Engine | EngineConfig) -> None:
         from mmbatch.engine.builder import host_layout
 
         host_layout(engine)
+
+
+def _with_invariance(job: Job, engine: Engine | EngineConfig) -> Job:
+    """``job``, its record and summary saying that its engine decodes batch-invariantly
+    (``mmbatch.engine.invariance``), once the host is known to give it (``ConfigError``
+    where it cannot: before any output). A resumed job must run as it began: its rows are
+    then those of one uninterrupted run."""
+    if not isinstance(engine, EngineConfig) or not engine.batch_invariant:
+        return job
+    from mmbatch.engine.invariance import prepare_batch_invariance, recorded
+
+    prepare_batch_invariance(engine)
+    print(
+        "mmbatch: batch-invariant decoding (VLLM_BATCH_INVARIANT=1): each answer is the same "
+        "whatever it is batched with, on this GPU model, vLLM version and settings",
+        file=sys.stderr,
+    )
+    mark = recorded(engine)
+    return replace(job, fingerprint={**job.fingerprint, **mark}, info={**job.info, **mark})
 
 
 def _started(
