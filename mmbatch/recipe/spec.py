@@ -327,8 +327,10 @@ def _said(problem: Problem, data: Mapping[str, Any]) -> str:
         value = data.get(key)
         if problem.kind == "missing":
             return f"missing the [{key}] table"
-        if isinstance(value, Mapping) and key == "media":  # a table, of a kind not known
+        if isinstance(value, Mapping) and key == "media" and "kind" in value:  # not known
             return f"[media] kind must be one of {', '.join(MEDIA_KINDS)}, got {value['kind']!r}"
+        if isinstance(value, Mapping):  # a table, with a key that is no text
+            return f"[{key}]: {problem.message}"
         return f"{key!r} must be a table ([{key}]), got {value!r}"
     if path[:2] == ("prompt", "questions") and len(path) <= 3:
         value = _raw(data, path)
