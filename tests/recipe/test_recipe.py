@@ -276,7 +276,8 @@ def test_mistakes_are_reported(tmp_path: Path, text: str, expected: str) -> None
 
 
 def test_every_sampling_range_problem_is_said_at_once(tmp_path: Path) -> None:
-    """As [engine] does: a recipe with three bad sampling values names all three."""
+    """As [engine] does: a recipe with five bad sampling values names all five (a type
+    pydantic refuses beside the ranges)."""
     message = problems(
         tmp_path,
         """
