@@ -105,9 +105,9 @@ def check_regular(path: str, pinned: FileId | None = None) -> os.stat_result:
         info = os.stat(path)
     except OSError as exc:
         raise unreadable(path, exc) from None
-    except ValueError:  # a NUL byte: no file has that name
+    except ValueError:  # a NUL byte, a lone surrogate: no file has that name
         raise MediaError(
-            f"cannot read {path!r}: a path cannot hold a NUL byte", stage="load", kind="unreadable"
+            f"cannot read {path!r}: no file can have that name", stage="load", kind="unreadable"
         ) from None
     _check_pin(path, info, pinned)
     if not stat.S_ISREG(info.st_mode):

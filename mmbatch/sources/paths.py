@@ -31,7 +31,8 @@ compares the file it opened with the pin before reading a byte. A symlink swappe
 between (by someone who can write to the input's folder while the job runs) makes that
 item's error row, and the file it leads to is not read. A path that leads nowhere when it
 is checked is its row's error then, so that nothing put there later is read either. A path
-that cannot name a file (one holding a NUL byte) is its row's error too.
+that cannot name a file (one holding a NUL byte, or a lone surrogate that stands for no byte)
+is its row's error too.
 """
 
 from __future__ import annotations
@@ -158,4 +159,10 @@ def _local(named: str, where: str) -> str:
         path = unquote(parts.path)
     if "\0" in path:
         raise UnusablePath(f"{where}: {named!r} holds a NUL byte, which no file name can")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte ("\ud800")
+        raise UnusablePath(
+            f"{where}: {named!r} holds a character that no file name can (a lone surrogate)"
+        ) from None
     return path

@@ -19,6 +19,8 @@ from mmbatch.testing.fake_engine import FakeEngine
 
 NUL_PATHS = ["a\0.jpg", "file:///tmp/x%00.jpg", "ok.jpg\0../../secret.jpg"]
 """Paths no file can have; the first is how JSON's ``\\u0000`` escape reads."""
+UNNAMEABLE = "\ud800.jpg"
+"""A lone surrogate that stands for no byte (JSON's ``\\ud800``): no file name either."""
 
 
 def jsonl(path: Path, *rows: object) -> Path:
@@ -55,15 +57,19 @@ def assert_nul_refused(error: dict) -> None:  # type: ignore[type-arg]
 def test_a_nul_byte_in_a_manifest_path_is_its_rows_error(
     folder: Path, tmp_path: Path, wider: list[str]
 ) -> None:
-    items = jsonl(folder / "items.jsonl", {"path": "ok.jpg"}, *({"path": p} for p in NUL_PATHS))
+    paths = [*NUL_PATHS, UNNAMEABLE]
+    items = jsonl(folder / "items.jsonl", {"path": "ok.jpg"}, *({"path": p} for p in paths))
     out = tmp_path / "o.jsonl"
     argv = ["caption", str(items), "--model", "m", "--out", str(out), "--no-progress", *wider]
     assert main(argv, FakeEngine()) == EXIT_ITEMS_FAILED
-    first, *refused = rows_of(out)
+    first, *refused, unnameable = rows_of(out)
     assert first["error"] is None
     assert [row["id"] for row in refused] == NUL_PATHS
     for row in refused:
         assert_nul_refused(row["error"])
+    assert unnameable["id"] == "\\ud800.jpg"  # the id made printable
+    assert (unnameable["error"]["stage"], unnameable["error"]["kind"]) == ("source", "unreadable")
+    assert "holds a character that no file name can" in unnameable["error"]["message"]
 
 
 def test_a_nul_byte_in_a_batch_image_url_is_its_lines_error(folder: Path, tmp_path: Path) -> None:
