@@ -141,6 +141,7 @@ def list_inputs(
     no ``kind`` at all. What walks pass over is counted in ``log``."""
     files: list[InputFile] = []
     seen: dict[str, str] = {}  # id -> the path it was first given to
+    log = log if log is not None else ListingLog()
     for raw in inputs:
         walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
         for listed in _expand([raw], suffixes, policy, log):
@@ -163,8 +164,9 @@ def list_inputs(
                     listed.pinned,
                 )
             )
-    if not files:
-        raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
+    if not files:  # said loudly: a walk whose every file was passed over
+        skipped = f"; {log.lines()[0]}" if log.skipped else ""
+        raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}{skipped}")
     return files
 
 

@@ -12,7 +12,7 @@ import pytest
 from fake_cli import main
 
 from mmbatch.cli import EXIT_OK
-from mmbatch.errors import MediaError
+from mmbatch.errors import MediaError, SourceError
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import decode_frames, index_video
@@ -63,6 +63,12 @@ def test_a_walk_passes_over_links_that_leave_the_folder(photos: Path, secret: Pa
         assert names(found) == {"a.jpg", "same.jpg", "x.png"}
     # Named on the command line, a link is the person's own choice.
     assert names(image_requests([str(photos / "x.png")], "p")) == {"x.png"}
+    # A walk that finds nothing else says what it passed over.
+    (photos / "a.jpg").unlink()
+    (photos / "same.jpg").unlink()
+    with pytest.raises(SourceError, match="no images found in ") as nothing:
+        image_requests([str(photos)], "p")
+    assert str(nothing.value).endswith(f"; passed over while listing the inputs: 1 {LINKED_OUT}")
 
 
 def test_a_walk_through_the_command_does_not_read_the_linked_file(
