@@ -21,6 +21,7 @@ from mmbatch.errors import (
     SourceError,
 )
 from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
+from mmbatch.output import clock as _clock  # noqa: F401 (marks the interpreter's start)
 from mmbatch.types import (
     CacheStats,
     ItemError,

@@ -30,12 +30,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.decode_only import NoEngine
 from mmbatch.errors import FatalEngineError, OutputError
 from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
@@ -46,6 +47,7 @@ from mmbatch.output.rows import FLAT, RowShape
 from mmbatch.output.sinks import MemorySink, Sink
 from mmbatch.output.stats import JobStats
 from mmbatch.output.summary import JobReport as JobReport  # run_job's, re-exported
+from mmbatch.output.writable import check_folder_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
 
@@ -107,17 +109,14 @@ def run_job(
     run = run or RunConfig()
     milestone("inputs_listed")
     laid_out = _read_host(engine)  # a configuration mistake stops the job before any output
+    job = _with_invariance(job, engine)
     log = engine.log_file if isinstance(engine, EngineConfig) else None
+    if job.media.frame_dir is not None:  # found now, not as every frame's failure
+        check_folder_writable(Path(job.media.frame_dir), "the saved frames (--save-frames)")
     plan = out.ready(job, Path(log) if log else None)
     # The engine starts before anything is written: a setting it refuses leaves no output.
     info = dict(job.info)
-    live = None
-    startup = None
-    if plan.pending:
-        start_decoders(run.workers())  # they start while the engine loads
-        live = _engine(laid_out, plan.pending, info)
-        startup = process_seconds()
-        milestone("engines_ready")
+    live, startup = _started(laid_out, plan.pending, info, run)
     out.record(job)
     stats = JobStats()
     # With nothing left to run, the rows are still put in input order: a job killed between
@@ -245,6 +244,48 @@ def _read_host(engine: Engine | EngineConfig) -> Engine | Host:
     from mmbatch.engine.builder import read_host
 
     return read_host(engine)
+
+
+def _with_invariance(job: Job, engine: Engine | EngineConfig) -> Job:
+    """``job``, its record and summary saying that its engine decodes batch-invariantly
+    (``mmbatch.engine.invariance``), once the host is known to give it (``ConfigError``
+    where it cannot: before any output). A resumed job must run as it began: its rows are
+    then those of one uninterrupted run."""
+    if not isinstance(engine, EngineConfig) or not engine.batch_invariant:
+        return job
+    from mmbatch.engine.invariance import prepare_batch_invariance, recorded
+
+    prepare_batch_invariance(engine)
+    print(
+        "mmbatch: batch-invariant decoding (VLLM_BATCH_INVARIANT=1): each answer is the same "
+        "whatever it is batched with, on this GPU model, vLLM version and settings",
+        file=sys.stderr,
+    )
+    mark = recorded(engine)
+    return replace(job, fingerprint={**job.fingerprint, **mark}, info={**job.info, **mark})
+
+
+def _started(
+    engine: Engine | Host, pending: Sequence[Request], info: dict[str, Any], run: RunConfig
+) -> tuple[Engine | None, float | None]:
+    """The engine to run ``pending`` on (None: nothing is pending), with the decode workers,
+    and the seconds from the process's start to it being ready (None: nothing started).
+    Requests that were all refused while listing (their rows are their errors) start
+    nothing: a minute of engine start-up for no answer."""
+    if not pending:
+        return None, None
+    if all(request.error is not None for request in pending):
+        print(
+            f"mmbatch: none of the {len(pending)} requests left can run (each was refused "
+            "while listing: its row says why); no engine started",
+            file=sys.stderr,
+        )
+        return NoEngine(), None
+    start_decoders(run.workers())  # they start while the engine loads
+    live = _engine(engine, pending, info)
+    startup = process_seconds()
+    milestone("engines_ready")
+    return live, startup
 
 
 def _engine(engine: Engine | Host, requests: Sequence[Request], info: dict[str, Any]) -> Engine:

@@ -64,8 +64,9 @@ def make_hostile_corpus(folder: Path) -> dict[str, Expectation]:
     expected[printable(NOT_UTF8)] = "ok"
     os.mkfifo(folder / "fifo.jpg")
     expected["fifo.jpg"] = ("load", "unsupported")
+    # A link out of the folder: the walk passes over it (a device named on the command line
+    # is an error row: test_special_files).
     (folder / "zero.png").symlink_to("/dev/zero")
-    expected["zero.png"] = ("load", "unsupported")
     put("photo.avif", _save(photo, "AVIF"), "ok")
     for name, data in SKIPPED.items():
         (folder / name).write_bytes(data)

@@ -325,9 +325,14 @@ def server(samples: Path) -> Iterator[str]:
 
 
 def test_urls_are_refused_unless_allowed(tmp_path: Path, server: str) -> None:
+    """A manifest's URL is its row's error (as a path out of its folder is); a URL named on
+    the command line is the job's mistake."""
     items = manifest(tmp_path, f"{server}/sunset.jpg")
-    with pytest.raises(SourceError, match="--allow-urls"):
-        image_requests([str(items)], "p")
+    [refused] = image_requests([str(items)], "p")
+    assert refused.error is not None
+    assert (refused.error.stage, refused.error.kind) == ("source", "not_allowed")
+    assert f"{items}:1: '{server}/sunset.jpg' is a URL" in refused.error.message
+    assert "--allow-urls" in refused.error.message
     with pytest.raises(SourceError, match="--allow-urls"):
         image_requests([f"{server}/sunset.jpg"], "p")
     with pytest.raises(MediaError, match="--allow-urls"):
@@ -353,17 +358,29 @@ def test_allowed_urls_are_fetched_within_size_and_time(server: str, samples: Pat
 
 
 def test_url_inputs_through_the_command(
-    tmp_path: Path, server: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, server: str, samples: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    items = manifest(tmp_path, f"{server}/sunset.jpg", f"{server}/big.bin")
+    (tmp_path / "ok.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+    items = manifest(tmp_path, f"{server}/sunset.jpg", f"{server}/big.bin", "ok.jpg")
     out = tmp_path / "o.jsonl"
     argv = ["caption", str(items), "--model", "fake", "--out", str(out), "--no-progress"]
-    assert main(argv, FakeEngine()) == EXIT_JOB_FAILED
-    assert "--allow-urls" in capsys.readouterr().err
-    assert main([*argv, "--allow-urls", "--url-max-bytes", "100000"], FakeEngine()) == 1
+    # Without --allow-urls, each URL is its row's error and the path is captioned.
+    assert main(argv, FakeEngine()) == EXIT_ITEMS_FAILED
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["ok.jpg"]["error"] is None
+    for url in (f"{server}/sunset.jpg", f"{server}/big.bin"):
+        assert rows[url]["error"]["kind"] == "not_allowed"
+        assert "--allow-urls" in rows[url]["error"]["message"]
+    capsys.readouterr()
+    allowed = [*argv, "--allow-urls", "--url-max-bytes", "100000", "--retry-errors"]
+    assert main(allowed, FakeEngine()) == EXIT_ITEMS_FAILED
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert rows[f"{server}/sunset.jpg"]["error"] is None
     assert rows[f"{server}/big.bin"]["error"]["kind"] == "too_large"
+    # A URL named on the command line without --allow-urls is the job's mistake.
+    named = ["caption", f"{server}/sunset.jpg", "--model", "fake", "--out", str(out) + "2"]
+    assert main(named, FakeEngine()) == EXIT_JOB_FAILED
+    assert "--allow-urls" in capsys.readouterr().err
 
 
 def test_remote_code_runs_only_when_asked() -> None:
@@ -423,6 +440,8 @@ ATTACKS = [
     ('load_format = "tensorizer"', "load_format"),
     ('download_dir = "/elsewhere"', "download_dir"),
     (f'quantization = "{PAYLOAD}.Evil"', "quantization"),
+    # a setting that starts a cluster whose daemons listen on the network
+    ('distributed_executor_backend = "ray"', "distributed_executor_backend"),
 ]  # fmt: skip
 
 
@@ -537,6 +556,7 @@ def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: P
         'compilation_config={"backend": "mine.backend"}',
         'hf_overrides={"architectures": ["Mine"]}',
         "chat_template=/home/me/template.jinja",
+        "distributed_executor_backend=ray",
     ]
     args = build_parser().parse_args(
         [*argv, "--trust-remote-code", *(f"--engine-arg={pair}" for pair in chosen)]
@@ -547,6 +567,7 @@ def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: P
         "compilation_config": {"backend": "mine.backend"},
         "hf_overrides": {"architectures": ["Mine"]},
         "chat_template": "/home/me/template.jinja",
+        "distributed_executor_backend": "ray",
     }
     # The job runs with them (on the fake engine: nothing is imported here).
     assert main([*argv, *(f"--engine-arg={pair}" for pair in chosen)], FakeEngine()) == EXIT_OK

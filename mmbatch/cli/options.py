@@ -189,6 +189,14 @@ def add_engine_options(
         action="store_true",
         help="let the model repository run its own Python code (off by default)",
     )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="answers that do not depend on what they are batched with (vLLM's "
+        "VLLM_BATCH_INVARIANT=1), so a resumed or Ray job writes the texts of one "
+        "uninterrupted run; slower; NVIDIA GPUs of compute capability 9.0+ (8.0+ from vLLM "
+        "0.32) only",
+    )
     add_verbose_option(parser)
 
 
@@ -486,6 +494,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         engine_log_from(args),
         gpus=args.gpus,
         engines_per_gpu=args.engines_per_gpu,
+        batch_invariant=args.batch_invariant,
     )
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig, check_model_name
+from mmbatch.engine.invariance import prepare_batch_invariance
 from mmbatch.engine.layout import Gpu, Layout, choose_layout, visible_gpus
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.types import Modality
@@ -69,6 +70,7 @@ def build_engine(
     config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout
 ) -> Engine:
     """The engine(s) ``layout`` describes for ``config``, its settings checked first."""
+    prepare_batch_invariance(config)  # before vLLM's import, and the processes that inherit it
     kwargs = layout.engine_kwargs(config.engine_kwargs)
     if layout.tensor_parallel > 1:
         kwargs.setdefault("tensor_parallel_size", layout.tensor_parallel)
@@ -143,6 +145,7 @@ def may_start_processes() -> bool:
 
 def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
     """A new engine in this process for ``config``: ``check_engine``, then ``open_engine``."""
+    prepare_batch_invariance(config)  # before vLLM's import
     check_engine(config, media_per_prompt)
     return open_engine(config, media_per_prompt)
 
@@ -189,6 +192,7 @@ def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> 
     """The engine for ``config`` (settings already checked), its start-up log in
     ``config.log_file``; one that fails to start is a ``FatalEngineError`` saying why, not
     a traceback. Runs in a replica process too (``ReplicaEngine``)."""
+    prepare_batch_invariance(config)  # a replica's process: before vLLM's import
     from mmbatch.engine.logs import engine_log
     from mmbatch.engine.vllm import VLLMEngine
 

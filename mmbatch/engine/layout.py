@@ -75,6 +75,8 @@ class Gpu:
 
     name: str
     memory: int
+    capability: tuple[int, int] | None = None
+    """Its CUDA compute capability, ``(9, 0)`` for an H100 or H200 (None: not known)."""
 
 
 @dataclass(frozen=True)
@@ -282,17 +284,21 @@ def visible_gpus() -> list[Gpu]:
         import pynvml
 
         pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
-        memory = {
-            str(i): int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-            for i in range(count)
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        found = {
+            str(i): Gpu(
+                str(i),
+                int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle)),
+            )
+            for i, handle in enumerate(handles)
         }
     except Exception:
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     names = [n.strip() for n in visible.split(",") if n.strip()] if visible is not None else None
-    chosen = names if names is not None else sorted(memory, key=int)
-    return [Gpu(name, memory[name]) for name in chosen if name in memory]
+    chosen = names if names is not None else sorted(found, key=int)
+    return [found[name] for name in chosen if name in found]
 
 
 def model_bytes(config: EngineConfig) -> int | None:

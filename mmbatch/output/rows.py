@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Protocol, cast
 
+from mmbatch.errors import ItemFailure
 from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
 
 ColumnType = Literal["string", "integer", "float", "error", "value"]
@@ -351,6 +352,8 @@ class ItemRows:
                     values = [self.parse(text) for text in texts]
                 except ValueError as exc:
                     error = ItemError("parse", str(exc), "unparsable")
+                except ItemFailure as exc:  # the schema could not be applied
+                    error = ItemError(exc.stage, str(exc), exc.kind)
                 else:
                     parsed = values if result.choices else values[0]
             answer["parsed"] = parsed

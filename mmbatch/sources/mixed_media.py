@@ -30,7 +30,7 @@ from mmbatch.sources.files import (
 )
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.timeline import audio_file_requests
-from mmbatch.types import ItemError, MediaRef, Modality, Request
+from mmbatch.types import ItemError, Modality, Request
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
 
@@ -96,7 +96,7 @@ def media_requests(
             # A path its manifest may not name, or a kind the job does not take.
             error = file.refused or _not_wanted(file, kind, takes, log)
             if error is not None:
-                ref = MediaRef(kind, file.path)
+                ref = file.ref(kind)
                 requests.append(
                     Request(file.id, text, (ref,), system, columns=file.columns, error=error)
                 )
@@ -105,7 +105,7 @@ def media_requests(
         elif kind == "video" and takes.clips is not None:
             requests.extend(video_clips(file, cuts[file.path], text, system, takes.clips))
         else:
-            ref = MediaRef(kind, file.path)
+            ref = file.ref(kind)
             requests.append(Request(file.id, text, (ref,), system, columns=file.columns))
     if not requests:
         kinds = " or ".join(sorted(wanted)) or "media"

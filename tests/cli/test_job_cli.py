@@ -195,3 +195,39 @@ def test_a_recipe_run_into_parquet_writes_parquet(good: Path, tmp_path: Path) ->
     table = pq.read_table(out)
     assert table.num_rows == 4
     assert "outputs" in table.column_names
+
+
+def test_a_job_whose_every_item_is_refused_starts_no_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A batch file whose every line is refused writes its error rows and finishes: no
+    engine (nor decode worker) starts for nothing to run."""
+    from mmbatch import cli, jobs
+
+    def started(*args: object) -> None:
+        raise AssertionError("an engine or decode workers were started")
+
+    monkeypatch.setattr(jobs, "_engine", started)
+    monkeypatch.setattr(jobs, "start_decoders", started)
+    content = [{"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}]
+    lines = [
+        {"custom_id": "a", "url": "/v1/embeddings", "body": {}},
+        {"custom_id": "b", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": content}]}},
+    ]  # fmt: skip
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "o.jsonl"
+    argv = ["run-openai-batch", str(requests), "--model", "no-such-model", "--out", str(out)]
+    assert cli.main([*argv, "--no-progress"]) == EXIT_ITEMS_FAILED
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["custom_id"], r["response"]["status_code"]) for r in rows] == [
+        ("a", 400),
+        ("b", 400),
+    ]
+    err = capsys.readouterr().err
+    assert "none of the 2 requests left can run" in err
+    assert "no engine started" in err
+    assert "start-up:" not in err
+    summary = json.loads((tmp_path / "o.jsonl.summary.json").read_text())
+    assert "engines" not in summary["job"]
