@@ -21,6 +21,7 @@ from mmbatch.errors import (
     SourceError,
 )
 from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
+from mmbatch.output import clock as _clock  # noqa: F401 (marks the interpreter's start)
 from mmbatch.types import (
     CacheStats,
     ItemError,
@@ -36,8 +37,10 @@ if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
     from mmbatch.integrations.dataset_runs import run_dataset
     from mmbatch.integrations.hf_datasets import DatasetMap
-    from mmbatch.jobs import FileOutput, Job, JobReport, run_in_memory, run_job
+    from mmbatch.jobs import Job, run_in_memory, run_job
     from mmbatch.notebook import caption, load_engine
+    from mmbatch.output.file_output import FileOutput
+    from mmbatch.output.summary import JobReport
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.clips import ClipSplit, clip_requests
     from mmbatch.sources.files import image_requests
@@ -48,9 +51,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "DatasetMap": "mmbatch.integrations.hf_datasets",
     "VLLMEngine": "mmbatch.engine.vllm",
-    "FileOutput": "mmbatch.jobs",
+    "FileOutput": "mmbatch.output.file_output",
     "Job": "mmbatch.jobs",
-    "JobReport": "mmbatch.jobs",
+    "JobReport": "mmbatch.output.summary",
     "run_job": "mmbatch.jobs",
     "run_dataset": "mmbatch.integrations.dataset_runs",
     "run_in_memory": "mmbatch.jobs",

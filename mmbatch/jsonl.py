@@ -58,6 +58,8 @@ def read_objects(path: str | Path, end: int | None = None) -> Iterator[tuple[int
                 ) from None
             except ValueError as exc:
                 raise JsonlError(f"{path}:{line_no}: not valid JSON ({exc})") from None
+            except RecursionError:  # thousands of nested [ or {: no row is shaped so
+                raise JsonlError(f"{path}:{line_no}: JSON nested too deeply to read") from None
             if not isinstance(row, dict):
                 raise JsonlError(f"{path}:{line_no}: expected a JSON object, got {row!r}")
             yield line_no, row

@@ -25,8 +25,8 @@ from mmbatch.jobs import Job, media_per_prompt, run_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.pipeline import RunConfig, close_pipeline
 from mmbatch.sources import DEFAULT_PROMPT
-from mmbatch.sources.mixed_media import list_media, media_requests, modality_of
-from mmbatch.types import MediaRef, Modality, Request, Sampling
+from mmbatch.sources.mixed_media import Takes, list_media, media_requests, modality_of
+from mmbatch.types import MODALITIES, MediaRef, Modality, Request, Sampling
 
 
 def load_engine(
@@ -115,8 +115,8 @@ def _requests(
             if kinds - take:  # more than pictures: the model's processor says what it takes
                 from mmbatch.engine.processor import model_modalities
 
-                take = set(model_modalities(config)) if config else {"image", "video", "audio"}
-            requests += media_requests(files, prompt, system, take=take, as_clip=True)
+                take = set(model_modalities(config)) if config else set(MODALITIES)
+            requests += media_requests(files, prompt, system, takes=Takes(take, as_clip=True))
         elif isinstance(item, (bytes, bytearray, memoryview)):
             requests.append(Request(f"#{index}", prompt, (_in_memory(index, data=item),), system))
         elif _is_image(item):

@@ -9,12 +9,15 @@ Pixels live only in ``MediaItem.payload``; everything the planner sees is keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, astuple, dataclass, field, fields
+from typing import Any, Literal, get_args
 
 Modality = Literal["image", "video", "audio"]
 """The kinds of media a request can carry; the names match vLLM's ``multi_modal_data`` keys."""
+MODALITIES: tuple[Modality, ...] = get_args(Modality)
+"""Every ``Modality``, in the order above."""
 
 Stage = Literal["source", "load", "decode", "validate", "engine", "parse", "sink"]
 """Where in the pipeline an item failed; error rows carry it so users can tell bad input
@@ -68,6 +71,15 @@ class ClipSpan:
 
 
 @dataclass(frozen=True)
+class FileId:
+    """A file as its file system numbers it: what a checked path led to when it was checked,
+    so that the read can make sure it opened that very file (``mmbatch.sources.paths``)."""
+
+    device: int
+    inode: int
+
+
+@dataclass(frozen=True)
 class MediaRef:
     """What a source row points at, nothing decoded yet: a file to read, or media already
     in memory, the way datasets stores media as ``{bytes, path}``.
@@ -81,6 +93,11 @@ class MediaRef:
     ``part`` narrows a file: an image taken from one frame of a video (``FrameAt``), a
     window of an audio file (``TimeSpan``), or a clip cut from a video (``ClipSpan``);
     ``None`` is the whole file.
+
+    ``pinned``, for a path the path rule checked (one named inside an input, or found by a
+    folder walk), is the file it led to then: a read that opens another file (a symlink
+    swapped in since) reads nothing and fails the item. ``None``: a path the person running
+    the job named, read as it is.
     """
 
     modality: Modality
@@ -88,6 +105,7 @@ class MediaRef:
     data: bytes | memoryview | None = field(default=None, repr=False)
     image: Any = field(default=None, repr=False)
     part: FrameAt | TimeSpan | ClipSpan | None = None
+    pinned: FileId | None = None
 
     def __post_init__(self) -> None:
         if self.data is not None and self.image is not None:
@@ -154,24 +172,9 @@ class Sampling:
     ``top_logprobs``)."""
 
     def __post_init__(self) -> None:
-        _check(self.max_tokens, "max_tokens", "an integer >= 1", lambda v: v >= 1)
-        _check(self.temperature, "temperature", "a number >= 0", lambda v: v >= 0)
-        _check(self.top_p, "top_p", "in (0, 1]", lambda v: 0 < v <= 1)
-        _check(self.top_k, "top_k", "an integer >= 1, or 0 for no limit", lambda v: v >= -1)
-        _check(self.min_p, "min_p", "in [0, 1]", lambda v: 0 <= v <= 1)
-        _check(self.repetition_penalty, "repetition_penalty", "a number > 0", lambda v: v > 0)
-        for name in ("presence_penalty", "frequency_penalty"):
-            _check(getattr(self, name), name, "in [-2, 2]", lambda v: -2 <= v <= 2)
-        _check(self.n, "n", "an integer >= 1", lambda v: v >= 1)
-        _check(
-            self.logprobs, "logprobs", "an integer >= 0, or -1 for every token", lambda v: v >= -1
-        )
-        if self.n > 1 and self.temperature == 0:
-            # Greedy decoding gives one answer however often it is asked (vLLM refuses it).
-            raise InvalidSetting("n", self.n, "1 at temperature 0 (greedy): set a temperature")
-        stop: Any = self.stop  # a caller may pass one string where a tuple is due
-        if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
-            raise InvalidSetting("stop", self.stop, "a list of non-empty strings")
+        found = sampling_problems({f.name: getattr(self, f.name) for f in fields(self)})
+        if found:
+            raise found[0]
 
     def explicit(self) -> dict[str, Any]:
         """The settings given a value (not ``None``), by name, for the engine to lay over the
@@ -179,11 +182,45 @@ class Sampling:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
-def _check(value: Any, field: str, rule: str, valid: Callable[[Any], bool]) -> None:
+def sampling_problems(values: Mapping[str, Any]) -> list[InvalidSetting]:
+    """Every setting of ``values`` (``Sampling``'s fields by name; those left out take its
+    defaults) outside what it allows, so that a caller can name them all at once."""
+    v = {f.name: f.default for f in fields(Sampling)} | dict(values)
+    found = [
+        _check(v["max_tokens"], "max_tokens", "an integer >= 1", lambda x: x >= 1),
+        _check(v["temperature"], "temperature", "a number >= 0", lambda x: x >= 0),
+        _check(v["top_p"], "top_p", "in (0, 1]", lambda x: 0 < x <= 1),
+        _check(v["top_k"], "top_k", "an integer >= 1, or 0 for no limit", lambda x: x >= -1),
+        _check(v["min_p"], "min_p", "in [0, 1]", lambda x: 0 <= x <= 1),
+        _check(v["repetition_penalty"], "repetition_penalty", "a number > 0", lambda x: x > 0),
+        *(
+            _check(v[name], name, "in [-2, 2]", lambda x: -2 <= x <= 2)
+            for name in ("presence_penalty", "frequency_penalty")
+        ),
+        _check(v["n"], "n", "an integer >= 1", lambda x: x >= 1),
+        _check(
+            v["logprobs"], "logprobs", "an integer >= 0, or -1 for every token", lambda x: x >= -1
+        ),
+    ]
+    if isinstance(v["n"], int) and v["n"] > 1 and v["temperature"] == 0:
+        # Greedy decoding gives one answer however often it is asked (vLLM refuses it).
+        found.append(InvalidSetting("n", v["n"], "1 at temperature 0 (greedy): set a temperature"))
+    stop = v["stop"]  # a caller may pass one string where a tuple is due
+    if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) and s for s in stop):
+        found.append(InvalidSetting("stop", stop, "a list of non-empty strings"))
+    return [problem for problem in found if problem is not None]
+
+
+def _check(
+    value: Any, field: str, rule: str, valid: Callable[[Any], bool]
+) -> InvalidSetting | None:
     if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not valid(value):
-        raise InvalidSetting(field, value, rule)
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return InvalidSetting(field, value, rule)
+    if not math.isfinite(value):  # inf passes ">= 0"; nan passes no comparison
+        return InvalidSetting(field, value, f"{rule}, and finite")
+    return None if valid(value) else InvalidSetting(field, value, rule)
 
 
 @dataclass(frozen=True)
@@ -263,6 +300,10 @@ class Usage:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        """The counts of two requests together (an item's answers, summed)."""
+        return Usage(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from mmbatch.jsonl import encode_line
 from mmbatch.output import order
 from mmbatch.output.order import RowOrder
 from mmbatch.output.sinks import JsonlSink
-from mmbatch.testing.fake_engine import FakeEngine
+from mmbatch.testing.fake_engine import FakeEngine, Lifecycle
 
 real_write_bytes_atomic = order.write_bytes_atomic
 
@@ -60,8 +60,10 @@ def fake_engine() -> Engine:
         FakeEngine,
         per_step=1,
         step_seconds=float(os.environ.get("FAKE_STEP_SECONDS", "0")),
-        engine_core=os.environ.get("FAKE_ENGINE_CORE") == "1",
-        start_seconds=float(os.environ.get("FAKE_START_SECONDS", "0")),
+        lifecycle=Lifecycle(
+            engine_core=os.environ.get("FAKE_ENGINE_CORE") == "1",
+            start_seconds=float(os.environ.get("FAKE_START_SECONDS", "0")),
+        ),
     )
     replicas = int(os.environ.get("FAKE_REPLICAS", "0"))
     if not replicas:

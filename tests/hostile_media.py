@@ -54,7 +54,7 @@ def make_hostile_corpus(folder: Path) -> dict[str, Expectation]:
     put("huge_exif.jpg", _huge_exif_jpeg(photo), "ok")
     (folder / "dangling.jpg").symlink_to(folder / "no-such-target.jpg")
     expected["dangling.jpg"] = ("load", "unreadable")
-    # Issue 14: extreme aspect ratios, a name that is not UTF-8, a FIFO and a device named
+    # Extreme aspect ratios, a name that is not UTF-8, a FIFO and a device named
     # like pictures, AVIF, formats a walk passes over, and videos: too large, truncated with
     # its index first, a 16x3600 strip, a FIFO.
     for width, height in ((1, 201), (1, 5000)):
@@ -64,8 +64,9 @@ def make_hostile_corpus(folder: Path) -> dict[str, Expectation]:
     expected[printable(NOT_UTF8)] = "ok"
     os.mkfifo(folder / "fifo.jpg")
     expected["fifo.jpg"] = ("load", "unsupported")
+    # A link out of the folder: the walk passes over it (a device named on the command line
+    # is an error row: test_special_files).
     (folder / "zero.png").symlink_to("/dev/zero")
-    expected["zero.png"] = ("load", "unsupported")
     put("photo.avif", _save(photo, "AVIF"), "ok")
     for name, data in SKIPPED.items():
         (folder / name).write_bytes(data)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import README, REPO, SCRIPTS
+from repo_paths import MANUAL, REPO, SCRIPTS
 
 import mmbatch
 from mmbatch.errors import ConfigError
@@ -90,11 +90,11 @@ def test_a_notebook_session_captions_in_one_call_and_frees_the_engine(
 
 
 @pytest.mark.slow
-def test_the_readme_notebook_example_runs(tiny_vl_model: Path, tmp_path: Path) -> None:
-    """The README's notebook example as written, on the tiny model instead of Qwen."""
-    readme = README.read_text()
-    section = readme.split("## Python API", 1)[1]
-    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+def test_the_manuals_notebook_example_runs(tiny_vl_model: Path, tmp_path: Path) -> None:
+    """The manual's notebook example as written (the Python API page's first), on the tiny
+    model instead of Qwen."""
+    page = (MANUAL / "python.md").read_text()
+    example = page.split("```python\n", 1)[1].split("```", 1)[0]
     assert "mmbatch.caption(" in example
     assert "mmbatch.load_engine(" in example
     tiny = f'model = "{tiny_vl_model}"'

@@ -17,7 +17,7 @@ from mmbatch.media.options import MediaOptions
 from mmbatch.output.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.files import image_requests
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 from mmbatch.types import MediaRef, Request, Result, Sampling
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,8 +122,7 @@ def test_a_refused_request_fails_alone(samples: Path, tmp_path: Path, reject_in_
     stats, rows, _ = run(
         requests,
         tmp_path / "o.jsonl",
-        reject_prompts=frozenset({"bad"}),
-        reject_in_step=reject_in_step,
+        faults=Faults(reject_prompts=frozenset({"bad"}), reject_in_step=reject_in_step),
     )
     failed = [r for r in rows if r["error"]]
     assert [r["id"] for r in failed] == ["2"]
@@ -161,7 +160,7 @@ def test_a_request_the_engine_loses_stops_the_job_loudly_once_the_rest_are_out(
     ]
     out = tmp_path / "o.jsonl"
     with pytest.raises(FatalEngineError, match=r"got no result \(e\.g\. 'r5'\)"):
-        run(requests, out, capacity=8, per_step=1, drop_prompts=frozenset({"lose"}))
+        run(requests, out, capacity=8, per_step=1, faults=Faults(drop_prompts=frozenset({"lose"})))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert "r5" not in {row["id"] for row in rows}
     assert len(rows) == 19  # one picture, sent together: the others all finished

@@ -19,7 +19,7 @@ from mmbatch.output.sinks import MemorySink
 from mmbatch.output.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, Submission, run_requests
 from mmbatch.repeats import Repeats, request_key
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 from mmbatch.types import LoadedRequest, MediaItem, MediaRef, Request, Result, Sampling, Turn
 
 pytestmark = pytest.mark.timeout(60)
@@ -302,7 +302,7 @@ def test_a_closed_pipeline_aborts_the_leader_and_ends_its_followers_once(samples
 
 
 def test_a_dead_engine_ends_the_followers_with_their_leader(samples: Path) -> None:
-    engine = FakeEngine(die_after_steps=0)
+    engine = FakeEngine(faults=Faults(die_after_steps=0))
     with pytest.raises(FatalEngineError, match="fake engine died"):
         run(asking(samples, 3), engine)
 

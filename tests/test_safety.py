@@ -18,7 +18,7 @@ from fake_cli import main
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK, build_parser
 from mmbatch.cli.options import engine_config_from
 from mmbatch.engine.config import EngineConfig
-from mmbatch.errors import MediaError, SourceError
+from mmbatch.errors import ConfigError, MediaError, SourceError
 from mmbatch.media.fetch import UrlPolicy, read_source
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.paths import LocalPaths, is_inside
@@ -104,7 +104,7 @@ def test_videos_and_audio_outside_a_manifests_folder_are_not_opened(
     refused is its row's error before anything reads it, and a clip as a whole likewise."""
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.sources import timeline
-    from mmbatch.sources.mixed_media import list_media, media_requests
+    from mmbatch.sources.mixed_media import Takes, list_media, media_requests
 
     opened: list[str] = []
     monkeypatch.setattr(timeline, "_frames_taken", lambda path, *a: opened.append(path))
@@ -116,7 +116,7 @@ def test_videos_and_audio_outside_a_manifests_folder_are_not_opened(
         listed = [
             *timeline.frame_requests([str(items)], VideoOptions(num_frames=2), "p"),
             *timeline.audio_requests([str(items)], AudioOptions(), "p"),
-            *media_requests(list_media([str(items)]), "p", take=("video",), as_clip=True),
+            *media_requests(list_media([str(items)]), "p", takes=Takes(("video",), as_clip=True)),
         ]
         for request in listed:
             assert_refused(request.error, f"../{name}", "--input-root DIR")
@@ -188,7 +188,7 @@ def test_a_dataset_map_reads_path_cells_only_inside_the_folders_its_caller_allow
     pictures = [str(allowed / "ok.jpg"), {"bytes": outside.read_bytes(), "path": str(outside)}]
     batch = {"image": [*cells, *pictures]}
     rows = list(range(len(batch["image"])))
-    monkeypatch.setattr(DatasetMap, "_engine", lambda self, rank: FakeEngine())
+    monkeypatch.setattr(DatasetMap, "_engine", lambda self, *args: FakeEngine())
     mapper = DatasetMap("unused-model", "Describe.", allowed_paths=[str(allowed)])
     out = mapper(batch, rows, None)
     for index, path in enumerate(named):
@@ -196,8 +196,10 @@ def test_a_dataset_map_reads_path_cells_only_inside_the_folders_its_caller_allow
         assert error.startswith(f"source: row {index}: {path!r} leads to {outside}"), error
         assert "(allow another folder with DatasetMap(allowed_paths=[DIR]))" in error
     assert out["error"][len(named) :] == ["", ""]  # inside the folder allowed; bytes
-    nothing = DatasetMap("unused-model", "Describe.")(batch, rows, None)
-    assert [bool(error) for error in nothing["error"]] == [True] * 5 + [False]
+    # Called by hand, the callable cannot see its dataset's origin: no column of refusals,
+    # but the one-argument fix at the first path cell refused.
+    with pytest.raises(ConfigError, match=r"allow their folder with DatasetMap\(\.\.\., allowed"):
+        DatasetMap("unused-model", "Describe.")(batch, rows, None)
     wider = DatasetMap("unused-model", "Describe.", allowed_paths=[str(tmp_path)])
     assert wider(batch, rows, None)["error"] == [""] * len(rows)
     assert len(set(wider(batch, rows, None)["text"])) == 1  # one picture, however named
@@ -325,9 +327,14 @@ def server(samples: Path) -> Iterator[str]:
 
 
 def test_urls_are_refused_unless_allowed(tmp_path: Path, server: str) -> None:
+    """A manifest's URL is its row's error (as a path out of its folder is); a URL named on
+    the command line is the job's mistake."""
     items = manifest(tmp_path, f"{server}/sunset.jpg")
-    with pytest.raises(SourceError, match="--allow-urls"):
-        image_requests([str(items)], "p")
+    [refused] = image_requests([str(items)], "p")
+    assert refused.error is not None
+    assert (refused.error.stage, refused.error.kind) == ("source", "not_allowed")
+    assert f"{items}:1: '{server}/sunset.jpg' is a URL" in refused.error.message
+    assert "--allow-urls" in refused.error.message
     with pytest.raises(SourceError, match="--allow-urls"):
         image_requests([f"{server}/sunset.jpg"], "p")
     with pytest.raises(MediaError, match="--allow-urls"):
@@ -353,17 +360,29 @@ def test_allowed_urls_are_fetched_within_size_and_time(server: str, samples: Pat
 
 
 def test_url_inputs_through_the_command(
-    tmp_path: Path, server: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, server: str, samples: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    items = manifest(tmp_path, f"{server}/sunset.jpg", f"{server}/big.bin")
+    (tmp_path / "ok.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+    items = manifest(tmp_path, f"{server}/sunset.jpg", f"{server}/big.bin", "ok.jpg")
     out = tmp_path / "o.jsonl"
     argv = ["caption", str(items), "--model", "fake", "--out", str(out), "--no-progress"]
-    assert main(argv, FakeEngine()) == EXIT_JOB_FAILED
-    assert "--allow-urls" in capsys.readouterr().err
-    assert main([*argv, "--allow-urls", "--url-max-bytes", "100000"], FakeEngine()) == 1
+    # Without --allow-urls, each URL is its row's error and the path is captioned.
+    assert main(argv, FakeEngine()) == EXIT_ITEMS_FAILED
+    rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert rows["ok.jpg"]["error"] is None
+    for url in (f"{server}/sunset.jpg", f"{server}/big.bin"):
+        assert rows[url]["error"]["kind"] == "not_allowed"
+        assert "--allow-urls" in rows[url]["error"]["message"]
+    capsys.readouterr()
+    allowed = [*argv, "--allow-urls", "--url-max-bytes", "100000", "--retry-errors"]
+    assert main(allowed, FakeEngine()) == EXIT_ITEMS_FAILED
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert rows[f"{server}/sunset.jpg"]["error"] is None
     assert rows[f"{server}/big.bin"]["error"]["kind"] == "too_large"
+    # A URL named on the command line without --allow-urls is the job's mistake.
+    named = ["caption", f"{server}/sunset.jpg", "--model", "fake", "--out", str(out) + "2"]
+    assert main(named, FakeEngine()) == EXIT_JOB_FAILED
+    assert "--allow-urls" in capsys.readouterr().err
 
 
 def test_remote_code_runs_only_when_asked() -> None:
@@ -402,7 +421,7 @@ def shared_recipe(tmp_path: Path, engine: str) -> Path:
 
 
 ATTACKS = [
-    # issue 24's: each reached vLLM untouched, and the first two imported the module
+    # Each of these once reached vLLM untouched, and the first two imported the module
     (f'compilation_config = {{ inductor_passes = {{ p = "{PAYLOAD}.evil" }} }}',
      "compilation_config.inductor_passes"),
     (f'compilation_config = {{ backend = "{PAYLOAD}.evil" }}', "compilation_config.backend"),
@@ -423,6 +442,8 @@ ATTACKS = [
     ('load_format = "tensorizer"', "load_format"),
     ('download_dir = "/elsewhere"', "download_dir"),
     (f'quantization = "{PAYLOAD}.Evil"', "quantization"),
+    # a setting that starts a cluster whose daemons listen on the network
+    ('distributed_executor_backend = "ray"', "distributed_executor_backend"),
 ]  # fmt: skip
 
 
@@ -490,7 +511,6 @@ def test_a_recipe_on_ray_or_in_python_is_held_to_the_same_rule(
     asked for anything), and a Recipe made in Python for a Ray job or a DatasetMap."""
     from types import MappingProxyType
 
-    from mmbatch.errors import ConfigError
     from mmbatch.integrations.ray_data import RayJob
     from mmbatch.recipe.spec import Question, Recipe, load_recipe, parse_recipe
 
@@ -537,6 +557,7 @@ def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: P
         'compilation_config={"backend": "mine.backend"}',
         'hf_overrides={"architectures": ["Mine"]}',
         "chat_template=/home/me/template.jinja",
+        "distributed_executor_backend=ray",
     ]
     args = build_parser().parse_args(
         [*argv, "--trust-remote-code", *(f"--engine-arg={pair}" for pair in chosen)]
@@ -547,6 +568,7 @@ def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: P
         "compilation_config": {"backend": "mine.backend"},
         "hf_overrides": {"architectures": ["Mine"]},
         "chat_template": "/home/me/template.jinja",
+        "distributed_executor_backend": "ray",
     }
     # The job runs with them (on the fake engine: nothing is imported here).
     assert main([*argv, *(f"--engine-arg={pair}" for pair in chosen)], FakeEngine()) == EXIT_OK

@@ -26,7 +26,10 @@ FACES = ("map", "pipelined", "whole")
 def captioned(face: str, folder: str, out: str, settings: dict[str, Any]) -> Any:
     import datasets
 
-    from mmbatch import DatasetMap, RunConfig, Sampling, run_dataset
+    from mmbatch.integrations.dataset_runs import run_dataset
+    from mmbatch.integrations.hf_datasets import DatasetMap
+    from mmbatch.pipeline import RunConfig
+    from mmbatch.types import Sampling
 
     ds = datasets.load_dataset("imagefolder", data_dir=folder, split="train")
     ds = ds.cast_column("image", datasets.Image(decode=False))

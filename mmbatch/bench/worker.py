@@ -259,8 +259,9 @@ class _Mmbatch:
         (and ``mmbatch frames`` for video frames)."""
         import tempfile
 
-        from mmbatch.jobs import FileOutput, Job, run_job
+        from mmbatch.jobs import Job, run_job
         from mmbatch.media.options import MediaOptions, VideoOptions
+        from mmbatch.output.file_output import FileOutput
         from mmbatch.pipeline import RunConfig
         from mmbatch.sources.timeline import frame_requests
         from mmbatch.types import MediaRef, Request, Sampling

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -24,13 +25,33 @@ def register(commands: Commands) -> None:
         required=True,
         help="model directory (or config-only, with --engine-arg load_format=dummy)",
     )
-    parser.add_argument("--out", required=True, help="report JSON")
-    parser.add_argument("--images", type=int, default=500, help="images of W2")
-    parser.add_argument("--w1-images", type=int, default=2000, help="images of W1, rows of W4")
-    parser.add_argument("--videos", type=int, default=10, help="videos of W3")
-    parser.add_argument("--video-seconds", type=int, default=60, help="length of W3's videos")
-    parser.add_argument("--size", type=int, default=448, help="image side in pixels")
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="the report's JSON file (default: mmbatch-bench-DATE-TIME.json in the working "
+        "directory)",
+    )
+    _add_workload_options(parser)
+    _add_whole_process_options(parser)
+    _add_engine_options(parser)
+    parser.set_defaults(handler=run)
+
+
+SIZES: tuple[tuple[str, int, str | None], ...] = (
+    ("--images", 500, "images of W2"),
+    ("--w1-images", 2000, "images of W1, rows of W4"),
+    ("--videos", 10, "videos of W3"),
+    ("--video-seconds", 60, "length of W3's videos"),
+    ("--size", 448, "image side in pixels"),
+    ("--max-tokens", 128, None),
+)
+"""The workloads' sizes: each flag, its default and what it counts."""
+
+
+def _add_workload_options(parser: argparse.ArgumentParser) -> None:
+    """What each side runs: the workloads, their sizes and the sampling."""
+    for flag, default, counts in SIZES:
+        parser.add_argument(flag, type=int, default=default, help=counts)
     parser.add_argument("--workloads", default="W1,W2,W3,W4")
     parser.add_argument("--modes", default="naive,prebuilt,mmbatch")
     parser.add_argument("--seed", type=int, default=0)
@@ -41,6 +62,10 @@ def register(commands: Commands) -> None:
         help="every side's sampling temperature (default 0.7); 0 is greedy, mmbatch's own "
         "default, under which it answers identical requests (W4's repeats) once",
     )
+
+
+def _add_whole_process_options(parser: argparse.ArgumentParser) -> None:
+    """Whole processes timed from the command to its exit, and how the sides are run."""
     parser.add_argument(
         "--whole",
         default="",
@@ -60,6 +85,10 @@ def register(commands: Commands) -> None:
         help="take a side's results from an earlier run in --work-dir instead of running it",
     )
     parser.add_argument("--work-dir", default=None, help="where images and specs go")
+
+
+def _add_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine settings of both sides, of mmbatch's alone, and of extra sides."""
     parser.add_argument(
         "--engine-arg",
         action="append",
@@ -86,7 +115,6 @@ def register(commands: Commands) -> None:
         "baseline's, e.g. "
         'tp2=\'{"side": "naive", "engine": {"tensor_parallel_size": 2}}\'',
     )
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,9 +144,17 @@ def run(args: argparse.Namespace) -> int:
         "whole": [int(n) for n in args.whole.split(",") if n.strip()],
         "whole_repeats": args.whole_repeats,
     }
+    out = Path(args.out) if args.out else default_report_path()
     report = run_bench(options, sys.argv[1:])
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
-    print(f"report written to {args.out}")
+    print(f"report written to {out}")
     return EXIT_OK
+
+
+def default_report_path() -> Path:
+    """Where a report goes unless ``--out`` says: the working directory, named by the time
+    the run started (UTC), so that a later run never overwrites an earlier one's report."""
+    started = datetime.datetime.now(datetime.timezone.utc)
+    return Path(f"mmbatch-bench-{started:%Y-%m-%d-%H%M%S}.json")

@@ -177,7 +177,7 @@ def _file_requests(
     """The requests of the files and folders named. Files are listed once; only if they
     hold more than pictures is the model asked which media it takes (its processor says),
     so that a folder walk collects those."""
-    from mmbatch.sources.mixed_media import list_media, media_requests, modality_of
+    from mmbatch.sources.mixed_media import Takes, list_media, media_requests, modality_of
     from mmbatch.sources.timeline import clip_cap_note
     from mmbatch.types import Modality
 
@@ -193,17 +193,8 @@ def _file_requests(
 
         check_model_name(config.model)  # said as such, not as a processor that fails
         take = model_modalities(config)
-    requests = media_requests(
-        files,
-        args.prompt,
-        args.system,
-        take=take,
-        as_clip=args.as_clip,
-        audio=media.audio,
-        log=log,
-        clips=clips,
-        video=media.video,
-    )
+    takes = Takes(take, as_clip=args.as_clip, clips=clips)
+    requests = media_requests(files, args.prompt, args.system, takes=takes, media=media, log=log)
     clip_note = clip_cap_note(media.video)
     if clip_note and any(r.media and r.media[0].modality == "video" for r in requests):
         log.note(clip_note)

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.jobs import FileOutput, Job
+    from mmbatch.jobs import Job
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
+    from mmbatch.output.file_output import FileOutput
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.files import KeepColumns, SourcePolicy
@@ -187,6 +188,14 @@ def add_engine_options(
         "--trust-remote-code",
         action="store_true",
         help="let the model repository run its own Python code (off by default)",
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="answers that do not depend on what they are batched with (vLLM's "
+        "VLLM_BATCH_INVARIANT=1), so a resumed or Ray job writes the texts of one "
+        "uninterrupted run; slower; NVIDIA GPUs of compute capability 9.0+ (8.0+ from vLLM "
+        "0.32) only",
     )
     add_verbose_option(parser)
 
@@ -485,6 +494,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         engine_log_from(args),
         gpus=args.gpus,
         engines_per_gpu=args.engines_per_gpu,
+        batch_invariant=args.batch_invariant,
     )
 
 
@@ -522,7 +532,7 @@ def audio_options_from(args: argparse.Namespace) -> AudioOptions:
 
 
 def file_output_from(args: argparse.Namespace) -> FileOutput:
-    from mmbatch.jobs import FileOutput
+    from mmbatch.output.file_output import FileOutput
 
     return FileOutput.at(
         args.out,

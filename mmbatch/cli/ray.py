@@ -59,9 +59,10 @@ def run(
     """Run ``job`` on Ray into the folder ``args.out`` (resuming there), one input row per
     item: a picture to caption, or a recipe's item, whose questions its replica asks."""
     from mmbatch.engine.builder import check_engine_without_devices
+    from mmbatch.engine.invariance import recorded
     from mmbatch.errors import ConfigError
     from mmbatch.integrations import ray_data
-    from mmbatch.jobs import FileOutput
+    from mmbatch.output.file_output import FileOutput
     from mmbatch.output.folders import FOLDER_FORMATS
 
     try:
@@ -86,8 +87,12 @@ def run(
         job.media,
         prompt=recipe.questions[0].text if recipe is not None else None,
         recipe=recipe,
-        fingerprint=job.fingerprint,
-        info={**job.info, "ray": {"address": args.ray, "replicas": args.replicas}},
+        fingerprint={**job.fingerprint, **recorded(engine)},
+        info={
+            **job.info,
+            **recorded(engine),
+            "ray": {"address": args.ray, "replicas": args.replicas},
+        },
     )
     batch = {"batch_groups": args.ray_batch} if args.ray_batch else {}
     resources = ray_data.RayResources(

@@ -18,7 +18,7 @@ def register(commands: Commands) -> None:
         "--family",
         default="qwen2_vl",
         choices=FAMILIES,
-        help="the model family (default qwen2_vl); README's table says what each takes",
+        help="the model family (default qwen2_vl); docs/pages/tiny-models.md says what each takes",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

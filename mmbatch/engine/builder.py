@@ -20,14 +20,15 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig, check_model_name
-from mmbatch.engine.layout import Layout, choose_layout, visible_gpus
+from mmbatch.engine.invariance import prepare_batch_invariance
+from mmbatch.engine.layout import Gpu, Layout, choose_layout, visible_gpus
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.types import Modality
 
@@ -35,19 +36,41 @@ if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
 
 
-def host_layout(config: EngineConfig, requests: int | None = None) -> Layout:
-    """The layout of ``config`` on this host's visible GPUs for a job of ``requests``
-    (``ConfigError`` if it asks for more than there are, or names a model folder that is
-    not there): cheap, so a job checks it before writing anything, and before anything
-    imports vLLM (20 s and more) only to find the model missing."""
+@dataclass(frozen=True)
+class Host:
+    """This host's visible GPUs, read once, for a ``config`` checked against them: what a
+    job is laid out on once its size is known (``layout``)."""
+
+    config: EngineConfig
+    gpus: tuple[Gpu, ...]
+
+    def layout(self, requests: int | None = None) -> Layout:
+        """The layout of a job of ``requests`` (None: of unknown size)."""
+        return choose_layout(self.config, self.gpus, requests)
+
+
+def read_host(config: EngineConfig) -> Host:
+    """The host ``config`` runs on, checked: a ``ConfigError`` if it asks for more GPUs than
+    there are, or names a model folder that is not there. Cheap, so a job checks it before
+    writing anything, and before anything imports vLLM (20 s and more) only to find the
+    model missing. A layout's mistakes do not depend on the job's size, so laying out a job
+    of unknown size finds each of them."""
     check_model_name(config.model)
-    return choose_layout(config, visible_gpus(), requests)
+    host = Host(config, tuple(visible_gpus()))
+    host.layout()
+    return host
+
+
+def host_layout(config: EngineConfig, requests: int | None = None) -> Layout:
+    """The layout of ``config`` on this host for a job of ``requests`` (``read_host``)."""
+    return read_host(config).layout(requests)
 
 
 def build_engine(
     config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout
 ) -> Engine:
     """The engine(s) ``layout`` describes for ``config``, its settings checked first."""
+    prepare_batch_invariance(config)  # before vLLM's import, and the processes that inherit it
     kwargs = layout.engine_kwargs(config.engine_kwargs)
     if layout.tensor_parallel > 1:
         kwargs.setdefault("tensor_parallel_size", layout.tensor_parallel)
@@ -122,6 +145,7 @@ def may_start_processes() -> bool:
 
 def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
     """A new engine in this process for ``config``: ``check_engine``, then ``open_engine``."""
+    prepare_batch_invariance(config)  # before vLLM's import
     check_engine(config, media_per_prompt)
     return open_engine(config, media_per_prompt)
 
@@ -168,6 +192,7 @@ def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> 
     """The engine for ``config`` (settings already checked), its start-up log in
     ``config.log_file``; one that fails to start is a ``FatalEngineError`` saying why, not
     a traceback. Runs in a replica process too (``ReplicaEngine``)."""
+    prepare_batch_invariance(config)  # a replica's process: before vLLM's import
     from mmbatch.engine.logs import engine_log
     from mmbatch.engine.vllm import VLLMEngine
 

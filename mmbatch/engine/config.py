@@ -39,6 +39,11 @@ class EngineConfig:
     """Threads that run vLLM's host-side preprocessing (the chat template's tokens, the HF
     image processor) beside each engine's loop (``VLLMEngine``): 0 renders on the loop's own
     thread; more than one renders in parallel with vLLM's multimodal processor cache off."""
+    batch_invariant: bool = False
+    """Answers that do not depend on what they were batched with (vLLM's
+    ``VLLM_BATCH_INVARIANT=1``; see ``mmbatch.engine.invariance`` for the guarantee, its
+    limits and the GPUs that give it): a resumed or Ray job writes the texts an uninterrupted
+    local run writes. Refused where the platform lacks it."""
 
     def __post_init__(self) -> None:
         if not self.model:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from mmbatch.errors import FatalEngineError
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
 DECODE_ONLY_CAPACITY = 256
@@ -48,3 +49,11 @@ class DecodeOnly:
 
     def prompt_limits(self) -> None:
         """No model, no limits."""
+
+
+class NoEngine(DecodeOnly):
+    """The engine of a job none of whose requests can run (each refused while listing, so
+    each fails before the engine): nothing is started, and nothing may reach it."""
+
+    def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
+        raise FatalEngineError(f"request {request.id!r} reached a job that started no engine")

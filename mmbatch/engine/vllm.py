@@ -35,6 +35,7 @@ from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.output.clock import milestone
 from mmbatch.types import (
+    MODALITIES,
     CacheStats,
     Choice,
     LoadedRequest,
@@ -99,28 +100,18 @@ class VLLMEngine:
         from vllm import LLM
 
         milestone("vllm_imported")
-        render_threads = config.render_threads
-        kwargs = config.llm_kwargs()
-        # Profile memory only for the media a job sends: vLLM assumes 999 of any modality
-        # left unspecified, which on video-capable models reserves room for videos never sent.
-        kwargs.setdefault(
-            "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
-        )
-        if render_threads > 1:
-            if kwargs.get("mm_processor_cache_gb", 0):
-                render_threads = 1  # the user asked for the cache, which needs one renderer
-            else:
-                kwargs["mm_processor_cache_gb"] = 0
+        settings = engine_settings(config, media_per_prompt)
+        render_threads = settings.render_threads
         self.config = config
         self.render_threads = render_threads
-        _cpu_kv_cache_default(kwargs)
         from vllm.platforms import current_platform
 
         with one_thread_for_engine_processes(on_gpu=not current_platform.is_cpu()):
-            self.llm: LLM = LLM(**kwargs)
+            self.llm: LLM = LLM(**settings.llm_kwargs)
         milestone("llm_built")
         self._engine = self.llm.llm_engine
-        self._template = ChatTemplate(config.model, kwargs.get("trust_remote_code", False))
+        trust = bool(settings.llm_kwargs.get("trust_remote_code", False))
+        self._template = ChatTemplate(config.model, trust)
         self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left
         self._ids = itertools.count()
         self._prompt_tokens = [0, 0]  # finished requests' prompt tokens, and their count
@@ -394,7 +385,8 @@ def _sampling_params(sampling: Sampling, model_defaults: Mapping[str, Any]) -> S
             # detokenises as it generates (its default), so the text is exactly its own: a
             # cut inside a character is held back, not decoded as U+FFFD, and stop strings
             # are found. It costs about 1.3 us a token in the engine's driving process
-            # (this project's 2-core CPU; 0.2 us decoding each finished output once).
+            # (a 2-core CPU, vLLM 0.32's CPU build, 2026-12-01; 0.2 us decoding each finished
+            # output once).
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
     except (ValueError, TypeError) as exc:  # vLLM's own checks, on the settings merged
@@ -539,17 +531,48 @@ def processing_counts(config: EngineConfig, render: Render) -> ProcessingCounts:
     return ProcessingCounts(model_config(config), render)
 
 
-def engine_args(config: EngineConfig, media_per_prompt: dict[Modality, int] | None) -> Any:
-    """``vllm.EngineArgs`` as the engine for ``config`` gets them: the user's settings, the
-    media a job sends (None: vLLM's own default), the CPU build's KV cache default."""
-    from vllm.engine.arg_utils import EngineArgs
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine is started with: ``vllm.LLM``'s arguments, and the threads that render
+    its prompts (``VLLMEngine``)."""
 
+    llm_kwargs: Mapping[str, Any]
+    render_threads: int
+
+
+def engine_settings(
+    config: EngineConfig, media_per_prompt: Mapping[Modality, int] | None
+) -> EngineSettings:
+    """The settings the engine for ``config`` starts with, which the pre-flight check
+    (``engine_args``) reads too, so that what is checked is what is started:
+
+    * the user's settings, as given;
+    * memory profiled only for the media a job sends (None: vLLM's own default): vLLM
+      assumes 999 of any modality left unspecified, which on video-capable models reserves
+      room for videos never sent;
+    * with several render threads, vLLM's multimodal processor cache off, as it is not
+      thread-safe; a user who asked for the cache gets one render thread instead;
+    * the CPU build's KV cache default (``_cpu_kv_cache_default``).
+    """
     kwargs = config.llm_kwargs()
     if media_per_prompt is not None:
-        kwargs.setdefault(
-            "limit_mm_per_prompt", {"image": 0, "video": 0, "audio": 0, **media_per_prompt}
-        )
+        unsent = dict.fromkeys(MODALITIES, 0)
+        kwargs.setdefault("limit_mm_per_prompt", {**unsent, **media_per_prompt})
+    render_threads = config.render_threads
+    if render_threads > 1:
+        if kwargs.get("mm_processor_cache_gb", 0):
+            render_threads = 1  # the user asked for the cache, which needs one renderer
+        else:
+            kwargs["mm_processor_cache_gb"] = 0
     _cpu_kv_cache_default(kwargs)
+    return EngineSettings(kwargs, render_threads)
+
+
+def engine_args(config: EngineConfig, media_per_prompt: dict[Modality, int] | None) -> Any:
+    """``vllm.EngineArgs`` as the engine for ``config`` gets them (``engine_settings``)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs = engine_settings(config, media_per_prompt).llm_kwargs
     args = {k: v for k, v in kwargs.items() if k not in LLM_ONLY_ARGUMENTS}
     if isinstance(args.get("compilation_config"), int):  # as vllm.LLM reads an int
         args["compilation_config"] = {"mode": args["compilation_config"]}

@@ -43,7 +43,7 @@ from functools import cached_property
 from typing import Any
 
 from mmbatch.engine.budget import ItemCount
-from mmbatch.types import Modality
+from mmbatch.types import MODALITIES, Modality
 
 Render = Callable[[str | None, str, tuple[str, ...]], str]
 """The model's chat template: (system, prompt, media kinds in order) -> prompt text."""
@@ -98,7 +98,7 @@ class ProcessingCounts:
         self._audio: OrderedDict[int, ItemCount | None] = OrderedDict()
         self._noted: set[str] = set()
         supported = self._info.supported_mm_limits if self._info is not None else {}
-        self.modalities = frozenset(m for m in ("image", "video", "audio") if m in supported)
+        self.modalities = frozenset(m for m in MODALITIES if m in supported)
         self._image_count = self._counter("get_num_image_tokens", "image")
         self._video_count = self._counter("get_num_video_tokens", "video")
 

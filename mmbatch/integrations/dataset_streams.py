@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.integrations.dataset_origin import DatasetOrigin, origin_of, sources_of
+from mmbatch.integrations.dataset_tables import forget, job_name, run_table
 from mmbatch.integrations.hf_datasets import DatasetMap
 from mmbatch.pipeline import RunConfig
 
@@ -77,8 +78,6 @@ def run_stream(
     """``run_dataset`` for a stream: its rows, read once in windows, with ``task``'s columns."""
     import datasets
 
-    from mmbatch.integrations.dataset_runs import forget, job_name
-
     origin = origin_of(stream)  # the windows' files are ours: the stream's origin rules
     folder = root / job_name(stream_identity(stream), task)
     if not load_from_cache_file:
@@ -117,7 +116,6 @@ def _run_window(
     its job says one line, not a summary each."""
     import datasets
 
-    from mmbatch.integrations.dataset_runs import run_table
     from mmbatch.jobs import JobReport
 
     def one_line(report: JobReport) -> list[str]:

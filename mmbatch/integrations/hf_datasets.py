@@ -66,7 +66,7 @@ from mmbatch.integrations.dataset_origin import (
 )
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import MediaOptions
-from mmbatch.output.rows import output_row
+from mmbatch.output.rows import TOKEN_COLUMNS, output_row
 from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import ItemError, Modality, Request, Result, Sampling
@@ -76,8 +76,6 @@ if TYPE_CHECKING:
 
 FINGERPRINT_VERSION = "4"
 """Bumped when the rows this callable writes change for the same settings."""
-USAGE_COLUMNS = ("prompt_tokens", "output_tokens", "cached_tokens")
-"""The token counts ``with_usage=True`` adds, besides ``finish_reason``."""
 WIDEN = "DatasetMap(allowed_paths=[DIR])"
 FEATURE_MODALITIES: dict[str, Modality] = {"Image": "image", "Audio": "audio", "Video": "video"}
 """The modality of a column by its datasets feature's type."""
@@ -110,7 +108,7 @@ class DatasetMap:
     text_column: str = "text"
     error_column: str = "error"
     with_usage: bool = False
-    """Also ``finish_reason`` and the token counts (``USAGE_COLUMNS``)."""
+    """Also ``finish_reason`` and the token counts (``TOKEN_COLUMNS``)."""
     allowed_paths: Sequence[str] = ()
     """Folders whose files a path cell may name, besides what the dataset's origin allows."""
     vllm_log: VllmLog = "auto"
@@ -262,7 +260,7 @@ class DatasetMap:
         }
         if self.with_usage:
             columns["finish_reason"] = [row["finish_reason"] or empty for row in ordered]
-            for name in USAGE_COLUMNS:
+            for name in TOKEN_COLUMNS:
                 columns[name] = [int(row[name] or 0) for row in ordered]
         return columns
 

@@ -19,11 +19,12 @@ decoded) each replica tells a small actor of the job's (``ReplicaTally``) before
 a batch's rows, and the driver adds it to the counts it reads off the rows: the summary
 says what a local run of the job says.
 
-The driver resumes and reports with the local runner's own code (``mmbatch.jobs.plan_resume``
-and ``summarize``): the job's fingerprint in ``OUT.job.json`` (another job's folder is refused
-unless forced), ids already in the folder skipped, ``--retry-errors``, items whose prompt
-changed redone, a file cut short set aside and redone, and the summary, the quarantine file
-and the exit code counted over the whole folder. Before any of that, and before any actor
+The driver resumes and reports with the local runner's own code, asking the output what
+``run_job`` asks of it (``FileOutput.ready``, ``record``, ``run_stats`` and ``summarise``):
+the job's fingerprint in ``OUT.job.json`` (another job's folder is refused unless forced),
+ids already in the folder skipped, ``--retry-errors``, items whose prompt changed redone, a
+file cut short set aside and redone, and the summary, the quarantine file and the exit code
+counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
 its engine the way every face does (``mmbatch.engine.builder.start_engine``), its start-up
 log in the engine's log file and a failure said as a ``FatalEngineError``. A job stopped by
@@ -54,22 +55,13 @@ from mmbatch.engine.base import Engine
 from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
-from mmbatch.jobs import (
-    FileOutput,
-    Job,
-    JobReport,
-    engine_stopped,
-    plan_resume,
-    rows_of,
-    say_interrupted,
-    start_in_memory,
-    summarize,
-)
+from mmbatch.jobs import Job, engine_stopped, rows_of, say_interrupted, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.output.file_output import FileOutput
 from mmbatch.output.folders import folder_format
-from mmbatch.output.resume import write_record, written_rows
 from mmbatch.output.rows import FLAT, RowShape, output_row
 from mmbatch.output.stats import JobStats
+from mmbatch.output.summary import JobReport
 from mmbatch.types import ItemError, MediaRef, Request, Result, Sampling
 
 if TYPE_CHECKING:
@@ -290,8 +282,8 @@ def run_on_ray(
     _check_resources(ray, resources.num_gpus(job.engine), resources.replicas)
     check_engine_without_devices(job.engine)
     whole = _whole_job(ds, job)
-    plan = plan_resume(whole, out)
-    write_record(out.paths.record, whole.fingerprint)
+    plan = out.ready(whole)
+    out.record(whole)
     started = time.perf_counter()
     pending = {r.row_id for r in plan.pending}
     figures = ReplicaFigures()
@@ -315,15 +307,9 @@ def run_on_ray(
             raise
         finally:
             ray.kill(tally)
-    rows_by_id = _check_one_row_per_input(
-        whole.item_ids, list(written_rows(out.paths, whole.shape)), whole.shape
-    )
-    run = JobStats(total=len(pending), started=started)
-    for item_id in sorted(pending):
-        run.record(whole.shape.outcome(rows_by_id[item_id]))
+    run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
-    run.finished = time.perf_counter()
-    return summarize(whole, out, plan, run, whole.info)
+    return out.summarise(whole, plan, run, whole.info)
 
 
 @dataclass(frozen=True)
@@ -635,26 +621,6 @@ def _most_gpus_possible() -> float | None:
     except Exception:  # a private API: if it moves, behave as if there were no autoscaler
         return None
     return None if most is None else float(most.get("GPU", 0))
-
-
-def _check_one_row_per_input(
-    inputs: set[str], rows: list[dict[str, Any]], shape: RowShape
-) -> dict[str, dict[str, Any]]:
-    """The rows by item id, after checking that each input has exactly one."""
-    by_id: dict[str, dict[str, Any]] = {}
-    repeated = set()
-    for row in rows:
-        item_id = shape.row_id(row)
-        if item_id in by_id:
-            repeated.add(item_id)
-        by_id[item_id] = row
-    missing = sorted(inputs - by_id.keys())
-    if repeated or missing:
-        raise RuntimeError(
-            f"bug: the output is not one row per input: {len(missing)} ids have no row "
-            f"(e.g. {missing[:3]}), {len(repeated)} have several (e.g. {sorted(repeated)[:3]})"
-        )
-    return by_id
 
 
 def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

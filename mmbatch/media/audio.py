@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.errors import MediaError
 from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds, threaded
 from mmbatch.media.options import AudioOptions
-from mmbatch.types import TimeSpan
+from mmbatch.types import FileId, TimeSpan
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,13 +32,13 @@ class AudioInfo:
     channels: int
 
 
-def probe_audio(path: str) -> AudioInfo:
+def probe_audio(path: str, pinned: FileId | None = None) -> AudioInfo:
     """The duration and format of ``path``'s first audio stream; ``MediaError`` if none.
 
     The duration comes from the stream header when it has one, else from the container,
     else (some raw streams) from decoding the whole stream once.
     """
-    with open_media(path) as container:
+    with open_media(path, pinned) as container:
         stream = _audio_stream(container)
         duration: float | None = None
         if stream.duration is not None and stream.time_base is not None:
@@ -77,9 +77,12 @@ def audio_windows(duration: float, options: AudioOptions) -> list[TimeSpan]:
         start += step
 
 
-def decode_audio(path: str, sample_rate: int, span: TimeSpan | None = None) -> np.ndarray:
+def decode_audio(
+    path: str, sample_rate: int, span: TimeSpan | None = None, pinned: FileId | None = None
+) -> np.ndarray:
     """``path``'s first audio stream (or the ``span`` of it) as mono float32 samples at
-    ``sample_rate``. Raises ``MediaError`` if there is no audio or nothing decodes."""
+    ``sample_rate``; ``pinned``: the file it must be (``open_media``). Raises ``MediaError``
+    if there is no audio or nothing decodes."""
     import av
     import numpy as np
 
@@ -87,7 +90,7 @@ def decode_audio(path: str, sample_rate: int, span: TimeSpan | None = None) -> n
     end = span.end if span is not None else float("inf")
     chunks: list[np.ndarray] = []
     first: float | None = None
-    with open_media(path) as container:
+    with open_media(path, pinned) as container:
         stream = threaded(_audio_stream(container))
         # Planar float at the target rate, channels kept: the mono mix is their mean, not
         # FFmpeg's -3 dB downmix, so a stereo file with equal channels keeps its level.

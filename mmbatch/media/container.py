@@ -6,10 +6,12 @@ and a truncated container read the same way in every error row.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mmbatch.errors import MediaError
-from mmbatch.media.fetch import check_regular
+from mmbatch.media.fetch import check_regular, open_regular
+from mmbatch.types import FileId
 
 _decoder_threads = 0
 """FFmpeg threads per decoder in this process; 0 leaves the count to FFmpeg (one per core)."""
@@ -37,14 +39,29 @@ def threaded(stream: Any) -> Any:
     return stream
 
 
-def open_media(path: str) -> Any:
+def open_media(path: str, pinned: FileId | None = None) -> Any:
     """``av.open(path)`` for reading; ``MediaError`` (stage load/decode) if that fails. Only
-    a regular file is opened (``check_regular``): FFmpeg would block on a FIFO for ever."""
+    a regular file is opened (``check_regular``): FFmpeg would block on a FIFO for ever.
+
+    A ``pinned`` path is opened here and checked on its descriptor (``open_regular``), and
+    FFmpeg opens that descriptor's file through ``/proc/self/fd``, never the path again: a
+    symlink swapped in between cannot lead it elsewhere."""
+    if pinned is None:
+        check_regular(path)
+        return _av_open(path, path)
+    with open_regular(path, pinned) as handle:
+        return _av_open(path, f"{_FD_FOLDER}/{handle.fileno()}")
+
+
+_FD_FOLDER = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+"""Where a process's open descriptors have names that open their files again."""
+
+
+def _av_open(path: str, opened: str) -> Any:
     import av
 
-    check_regular(path)
     try:
-        return av.open(path)
+        return av.open(opened)
     except FileNotFoundError:
         raise MediaError(f"{path!r} does not exist", stage="load", kind="unreadable") from None
     except av_errors() as exc:

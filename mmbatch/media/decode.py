@@ -28,7 +28,7 @@ from typing import Any, TypeAlias, TypeVar
 from mmbatch.errors import MediaError
 from mmbatch.media.options import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.media.video import VideoIndex
-from mmbatch.types import ClipSpan, FrameAt, ItemError, MediaItem, TimeSpan
+from mmbatch.types import ClipSpan, FileId, FrameAt, ItemError, MediaItem, TimeSpan
 
 Decoded: TypeAlias = "dict[str, MediaItem | ItemError]"
 """What a job made: an item, or the reason it could not be made, by media key."""
@@ -74,6 +74,19 @@ class ImageJob(_OneItem):
     def portable(self) -> ImageJob:
         """This job with bytes a pipe can carry (a memoryview into a mapped file cannot)."""
         return self if isinstance(self.data, bytes) else replace(self, data=bytes(self.data))
+
+
+@dataclass(frozen=True)
+class ImageFileJob(_OneItem, _ReadsItsFile):
+    """A picture file keyed earlier in the job (``Keyer``: a file is hashed once per job),
+    read again only if its item must be decoded again (the store let it go). Its bytes must
+    still be those of ``key``: a file changed since is that item's error, never another
+    picture under the key."""
+
+    key: str
+    source: str
+    options: ImageOptions
+    pinned: FileId | None = None
 
 
 @dataclass(frozen=True)
@@ -131,9 +144,11 @@ class AudioJob(_OneItem, _ReadsItsFile):
     source: str
     span: TimeSpan | None
     options: AudioOptions
+    pinned: FileId | None = None
+    """The file the path rule checked (``MediaRef.pinned``)."""
 
 
-DecodeJob: TypeAlias = "ImageJob | DecodedImageJob | FramesJob | ClipJob | AudioJob"
+DecodeJob: TypeAlias = "ImageJob | ImageFileJob | DecodedImageJob | FramesJob | ClipJob | AudioJob"
 
 
 def decode(job: DecodeJob) -> Decoded:
@@ -152,6 +167,21 @@ def _image(job: ImageJob) -> Decoded:
     from mmbatch.media.image import decode_image
 
     return {job.key: _image_item(job.key, decode_image(job.data, job.options))}
+
+
+def _image_file(job: ImageFileJob) -> Decoded:
+    from mmbatch.media.fetch import read_source
+    from mmbatch.media.hashing import media_key
+    from mmbatch.media.image import decode_image
+
+    data = read_source(job.source, None, pinned=job.pinned)
+    if media_key("image", data, job.options.cache_token()) != job.key:
+        raise MediaError(
+            f"{job.source!r} changed while the job ran; run the job again to caption it",
+            stage="load",
+            kind="unreadable",
+        )
+    return {job.key: _image_item(job.key, decode_image(data, job.options))}
 
 
 def _decoded_image(job: DecodedImageJob) -> Decoded:
@@ -223,7 +253,7 @@ def _audio(job: AudioJob) -> Decoded:
     from mmbatch.media.audio import decode_audio
 
     rate = job.options.rate
-    samples = decode_audio(job.source, rate, job.span)
+    samples = decode_audio(job.source, rate, job.span, job.pinned)
     if samples.size == 0:
         raise MediaError("the audio window holds no samples")
     meta: dict[str, Any] = {
@@ -236,6 +266,7 @@ def _audio(job: AudioJob) -> Decoded:
 
 _DECODERS: dict[type, Callable[[Any], Decoded]] = {
     ImageJob: _image,
+    ImageFileJob: _image_file,
     DecodedImageJob: _decoded_image,
     FramesJob: _frames,
     ClipJob: _clip,

@@ -4,8 +4,11 @@ Only regular files are read. A FIFO named ``b.jpg`` would block the reader forev
 ``/dev/zero`` behind a symlink would feed it forever; a device may even act on being opened.
 So a path is checked with ``stat`` before it is opened (nothing that is not a regular file is
 ever opened), opened without blocking, and checked again on the open descriptor, so that a
-file swapped in between is caught too. A read is bounded in bytes (``DEFAULT_MAX_FILE_BYTES``):
-a size the file system reports can be wrong (``/proc`` files say 0), the bytes read cannot.
+file swapped in between is caught too. A path the path rule checked comes pinned to the file
+it led to then (``FileId``, ``mmbatch.sources.paths``): both checks compare the file with
+the pin, so a symlink swapped in since the inputs were listed is not read. A read is bounded
+in bytes (``DEFAULT_MAX_FILE_BYTES``): a size the file system reports can be wrong
+(``/proc`` files say 0), the bytes read cannot.
 
 URLs are off by default: a manifest is data from somewhere else, and fetching whatever it
 names would let it make this machine send requests (to internal services, say) and pull
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
+from mmbatch.types import FileId
 
 URL_SCHEMES = ("http://", "https://")
 DEFAULT_URL_MAX_BYTES = 50 * 1024**2
@@ -53,23 +57,15 @@ class UrlPolicy:
 
 
 def read_source(
-    source: str, urls: UrlPolicy | None, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+    source: str,
+    urls: UrlPolicy | None,
+    max_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    pinned: FileId | None = None,
 ) -> bytes:
-    """The bytes of ``source`` (at most ``max_bytes`` of a local file), or ``MediaError``
-    (stage "load") saying why they cannot be had."""
+    """The bytes of ``source`` (at most ``max_bytes`` of a local file, which must be the file
+    ``pinned`` when given), or ``MediaError`` saying why they cannot be had."""
     if not is_url(source):
-        with open_regular(source) as handle:
-            try:
-                data = handle.read(max_bytes + 1)
-            except OSError as exc:
-                raise _unreadable(source, exc) from None
-        if len(data) > max_bytes:
-            raise MediaError(
-                f"{source!r} is over the size limit of {max_bytes} bytes for one media file",
-                stage="load",
-                kind="too_large",
-            )
-        return data
+        return read_file(source, max_bytes, pinned)[0]
     if urls is None:
         raise MediaError(
             f"{source!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",
@@ -79,14 +75,41 @@ def read_source(
     return fetch_url(source, urls)
 
 
-def check_regular(path: str) -> os.stat_result:
-    """``path``'s status if it is a regular file (symlinks followed), else ``MediaError``
-    (stage "load"): ``unreadable`` when it cannot be reached, ``unsupported`` when it is a
-    folder, FIFO, socket or device. Nothing is opened."""
+def read_file(
+    path: str, max_bytes: int = DEFAULT_MAX_FILE_BYTES, pinned: FileId | None = None
+) -> tuple[bytes, os.stat_result]:
+    """The bytes of the local file ``path`` (see ``read_source``) and the status of the file
+    they were read from, taken on the open descriptor: what a caller may know them by."""
+    with open_regular(path, pinned) as handle:
+        try:
+            data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise unreadable(path, exc) from None
+        info = os.fstat(handle.fileno())
+    if len(data) > max_bytes:
+        raise MediaError(
+            f"{path!r} is over the size limit of {max_bytes} bytes for one media file",
+            stage="load",
+            kind="too_large",
+        )
+    return data, info
+
+
+def check_regular(path: str, pinned: FileId | None = None) -> os.stat_result:
+    """``path``'s status if it is a regular file (symlinks followed), and the file
+    ``pinned`` when given; else ``MediaError``: ``unreadable`` (stage "load") when it cannot
+    be reached, ``unsupported`` when it is a folder, FIFO, socket or device,
+    ``not_allowed`` (stage "source") when it is another file than the pin. Nothing is
+    opened."""
     try:
         info = os.stat(path)
     except OSError as exc:
-        raise _unreadable(path, exc) from None
+        raise unreadable(path, exc) from None
+    except ValueError:  # a NUL byte, a lone surrogate: no file has that name
+        raise MediaError(
+            f"cannot read {path!r}: no file can have that name", stage="load", kind="unreadable"
+        ) from None
+    _check_pin(path, info, pinned)
     if not stat.S_ISREG(info.st_mode):
         raise MediaError(
             f"{path!r} is {_file_kind(info.st_mode)}, not a regular file; only regular files "
@@ -97,16 +120,19 @@ def check_regular(path: str) -> os.stat_result:
     return info
 
 
-def open_regular(path: str) -> BinaryIO:
-    """``path`` opened for binary reading if it is a regular file, else ``MediaError``
-    (see ``check_regular``). Checked before opening and again on the open descriptor."""
-    check_regular(path)
+def open_regular(path: str, pinned: FileId | None = None) -> BinaryIO:
+    """``path`` opened for binary reading if it is a regular file (the file ``pinned`` when
+    given), else ``MediaError`` (see ``check_regular``). Checked before opening and again on
+    the open descriptor, before a byte is read."""
+    check_regular(path, pinned)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise _unreadable(path, exc) from None
+        raise unreadable(path, exc) from None
     try:
-        mode = os.fstat(fd).st_mode
+        opened = os.fstat(fd)
+        _check_pin(path, opened, pinned)
+        mode = opened.st_mode
         if not stat.S_ISREG(mode):  # swapped for something else since the check
             raise MediaError(
                 f"{path!r} is {_file_kind(mode)}, not a regular file; only regular files are read",
@@ -120,6 +146,16 @@ def open_regular(path: str) -> BinaryIO:
         raise
 
 
+def _check_pin(path: str, info: os.stat_result, pinned: FileId | None) -> None:
+    if pinned is not None and (info.st_dev, info.st_ino) != (pinned.device, pinned.inode):
+        raise MediaError(
+            f"{path!r} is no longer the file checked when the inputs were listed (replaced "
+            "since, or a link on its way now leads elsewhere); it was not read",
+            stage="source",
+            kind="not_allowed",
+        )
+
+
 def _file_kind(mode: int) -> str:
     kinds = (
         (stat.S_ISDIR, "a folder"),
@@ -131,7 +167,8 @@ def _file_kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def _unreadable(path: str, exc: OSError) -> MediaError:
+def unreadable(path: str, exc: OSError) -> MediaError:
+    """Why ``path`` could not be read, as the item's error."""
     reason = "it does not exist" if isinstance(exc, FileNotFoundError) else exc.strerror or exc
     return MediaError(f"cannot read {path!r}: {reason}", stage="load", kind="unreadable")
 

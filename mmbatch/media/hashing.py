@@ -12,7 +12,7 @@ from __future__ import annotations
 import xxhash
 
 from mmbatch.media.fetch import open_regular
-from mmbatch.types import Modality
+from mmbatch.types import FileId, Modality
 
 
 def media_key(modality: Modality, data: bytes | memoryview, options_token: str) -> str:
@@ -27,18 +27,18 @@ def media_key(modality: Modality, data: bytes | memoryview, options_token: str) 
 CHUNK_BYTES = 8 * 1024 * 1024
 
 
-def file_digest(path: str) -> tuple[bytes, int]:
+def file_digest(path: str, pinned: FileId | None = None) -> tuple[bytes, int]:
     """The xxh3-128 digest of the file at ``path`` and its size, read in chunks.
 
     Videos and long audio are keyed by this digest instead of being held in memory whole:
     an hour of video is gigabytes, while xxh3 streams it at memory speed; a model's files
     are known by it too (``mmbatch.engine.identity``). Raises
     ``MediaError`` for a path that is not a regular file (``open_regular``), ``OSError`` for
-    a failed read.
+    a failed read. ``pinned``: the file ``path`` must be (``open_regular``).
     """
     h = xxhash.xxh3_128()
     size = 0
-    with open_regular(path) as handle:
+    with open_regular(path, pinned) as handle:
         while chunk := handle.read(CHUNK_BYTES):
             h.update(chunk)
             size += len(chunk)

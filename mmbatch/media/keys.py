@@ -1,9 +1,12 @@
 """Read and hash the media of some requests: their content keys, and the decode jobs that
 would make each keyed item. Nothing is decoded here.
 
-The bytes of each source are read once and hashed once. Images are read whole (the bytes
-go on to their decode job); videos and audio are hashed by streaming the file (an hour of
-video does not fit in memory) and decoded from the path. All the frames a set of requests
+The bytes of each source are read once and hashed once per job: a file is known by its
+status (device, inode, size, times) after its first read, so a thousand rows naming one
+picture read it once. Images are read whole (the bytes go on to their decode job; a file
+keyed earlier gets a job that reads it again only if its item must be decoded again);
+videos and audio are hashed by streaming the file (an hour of video does not fit in memory)
+and decoded from the path. All the frames a set of requests
 wants from one video become one job, decoded in one pass. A clip that would not fit the
 model is shrunk here, before anything is decoded, within the bounds its options allow.
 
@@ -20,7 +23,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import xxhash
 
@@ -31,12 +34,13 @@ from mmbatch.media.decode import (
     DecodedImageJob,
     DecodeJob,
     FramesJob,
+    ImageFileJob,
     ImageJob,
     audio_token,
     clip_token,
     frame_token,
 )
-from mmbatch.media.fetch import read_source
+from mmbatch.media.fetch import is_url, read_file, read_source
 from mmbatch.media.hashing import file_digest, media_key
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.limits import PromptLimits
@@ -46,6 +50,7 @@ from mmbatch.types import ClipSpan, FrameAt, LoadedRequest, MediaRef, Request, R
 if TYPE_CHECKING:
     from mmbatch.media.video import VideoIndex
 
+K = TypeVar("K")
 V = TypeVar("V")
 
 CACHE_ENTRIES = 4096
@@ -76,6 +81,10 @@ class Keyer:
         self._lock = threading.Lock()
         self._digests: dict[str, tuple[bytes, int]] = {}
         """Streamed files' digests: a video's frames may be keyed in several units."""
+        self._image_keys: dict[FileState, str] = {}
+        """Picture files' keys by the file's status: each file is read and hashed once."""
+        self._reading: dict[FileState, threading.Event] = {}
+        """Picture files being read by one reader thread, for the others to wait on."""
         self._indices: dict[str, VideoIndex] = {}
         """Videos' indices: the clips cut from one video are keyed one request at a time."""
         self._spill: str | None = None
@@ -124,13 +133,13 @@ class Keyer:
             raise unusable[ref.source]
         try:
             if ref.modality == "image" and ref.part is None:
-                return self._image(ref.source, unit, jobs)
+                return self._image(ref, unit, jobs)
             if ref.modality == "image" and isinstance(ref.part, FrameAt):
-                return self._frame(ref.source, ref.part, unit, frames)
+                return self._frame(ref, ref.part, unit, frames)
             if ref.modality == "video" and (ref.part is None or isinstance(ref.part, ClipSpan)):
-                return self._clip(ref.source, ref.part, request, unit, jobs)
+                return self._clip(ref, ref.part, request, unit, jobs)
             if ref.modality == "audio" and (ref.part is None or isinstance(ref.part, TimeSpan)):
-                return self._audio(ref.source, ref.part, unit, jobs)
+                return self._audio(ref, ref.part, unit, jobs)
         except MediaError as exc:
             if exc.stage == "load":  # the file itself is unusable: so is every ref to it
                 unusable[ref.source] = exc
@@ -139,14 +148,50 @@ class Keyer:
             f"cannot load {ref.modality} from {ref.part!r}", stage="load", kind="unsupported"
         )
 
-    def _image(self, source: str, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
-        # Always hashed from the bytes that will be decoded: a key remembered by name could
-        # outlive a change to the file, and vLLM trusts our keys blindly.
-        data = read_source(source, self.options.urls)
-        unit.bytes_read += len(data)
-        key = media_key("image", data, self.options.image.cache_token())
-        jobs.setdefault(key, ImageJob(key, data, self.options.image))
+    def _image(self, ref: MediaRef, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
+        # Hashed from the bytes that will be decoded, and remembered by the file's status
+        # (not its name): a file changed since has another status, and vLLM trusts our keys
+        # blindly.
+        options = self.options.image
+        read: bytes | None
+        if is_url(ref.source):
+            read = read_source(ref.source, self.options.urls)
+            key = media_key("image", read, options.cache_token())
+        else:
+            key, read = self._local_image(ref)
+        if read is None:  # read earlier in the job
+            jobs.setdefault(key, ImageFileJob(key, ref.source, options, ref.pinned))
+            return key
+        unit.bytes_read += len(read)
+        jobs.setdefault(key, ImageJob(key, read, options))
         return key
+
+    def _local_image(self, ref: MediaRef) -> tuple[str, bytes | None]:
+        """The key of the picture file ``ref`` names, with its bytes when this call read
+        them (None: the file was read earlier in the job, and is still as it was). One
+        reader thread reads a file while the others wanting it wait for its key."""
+        state = _state(ref)
+        while state is not None:
+            with self._lock:
+                known, reading = self._image_keys.get(state), self._reading.get(state)
+                if known is None and reading is None:
+                    self._reading[state] = threading.Event()
+                    break  # this thread reads it
+            if known is not None:
+                return known, None
+            assert reading is not None
+            reading.wait()  # then look again: read, or failed (then read here, failing alike)
+        try:
+            data, info = read_file(ref.source, pinned=ref.pinned)
+            key = media_key("image", data, self.options.image.cache_token())
+            with self._lock:
+                _remember(self._image_keys, file_state(info), key)
+            return key, data
+        finally:
+            with self._lock:
+                done = self._reading.pop(state, None) if state is not None else None
+            if done is not None:
+                done.set()
 
     def _in_memory_image(self, ref: MediaRef, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
         # Never remembered by name: in-memory items may share a label, not content.
@@ -187,12 +232,13 @@ class Keyer:
                 _remember(self._digests, path, (digest, len(data)))
         return path
 
-    def _digest(self, source: str, unit: KeyedUnit) -> bytes:
+    def _digest(self, ref: MediaRef, unit: KeyedUnit) -> bytes:
+        source = ref.source
         with self._lock:
             known = self._digests.get(source)
         if known is None:
             try:
-                known = file_digest(source)
+                known = file_digest(source, ref.pinned)
             except OSError as exc:
                 raise MediaError(
                     f"cannot read {source!r}: {exc.strerror or exc}",
@@ -206,60 +252,83 @@ class Keyer:
                 _remember(self._digests, source, known)
         return known[0]
 
-    def _index(self, source: str) -> VideoIndex:
+    def _index(self, ref: MediaRef) -> VideoIndex:
         """The video's index (demuxed once for all the clips cut from it)."""
         from mmbatch.media.video import index_video
 
+        source = ref.source
         with self._lock:
             known = self._indices.get(source)
         if known is None:
-            known = index_video(source, self.options.video.max_source_pixels)
+            known = index_video(source, self.options.video.max_source_pixels, ref.pinned)
             with self._lock:
                 _remember(self._indices, source, known, INDEX_ENTRIES)
         return known
 
     def _frame(
         self,
-        source: str,
+        ref: MediaRef,
         frame: FrameAt,
         unit: KeyedUnit,
         frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]],
     ) -> str:
         token = frame_token(frame, self.options.frame_max_pixels)
-        key = media_key("image", self._digest(source, unit), token)
-        if source not in frames:
-            frames[source] = (self._index(source), {})
-        frames[source][1][key] = frame
+        key = media_key("image", self._digest(ref, unit), token)
+        if ref.source not in frames:
+            frames[ref.source] = (self._index(ref), {})
+        frames[ref.source][1][key] = frame
         return key
 
     def _clip(
         self,
-        source: str,
+        ref: MediaRef,
         span: ClipSpan | None,
         request: Request,
         unit: KeyedUnit,
         jobs: dict[str, DecodeJob],
     ) -> str:
-        digest = self._digest(source, unit)
+        digest = self._digest(ref, unit)
         options = self.options.video
-        index = self._index(source)
+        index = self._index(ref)
         clip = index if span is None else index.between(span.first, span.stop)
         if self.limits is not None:
             options = self.limits.fit_clip(request, clip, options)
         key = media_key("video", digest, clip_token(options, span))
-        jobs.setdefault(key, ClipJob(key, source, index, options, span))
+        jobs.setdefault(key, ClipJob(key, ref.source, index, options, span))
         return key
 
     def _audio(
-        self, source: str, span: TimeSpan | None, unit: KeyedUnit, jobs: dict[str, DecodeJob]
+        self, ref: MediaRef, span: TimeSpan | None, unit: KeyedUnit, jobs: dict[str, DecodeJob]
     ) -> str:
         options = self.options.audio
-        key = media_key("audio", self._digest(source, unit), audio_token(span, options))
-        jobs.setdefault(key, AudioJob(key, source, span, options))
+        key = media_key("audio", self._digest(ref, unit), audio_token(span, options))
+        jobs.setdefault(key, AudioJob(key, ref.source, span, options, ref.pinned))
         return key
 
 
-def _remember(cache: dict[str, V], source: str, value: V, most: int = CACHE_ENTRIES) -> None:
+FileState: TypeAlias = "tuple[int, int, int, int, int]"
+"""A file's device, inode, size, and modification and change times (ns): another state
+of the file, rewritten in place or replaced, has another."""
+
+
+def file_state(info: os.stat_result) -> FileState:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _state(ref: MediaRef) -> FileState | None:
+    """The state of the file ``ref`` names now, if it may be known by it: None when it
+    cannot be reached or is not the file its pin names (the read then says why)."""
+    try:
+        info = os.stat(ref.source)
+    except (OSError, ValueError):
+        return None
+    pinned = ref.pinned
+    if pinned is not None and (info.st_dev, info.st_ino) != (pinned.device, pinned.inode):
+        return None
+    return file_state(info)
+
+
+def _remember(cache: dict[K, V], source: K, value: V, most: int = CACHE_ENTRIES) -> None:
     if len(cache) >= most:
         cache.pop(next(iter(cache)))
     cache[source] = value

@@ -44,7 +44,7 @@ def scene_cuts(
 
     position = {pts: i for i, pts in enumerate(index.pts)}
     found: list[int] = []
-    with open_media(path) as container:
+    with open_media(path, index.pinned) as container:
         if not container.streams.video:
             raise MediaError("no video stream", kind="unsupported")
         stream = threaded(container.streams.video[0])

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.errors import MediaError
 from mmbatch.media.container import av_errors, av_reason, open_media, stream_kinds, threaded
 from mmbatch.media.options import DEFAULT_MAX_VIDEO_PIXELS, VideoOptions, scaled_size
+from mmbatch.types import FileId
 
 if TYPE_CHECKING:
     import numpy as np
@@ -57,6 +58,9 @@ class VideoIndex:
     offset: int = 0
     """The index of this index's first frame in the whole video: 0, except for a stretch
     cut out of it (``between``)."""
+    pinned: FileId | None = None
+    """The file the path rule checked (``MediaRef.pinned``): every decode by this index
+    opens that very file."""
 
     def __post_init__(self) -> None:
         if not self.pts:
@@ -80,6 +84,7 @@ class VideoIndex:
             rotation=self.rotation,
             last_duration=shown,
             offset=self.offset + first,
+            pinned=self.pinned,
         )
 
     def seconds(self, i: int) -> float:
@@ -158,11 +163,14 @@ class VideoIndex:
         return self.keyframes[k] if k >= 0 else 0
 
 
-def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) -> VideoIndex:
-    """Demux the first video stream of ``path``; raise ``MediaError`` if there is none, or
-    if its frames are over ``max_source_pixels`` (checked on the header, before any frame is
-    decoded: every later step decodes at that size)."""
-    with open_media(path) as container:
+def index_video(
+    path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS, pinned: FileId | None = None
+) -> VideoIndex:
+    """Demux the first video stream of ``path`` (the file ``pinned``, when given: see
+    ``open_media``); raise ``MediaError`` if there is none, or if its frames are over
+    ``max_source_pixels`` (checked on the header, before any frame is decoded: every later
+    step decodes at that size)."""
+    with open_media(path, pinned) as container:
         if not container.streams.video:
             raise MediaError(
                 f"no video stream (streams: {stream_kinds(container)})", kind="unsupported"
@@ -202,6 +210,7 @@ def index_video(path: str, max_source_pixels: int = DEFAULT_MAX_VIDEO_PIXELS) ->
             declared_frames=int(stream.frames or 0),
             declared_seconds=_declared_seconds(container, stream, time_base),
             damaged_at=float(ordered[-1] * time_base) if damaged and ordered else None,
+            pinned=pinned,
         )
 
 
@@ -348,7 +357,7 @@ def decode_frames(
         return result
     position = {p: i for i, p in enumerate(index.pts)}
     width, height = scaled_size(index.width, index.height, max_pixels)
-    with open_media(path) as container:
+    with open_media(path, index.pinned) as container:
         stream = threaded(container.streams.video[0])
         at = -1  # index of the last frame decoded
         sought = -1  # the key frame of the last seek: never seek to it (or before) again

@@ -103,5 +103,8 @@ def _line(custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _digest(custom_id: str) -> str:
-    """A stable id per custom_id, so a rerun writes the same ids."""
-    return xxhash.xxh3_64_hexdigest(custom_id.encode())
+    """A stable id per custom_id, so a rerun writes the same ids. A custom_id need not be
+    valid Unicode (JSON's ``"\\udc80"`` escape reads as a lone surrogate): it is kept as
+    it came, hashed by its code points, and written back with the same escape
+    (``mmbatch.jsonl.encode_line``), so that the caller finds it again."""
+    return xxhash.xxh3_64_hexdigest(custom_id.encode("utf-8", "surrogatepass"))

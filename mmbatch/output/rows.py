@@ -14,15 +14,78 @@ row holds.
 
 Each ``Row`` also carries an ``outcome``: the item's summed token counts and its error (if
 any answer failed), which is what the job's stats count, one per row.
+
+The columns mmbatch's own rows may hold are declared once here (``COLUMNS``): what each is
+called, how its values are typed and what it means. Whatever else needs to know them asks
+here: the columnar writers type a column that is null in every row by it
+(``mmbatch.output.tables``), an input column of one of these names is kept as
+``input_NAME`` (``mmbatch.sources.files``), the review gallery lists every other field under
+"more", and ``DatasetMap`` names its usage columns by it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, cast
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, Protocol, cast
 
+from mmbatch.errors import ItemFailure
 from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
+
+ColumnType = Literal["string", "integer", "float", "error", "value"]
+"""How a column's values are typed where they are not null: text, a whole number, a number,
+an ``ItemError`` as ``{stage, kind, message}``, or any JSON value (left to the writer)."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of mmbatch's rows: its name, the type of its values, and what it holds."""
+
+    name: str
+    type: ColumnType
+    meaning: str
+
+
+TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Usage))
+"""The token counts of a row (and of a recipe's answer), named as ``Usage`` names them."""
+
+FLAT_COLUMNS: tuple[Column, ...] = (
+    Column("id", "string", "the item: what resume skips and the output is keyed by"),
+    Column("source", "string", "the media the item points at (a list for several)"),
+    Column("media_hash", "string", "the content key of the item's media (a list for several)"),
+    Column("prompt", "string", "what was asked"),
+    Column("text", "string", "the answer (a list of n with Sampling.n > 1); null on error"),
+    Column("finish_reason", "string", "why the text ended (stop, length)"),
+    *(Column(name, "integer", "tokens, as the engine counted them") for name in TOKEN_COLUMNS),
+    Column("error", "error", "null, or why the item has no answer: stage, kind and message"),
+)
+"""The columns of a flat row (``mmbatch caption``), in the order it writes them."""
+
+RECIPE_COLUMNS: tuple[Column, ...] = (
+    Column("outputs", "value", "a recipe item's answers by name, each with its own fields"),
+    Column("parsed", "value", "an answer's text read as its format's value (JSON)"),
+)
+"""What a recipe's rows hold besides: their answers, and an answer's parsed value."""
+
+MEDIA_COLUMNS: tuple[Column, ...] = (
+    Column("video", "string", "the video a frame or clip comes from"),
+    Column("frame_index", "integer", "a frame's place in the video, in presentation order"),
+    Column("pts", "float", "a frame's time in the video, in seconds"),
+    Column("frame_path", "string", "the file a frame was written to"),
+    Column("start", "float", "where a clip or an audio window begins, in seconds"),
+    Column("end", "float", "where a clip or an audio window ends, in seconds"),
+    Column(
+        "warning",
+        "string",
+        "why the video holds less than its header declares (cut short, damaged)",
+    ),
+)
+"""What rows of a part of a video or a recording say about where that part is."""
+
+COLUMNS: tuple[Column, ...] = FLAT_COLUMNS + RECIPE_COLUMNS + MEDIA_COLUMNS
+"""Every column mmbatch's own rows may hold, each named once."""
+COLUMN_NAMES = frozenset(column.name for column in COLUMNS)
+
 
 OutputParser = Callable[[str], Any]
 """Turns an answer's text into a value, raising ``ValueError`` (with the reason) when the
@@ -92,6 +155,11 @@ def answer_finish_reason(result: Result) -> str | list[str | None] | None:
     return [c.finish_reason for c in result.choices] if result.choices else result.finish_reason
 
 
+def token_counts(usage: Usage) -> dict[str, int]:
+    """A row's token columns (``TOKEN_COLUMNS``) of ``usage``."""
+    return asdict(usage)
+
+
 def output_row(request: Request, media_keys: tuple[str, ...], result: Result) -> dict[str, Any]:
     """The flat JSON row for one request: what it was, and its text or the reason it has none."""
     sources = [ref.source for ref in request.media]
@@ -102,9 +170,7 @@ def output_row(request: Request, media_keys: tuple[str, ...], result: Result) ->
         "prompt": request.prompt,
         "text": answer_text(result),
         "finish_reason": answer_finish_reason(result),
-        "prompt_tokens": result.usage.prompt_tokens,
-        "output_tokens": result.usage.output_tokens,
-        "cached_tokens": result.usage.cached_tokens,
+        **token_counts(result.usage),
         "error": result.error.to_dict() if result.error else None,
         **dict(request.columns),
     }
@@ -118,11 +184,8 @@ class _IdAndErrorRows:
         return str(row["id"])
 
     def outcome(self, row: Mapping[str, Any]) -> Result:
-        usage = Usage(*(int(row.get(k) or 0) for k in _TOKEN_FIELDS))
+        usage = Usage(*(int(row.get(k) or 0) for k in TOKEN_COLUMNS))
         return Result(self.row_id(row), usage=usage, error=error_from(row.get("error")))
-
-
-_TOKEN_FIELDS = ("prompt_tokens", "output_tokens", "cached_tokens")
 
 
 def error_from(value: Any) -> ItemError | None:
@@ -256,18 +319,14 @@ class ItemRows:
     def _row(self, item_id: str, item: _OpenItem) -> Row:
         outputs: dict[str, dict[str, Any]] = {}
         failures: list[tuple[str, ItemError]] = []
-        totals = [0, 0, 0]
+        usage = Usage()
         for name in item.names:
             request, result = item.answers[name]
             answer, error = self._answer(request, result)
             outputs[name] = answer
             if error is not None:
                 failures.append((name, error))
-            for i, count in enumerate(
-                (result.usage.prompt_tokens, result.usage.output_tokens, result.usage.cached_tokens)
-            ):
-                totals[i] += count
-        usage = Usage(*totals)
+            usage += result.usage
         error = _item_error(failures, len(item.names))
         sources = [ref.source for ref in item.first.media]
         keys = item.media_keys
@@ -277,9 +336,7 @@ class ItemRows:
             "media_hash": keys[0] if len(keys) == 1 else (list(keys) or None),
             **dict(item.first.columns),
             "outputs": outputs,
-            "prompt_tokens": usage.prompt_tokens,
-            "output_tokens": usage.output_tokens,
-            "cached_tokens": usage.cached_tokens,
+            **token_counts(usage),
             "error": error.to_dict() if error else None,
         }
         return Row(Result(item_id, usage=usage, error=error), data)
@@ -295,14 +352,14 @@ class ItemRows:
                     values = [self.parse(text) for text in texts]
                 except ValueError as exc:
                     error = ItemError("parse", str(exc), "unparsable")
+                except ItemFailure as exc:  # the schema could not be applied
+                    error = ItemError(exc.stage, str(exc), exc.kind)
                 else:
                     parsed = values if result.choices else values[0]
             answer["parsed"] = parsed
         answer.update(
             finish_reason=answer_finish_reason(result),
-            prompt_tokens=result.usage.prompt_tokens,
-            output_tokens=result.usage.output_tokens,
-            cached_tokens=result.usage.cached_tokens,
+            **token_counts(result.usage),
             error=error.to_dict() if error else None,
         )
         return answer, error

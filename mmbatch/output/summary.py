@@ -1,17 +1,19 @@
 """The summary every job writes beside its output, ``OUT.summary.json``: the counts over the
 whole output, this run's throughput and cache hit rates, and what was run. ``mmbatch report``
-shows it at the top of the gallery."""
+shows it at the top of the gallery. ``JobReport`` is the same, as a face prints it."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmbatch.jsonl import write_text_atomic
 from mmbatch.output.paths import OutputPaths
+from mmbatch.output.stats import JobStats, OutputTally, format_counts
 
 
 def write_summary(paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str, Any]) -> Path:
@@ -70,3 +72,46 @@ def read_summary(paths: OutputPaths) -> dict[str, Any] | None:
         return None
     loaded = json.loads(path.read_text(encoding="utf-8"))
     return loaded if isinstance(loaded, dict) else None
+
+
+@dataclass
+class JobReport:
+    """What a run did, and what the whole output now holds."""
+
+    out: Path
+    total: int
+    """The job's items."""
+    kept: int
+    """Items whose rows were already in the output, from earlier runs."""
+    run: JobStats
+    """This run's rows (nothing, when every item already had one)."""
+    output: OutputTally
+    """Every row of the job's items in the output, this run's and earlier ones'."""
+    summary_path: Path
+    notes: Sequence[str] = ()
+    """What listing the inputs passed over or changed (``Job.notes``)."""
+    startup_seconds: float | None = None
+    """From the process's start to its engine ready (None: no engine was started)."""
+    process_seconds: float = 0.0
+    """From the process's start to the summary written."""
+
+    @property
+    def failed(self) -> int:
+        return self.output.failed
+
+    def lines(self) -> list[str]:
+        """The summary a face prints at the end of the job."""
+        lines = [self.run.summary()] if self.run.total else []
+        if self.startup_seconds is not None:
+            lines.append(
+                f"start-up: {self.startup_seconds:.1f} s from the command to the engine ready; "
+                f"{self.process_seconds:.1f} s in all"
+            )
+        lines.append(
+            f"rows written to {self.out}: {self.output.ok} ok, {self.output.failed} failed; "
+            f"summary in {self.summary_path}"
+        )
+        if self.output.quarantine is not None:
+            kinds = format_counts(self.output.failed_by_kind)
+            lines.append(f"failed inputs ({kinds}) listed in {self.output.quarantine}")
+        return lines + [f"note: {note}" for note in self.notes]

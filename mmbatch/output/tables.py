@@ -21,6 +21,7 @@ from mmbatch.errors import OutputError, SourceError
 from mmbatch.jsonl import cannot_write, printable_values, read_objects
 from mmbatch.output.order import RowOrder
 from mmbatch.output.paths import OutputPaths
+from mmbatch.output.rows import COLUMNS, ColumnType
 from mmbatch.output.sinks import JsonlSink
 
 if TYPE_CHECKING:
@@ -187,34 +188,21 @@ def _unified_schema(tables: list[pa.Table]) -> pa.Schema:
     return typed(pa.unify_schemas([t.schema for t in tables], promote_options="permissive"))
 
 
-_STRINGS = (
-    "id",
-    "source",
-    "media_hash",
-    "prompt",
-    "text",
-    "finish_reason",
-    "warning",
-    "video",
-    "frame_path",
-)
-_FLOATS = ("pts", "start", "end")
-_INTEGERS = ("frame_index", "prompt_tokens", "output_tokens", "cached_tokens")
-
-
 def typed(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with each column of the row shape that is null in every row (no row
-    failed: ``error``; every row failed: ``text``) given the type it has when it holds
-    values, also inside a recipe's ``outputs``: Arrow would type it ``null``, and two
-    outputs with and without errors could not be read or concatenated as one table."""
+    """``schema`` with each of mmbatch's columns (``mmbatch.output.rows.COLUMNS``) that is
+    null in every row (no row failed: ``error``; every row failed: ``text``) given the type
+    it has when it holds values, also inside a recipe's ``outputs``: Arrow would type it
+    ``null``, and two outputs with and without errors could not be read or concatenated as
+    one table."""
     import pyarrow as pa
 
-    known: dict[str, pa.DataType] = {
+    types: dict[ColumnType, pa.DataType] = {
+        "string": pa.string(),
+        "integer": pa.int64(),
+        "float": pa.float64(),
         "error": pa.struct([(name, pa.string()) for name in ("stage", "kind", "message")]),
-        **dict.fromkeys(_STRINGS, pa.string()),
-        **dict.fromkeys(_FLOATS, pa.float64()),
-        **dict.fromkeys(_INTEGERS, pa.int64()),
     }
+    known = {column.name: types[column.type] for column in COLUMNS if column.type in types}
 
     def field(f: pa.Field) -> pa.Field:
         if pa.types.is_null(f.type) and f.name in known:

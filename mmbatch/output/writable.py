@@ -26,18 +26,7 @@ def check_writable(out: Path, appended: Iterable[Path | None] = ()) -> None:
     appended to) must open for writing. Nothing is changed: the file made to find out is
     removed at once (and named as ``mmbatch.jsonl.remove_orphans`` clears, were the job
     killed meanwhile)."""
-    folder = out.absolute().parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    try:
-        handle, probe = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise OutputError(
-            f"cannot write in the folder {str(folder)!r} (where {out.name}, its job record, "
-            f"summary and logs go): {exc.strerror or exc}"
-        ) from None
-    os.close(handle)
-    os.unlink(probe)
+    _probe(out.absolute().parent, out.name, f"{out.name}, its job record, summary and logs")
     for path in appended:
         if path is None or not path.is_file():
             continue
@@ -45,3 +34,25 @@ def check_writable(out: Path, appended: Iterable[Path | None] = ()) -> None:
             os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
         except OSError as exc:
             raise OutputError(cannot_write(path, exc)) from None
+
+
+def check_folder_writable(folder: Path, what: str) -> None:
+    """``OutputError`` naming ``folder`` when ``what`` (saved frames, say) cannot be
+    written there: asked as for the output, so that a read-only folder is one line before
+    the job starts, not an error on every item blamed on its media."""
+    _probe(folder.absolute(), "mmbatch", what)
+
+
+def _probe(folder: Path, name: str, what: str) -> None:
+    """Make and remove a file in ``folder`` (or, not made yet, the nearest folder above it,
+    where it will be); ``OutputError`` saying ``what`` goes there when that fails."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        handle, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot write in the folder {str(folder)!r} (where {what} go): {exc.strerror or exc}"
+        ) from None
+    os.close(handle)
+    os.unlink(probe)

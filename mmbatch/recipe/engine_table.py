@@ -16,15 +16,26 @@ Everything else is refused when the recipe is read, before any vLLM code runs (`
 check`` imports nothing a recipe names), with a line that names the key and says how to set
 it on the command line (``--engine-arg KEY=VALUE``), where the person running the job
 chooses it. The command line and a Python caller's own ``EngineConfig`` are not restricted.
+
+What a recipe may start: the engine of the job, as processes of this machine talking over
+local pipes and sockets (``distributed_executor_backend`` ``"mp"`` or ``"uni"``, or
+``"external_launcher"``, which starts nothing and joins the processes a launcher such as
+``torchrun`` started). Never a cluster: ``"ray"`` starts a local Ray cluster whose daemons
+(its control store, a raylet, a dashboard) listen on the network, so a shared recipe could
+open ports on every machine it runs on; the person running the job may still ask for it on
+the command line. Numbers are finite: ``nan`` and ``inf`` are refused.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from mmbatch.types import MODALITIES
 
 Problem = tuple[str, str, bool]
 """``(key path, why, refused)``: ``refused`` when the command line could set it (a key or
@@ -39,14 +50,15 @@ class Shape(Protocol):
 
 @dataclass(frozen=True)
 class Number:
-    """An integer (``integer``), or any number; never true/false, never a string."""
+    """An integer (``integer``), or any finite number; never true/false, never a string,
+    never NaN or infinity (TOML has both; no setting means them)."""
 
     integer: bool = False
 
     def problems(self, value: Any, path: str) -> Iterator[Problem]:
         kinds = (int,) if self.integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            what = "an integer" if self.integer else "a number"
+        what = "an integer" if self.integer else "a finite number"
+        if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
             yield path, f"must be {what}, got {value!r}", False
 
 
@@ -167,7 +179,6 @@ def _not_settable(key: str, known: Mapping[str, Shape], table: str = "") -> str:
 INTEGER = Number(integer=True)
 NUMBER = Number()
 FLAG = Flag()
-MEDIA_KINDS = ("image", "video", "audio")
 _SIZE = Table(
     dict.fromkeys(
         ("shortest_edge", "longest_edge", "height", "width", "min_pixels", "max_pixels"), INTEGER
@@ -238,7 +249,8 @@ ENGINE_SETTINGS: Mapping[str, Shape] = {
     "pipeline_parallel_size": INTEGER,
     "data_parallel_size": INTEGER,
     "enable_expert_parallel": FLAG,
-    "distributed_executor_backend": OneOf(("mp", "ray", "uni", "external_launcher")),
+    # Not "ray": it starts a Ray cluster, daemons listening on the network (see above).
+    "distributed_executor_backend": OneOf(("mp", "uni", "external_launcher")),
     # Scheduling and caching
     "enforce_eager": FLAG,
     "enable_prefix_caching": FLAG,
@@ -295,7 +307,7 @@ ENGINE_SETTINGS: Mapping[str, Shape] = {
     ),
     # Multimodal
     "limit_mm_per_prompt": TableOf(
-        MEDIA_KINDS,
+        MODALITIES,
         Either(
             (
                 INTEGER,
@@ -312,7 +324,7 @@ ENGINE_SETTINGS: Mapping[str, Shape] = {
             **dict.fromkeys(_PROCESSOR_FLAGS, FLAG),
         }
     ),
-    "media_io_kwargs": TableOf(MEDIA_KINDS, Table({"num_frames": INTEGER, "fps": NUMBER})),
+    "media_io_kwargs": TableOf(MODALITIES, Table({"num_frames": INTEGER, "fps": NUMBER})),
     "mm_processor_cache_gb": NUMBER,
     "mm_processor_cache_type": OneOf(("lru", "shm")),
     "mm_shm_cache_max_object_size_mb": INTEGER,

@@ -18,7 +18,7 @@ from mmbatch.output.rows import ItemShape
 from mmbatch.recipe.spec import Recipe
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.mixed_media import list_media, media_requests
+from mmbatch.sources.mixed_media import Takes, list_media, media_requests
 from mmbatch.sources.timeline import audio_requests, clip_cap_note, frame_requests
 from mmbatch.types import Modality, Request
 
@@ -83,7 +83,8 @@ def _items(
         if note:
             log.note(note)
         taker = f"the recipe {recipe.name!r} ([media] kind = 'video')"
-        return media_requests(files, prompt, system, take=clips, as_clip=True, taker=taker, log=log)
+        takes = Takes(clips, as_clip=True, by=taker)
+        return media_requests(files, prompt, system, takes=takes, log=log)
     return frame_requests(inputs, video_options(recipe), prompt, system, policy, log)
 
 

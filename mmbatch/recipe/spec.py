@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from mmbatch.errors import ConfigError
 from mmbatch.recipe.engine_table import engine_problems
-from mmbatch.types import InvalidSetting, Modality, Sampling
+from mmbatch.types import MODALITIES, Modality, Sampling, sampling_problems
 from mmbatch.validation import TYPE_ERRORS, Problem, expected, problems
 
 if sys.version_info >= (3, 11):
@@ -65,10 +65,10 @@ PositiveNumber = Annotated[float, Field(gt=0)]
 
 
 class _Table(BaseModel):
-    """A TOML table: each key typed, strictly (``"64"`` is no integer, ``true`` no number),
-    and no key the table does not have."""
+    """A TOML table: each key typed, strictly (``"64"`` is no integer, ``true`` no number,
+    ``nan`` and ``inf`` no setting's value), and no key the table does not have."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class QuestionTable(_Table):
@@ -113,7 +113,7 @@ VIDEO_SETTINGS = ("fps", "num_frames", "timestamps")
 
 
 class VideoMedia(_Table):
-    """Issue 3's video loader options (``VideoOptions``); ``as_clip`` hands the sampled
+    """The video loader's options (``VideoOptions``); ``as_clip`` hands the sampled
     frames over as one video."""
 
     kind: Literal["video"]
@@ -146,7 +146,6 @@ MediaTable = Annotated[
     | Annotated[AudioMedia, Tag("audio")],
     Discriminator(_media_kind),
 ]
-MEDIA_KINDS = ("image", "video", "audio")
 
 
 class OutputTable(_Table):
@@ -230,6 +229,8 @@ def load_recipe(path: str | Path) -> Recipe:
         raise ConfigError(f"cannot read recipe {str(path)!r}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not a recipe: its TOML is nested too deeply") from None
     return parse_recipe(data, str(path), default_name=path.stem)
 
 
@@ -285,10 +286,14 @@ def _questions(prompt: PromptTable) -> tuple[Question, ...]:
 
 def _sampling(table: SamplingTable) -> Sampling:
     """``Sampling``'s own checks of the ranges (``InvalidSetting``)."""
+    return Sampling(**_sampling_values(table))
+
+
+def _sampling_values(table: SamplingTable) -> dict[str, Any]:
     values = table.model_dump(exclude_none=True)
     if "stop" in values:
         values["stop"] = tuple(values["stop"])
-    return Sampling(**values)
+    return values
 
 
 # What pydantic found, in a recipe's words ------------------------------------------------
@@ -321,8 +326,10 @@ def _said(problem: Problem, data: Mapping[str, Any]) -> str:
         value = data.get(key)
         if problem.kind == "missing":
             return f"missing the [{key}] table"
-        if isinstance(value, Mapping) and key == "media":  # a table, of a kind not known
-            return f"[media] kind must be one of {', '.join(MEDIA_KINDS)}, got {value['kind']!r}"
+        if isinstance(value, Mapping) and key == "media" and "kind" in value:  # not known
+            return f"[media] kind must be one of {', '.join(MODALITIES)}, got {value['kind']!r}"
+        if isinstance(value, Mapping):  # a table, with a key that is no text
+            return f"[{key}]: {problem.message}"
         return f"{key!r} must be a table ([{key}]), got {value!r}"
     if path[:2] == ("prompt", "questions") and len(path) <= 3:
         value = _raw(data, path)
@@ -452,14 +459,22 @@ def _name_rule(name: Any, where: str) -> list[str]:
 
 
 def _sampling_rules(table: Any) -> list[str]:
-    """``Sampling``'s range checks, once the table's types are right."""
+    """``Sampling``'s range checks, every one at once, of the settings whose types are right
+    (the others are pydantic's problems, said already)."""
+    if not isinstance(table, Mapping):
+        return []
     try:
-        _sampling(SamplingTable.model_validate(table if table is not None else {}))
-    except ValidationError:
-        return []  # pydantic's problems, said already
-    except InvalidSetting as exc:
-        return [f"[sampling] {exc.field} = {exc.value!r}: must be {exc.rule}"]
-    return []
+        SamplingTable.model_validate(table)
+        typed = dict(table)
+    except ValidationError as exc:
+        wrong = {error["loc"][0] for error in exc.errors() if error["loc"]}
+        typed = {k: v for k, v in table.items() if k in SamplingTable.model_fields}
+        typed = {k: v for k, v in typed.items() if k not in wrong}
+    values = SamplingTable.model_validate(typed)
+    return [
+        f"[sampling] {exc.field} = {exc.value!r}: must be {exc.rule}"
+        for exc in sampling_problems(_sampling_values(values))
+    ]
 
 
 def _media_rules(table: Any) -> list[str]:

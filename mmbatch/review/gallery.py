@@ -18,21 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-KNOWN_FIELDS = frozenset(
-    {
-        "id",
-        "source",
-        "media_hash",
-        "prompt",
-        "text",
-        "finish_reason",
-        "prompt_tokens",
-        "output_tokens",
-        "cached_tokens",
-        "error",
-        "outputs",
-    }
-)
+from mmbatch.output.rows import FLAT_COLUMNS, RECIPE_COLUMNS
+
+KNOWN_FIELDS = frozenset(column.name for column in FLAT_COLUMNS + RECIPE_COLUMNS)
 """Fields shown in a card's body; any other field of a row is listed under "more"."""
 
 

@@ -13,6 +13,7 @@ import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mmbatch.media.fetch import read_source
 from mmbatch.media.image import decode_image, prepare_decoded
 from mmbatch.media.options import ImageOptions
 from mmbatch.sources.files import VIDEO_SUFFIXES
@@ -52,7 +53,9 @@ def thumbnail_uri(ref: MediaRef) -> str:
             return _to_uri(_strip(path, ref.part))
         if ref.modality == "video" or path.suffix.lower() in VIDEO_SUFFIXES:
             return _to_uri(_strip(path))
-        return _to_uri(decode_image(path.read_bytes(), THUMBNAIL_OPTIONS))
+        return _to_uri(
+            decode_image(read_source(ref.source, None, pinned=ref.pinned), THUMBNAIL_OPTIONS)
+        )
     except Exception as exc:  # Pillow and PyAV raise many types; each is a reason to show
         raise NoPreview(f"{type(exc).__name__}: {exc}") from None
 

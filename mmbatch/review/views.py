@@ -154,7 +154,7 @@ def _asked(entry: Mapping[str, Any], custom_id: str, folder: str, paths: LocalPa
 def _shown_picture(url: Any, label: str, folder: str, paths: LocalPaths) -> MediaRef | None:
     """The picture ``url`` names, if a card may show it: a ``data:`` URI, or a file where
     the job could read (``LocalPaths``); never a remote URL."""
-    from mmbatch.sources.paths import PathNotAllowed
+    from mmbatch.errors import ItemFailure
 
     if not isinstance(url, str) or url.startswith(("http://", "https://")):
         return None
@@ -166,6 +166,6 @@ def _shown_picture(url: Any, label: str, folder: str, paths: LocalPaths) -> Medi
         except (binascii.Error, ValueError):
             return None
     try:
-        return MediaRef("image", paths.resolve(url, folder, label))
-    except PathNotAllowed:
+        return paths.resolve(url, folder, label).ref("image")
+    except ItemFailure:  # a path the job could not read
         return None

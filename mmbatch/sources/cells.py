@@ -43,12 +43,12 @@ def media_ref(
                 raise BadCell(f"{label}: 'bytes' holds {type(data).__name__}, not bytes")
             return MediaRef(modality, _name(label, path), data=_bytes(data))
         if isinstance(path, str) and path:
-            return MediaRef(modality, paths.resolve(path, folder, label))
+            return paths.resolve(path, folder, label).ref(modality)
         raise BadCell(f"{label}: the {modality} cell has neither bytes nor a path")
     if isinstance(value, (bytes, bytearray, memoryview)):  # a binary column
         return MediaRef(modality, label, data=_bytes(value))
     if isinstance(value, str) and value:
-        return MediaRef(modality, paths.resolve(value, folder, label))
+        return paths.resolve(value, folder, label).ref(modality)
     if value is None:
         raise BadCell(f"{label}: no {modality} (the cell is empty)")
     if modality == "image" and _is_pil_image(value):

@@ -37,7 +37,7 @@ from mmbatch.media.scenes import DEFAULT_MIN_SCENE_SECONDS, DEFAULT_SCENE_THRESH
 from mmbatch.sources.files import VIDEO_SUFFIXES, InputFile, SourcePolicy, list_inputs
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.timeline import index_of_video
-from mmbatch.types import ClipSpan, FrameAt, ItemError, MediaRef, Modality, Request
+from mmbatch.types import ClipSpan, FrameAt, ItemError, Modality, Request
 
 if TYPE_CHECKING:
     from mmbatch.media.video import VideoIndex
@@ -127,7 +127,7 @@ def cut_videos(
     def cut(file: InputFile) -> CutVideo | ItemFailure:
         try:
             file.check_allowed()
-            index = index_of_video(file.path, options.max_source_pixels)
+            index = index_of_video(file, options.max_source_pixels)
             return _cut(file.path, index, split)
         except ItemFailure as exc:  # a path refused, a file that is no video
             return exc
@@ -223,7 +223,7 @@ def video_clips(
         if split.frame:
             columns += (("frame_index", None), ("pts", None))
         error = ItemError(cut.stage, str(cut), cut.kind)
-        ref = MediaRef(modality, file.path)
+        ref = file.ref(modality)
         yield Request(file.id, prompt, (ref,), system, columns=columns + file.columns, error=error)
         return
     index, spans = cut.index, cut.spans
@@ -235,9 +235,9 @@ def video_clips(
             i = pick_frame(index, span, split.frame)
             pts = index.seconds(i)
             columns += (("frame_index", i), ("pts", round(pts, 6)))
-            ref = MediaRef("image", file.path, part=FrameAt(i, pts))
+            ref = file.ref("image", FrameAt(i, pts))
         else:
-            ref = MediaRef("video", file.path, part=span)
+            ref = file.ref("video", span)
         columns += flag + file.columns
         yield Request(item_id, prompt, (ref,), system, columns=columns)
 

@@ -6,9 +6,13 @@ have a ``path`` and optionally an ``id`` and a ``prompt``. Manifest paths are re
 the manifest's folder.
 
 A walk takes the pictures of every format the decoder opens (``picture_suffixes``: AVIF too,
-where Pillow has it) and passes over everything else, hidden files and folders, and linked
-folders (not followed, so a link cannot loop); each file passed over is counted by reason in
-the ``ListingLog`` the caller hands in, which the job's summary shows.
+where Pillow has it) and passes over everything else, hidden files and folders, linked
+folders (not followed, so a link cannot loop), and linked files that lead out of the walked
+folder (the path rule, ``mmbatch.sources.paths``: ``--input-root`` or
+``--allow-outside-root`` widens it; a pattern's folder is the part of it before the first
+wildcard); each file passed over is counted by reason in the ``ListingLog`` the caller hands
+in, which the job's summary shows. A walked file is pinned to the file it was when listed,
+as a path named inside a manifest is.
 
 Ids are the identity of a row in the output and on resume, so they must be unique: a file
 named twice is one item; two manifest rows with one id are an error, raised before any work.
@@ -16,27 +20,41 @@ named twice is one item; two manifest rows with one id are an error, raised befo
 A manifest is data from elsewhere, read as JSON or CSV and nothing else, and it is not
 trusted with the file system: its paths follow the rule every input's paths do
 (``mmbatch.sources.paths``: inside the manifest's folder, or a folder the person running the
-job allowed; a path refused is its row's error), and URLs are refused unless
-``SourcePolicy.allow_urls``. Both are checked here, before any work starts.
+job allowed), and its URLs are refused unless ``SourcePolicy.allow_urls``. Both are checked
+here, before any work starts, and either refusal is that row's error (stage ``source``, kind
+``not_allowed``): the rest of the job goes on. A URL named on the command line without
+``allow_urls`` is the job's mistake, said before anything runs.
 """
 
 from __future__ import annotations
 
 import csv
 import glob
+import itertools
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, TypeAlias
 
-from mmbatch.errors import SourceError
+from mmbatch.errors import ItemFailure, MediaError, SourceError
 from mmbatch.jsonl import JsonlError, printable, read_objects
-from mmbatch.media.fetch import is_url
+from mmbatch.media.fetch import is_url, unreadable
+from mmbatch.output.rows import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.paths import LocalPaths, PathNotAllowed
-from mmbatch.types import ItemError, MediaRef, Request
+from mmbatch.types import (
+    ClipSpan,
+    FileId,
+    FrameAt,
+    ItemError,
+    MediaRef,
+    Modality,
+    Request,
+    TimeSpan,
+)
 
 IMAGE_SUFFIXES = frozenset(
     {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".jfif"}
@@ -48,16 +66,6 @@ AUDIO_SUFFIXES = frozenset({".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".
 
 KeepColumns: TypeAlias = "tuple[str, ...] | Literal['all']"
 """The input columns carried into each output row: named ones, or ``"all"``."""
-
-OUTPUT_FIELDS = frozenset(
-    {
-        "id", "source", "media_hash", "prompt", "text", "parsed", "finish_reason",
-        "prompt_tokens", "output_tokens", "cached_tokens", "error", "outputs",
-        "video", "frame_index", "pts", "frame_path", "start", "end",
-    }
-)  # fmt: skip
-"""Fields of mmbatch's own rows; an input column of one of these names is kept as
-``input_NAME`` instead."""
 
 
 @dataclass(frozen=True)
@@ -84,12 +92,21 @@ class InputFile:
     """The manifest row's columns kept for the item's row (``SourcePolicy.keep_columns``)."""
     refused: ItemError | None = None
     """Why the path may not be read (``mmbatch.sources.paths``): the item is this error."""
+    pinned: FileId | None = None
+    """The file the path rule checked (``MediaRef.pinned``); None: read as named."""
 
     def check_allowed(self) -> None:
-        """``PathNotAllowed`` if the path was refused: for a caller that reads the file
-        while listing (a video's frames, an audio file's length) before anything else."""
+        """The refusal as an ``ItemFailure``, if the path was refused: for a caller that
+        reads the file while listing (a video's frames, an audio file's length) before
+        anything else."""
         if self.refused is not None:
-            raise PathNotAllowed(self.refused.message)
+            raise MediaError(self.refused.message, self.refused.stage, self.refused.kind)
+
+    def ref(
+        self, modality: Modality, part: FrameAt | TimeSpan | ClipSpan | None = None
+    ) -> MediaRef:
+        """The media this file is (or the ``part`` of it), pinned as it was listed."""
+        return MediaRef(modality, self.path, part=part, pinned=self.pinned)
 
 
 class _Listed(NamedTuple):
@@ -100,6 +117,7 @@ class _Listed(NamedTuple):
     prompt: str | None = None
     columns: tuple[tuple[str, Any], ...] = ()
     refused: ItemError | None = None
+    pinned: FileId | None = None
 
 
 def list_inputs(
@@ -114,6 +132,7 @@ def list_inputs(
     no ``kind`` at all. What walks pass over is counted in ``log``."""
     files: list[InputFile] = []
     seen: dict[str, str] = {}  # id -> the path it was first given to
+    log = log if log is not None else ListingLog()
     for raw in inputs:
         walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
         for listed in _expand([raw], suffixes, policy, log):
@@ -126,10 +145,19 @@ def list_inputs(
                 raise SourceError(f"duplicate id {item_id!r} in the inputs; ids must be unique")
             seen[item_id] = path
             files.append(
-                InputFile(item_id, path, listed.prompt, walked, listed.columns, listed.refused)
+                InputFile(
+                    item_id,
+                    path,
+                    listed.prompt,
+                    walked,
+                    listed.columns,
+                    listed.refused,
+                    listed.pinned,
+                )
             )
-    if not files:
-        raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}")
+    if not files:  # said loudly: a walk whose every file was passed over
+        skipped = f"; {log.lines()[0]}" if log.skipped else ""
+        raise SourceError(f"no {kind} found in {', '.join(map(repr, inputs))}{skipped}")
     return files
 
 
@@ -146,7 +174,7 @@ def image_requests(
         Request(
             f.id,
             f.prompt or prompt,
-            (MediaRef("image", f.path),),
+            (f.ref("image"),),
             system,
             columns=f.columns,
             error=f.refused,
@@ -175,8 +203,7 @@ def _expand(
             _check_url(raw, "input", policy)
             yield _Listed(raw, raw)
         elif path.is_dir():
-            for found in _walk(path, taken, log):
-                yield _Listed(str(found), str(found))
+            yield from _walk(path, taken, log, policy.paths)
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
             yield from _read_manifest(path, policy)
         elif path.exists() or path.is_symlink():
@@ -194,7 +221,7 @@ def _expand(
             if not files:
                 raise SourceError(f"the pattern {raw!r} matches no {kinds}")
             for file in files:
-                yield _Listed(file, file)
+                yield from _admitted(file, _pattern_folder(raw), policy.paths, log)
         else:
             raise SourceError(f"input {raw!r} does not exist")
 
@@ -224,7 +251,11 @@ def _passed_over(suffix: str) -> str:
     return f"{name} ({hint})" if hint else name
 
 
-def _walk(root: Path, suffixes: frozenset[str], log: ListingLog) -> list[Path]:
+def _walk(
+    root: Path, suffixes: frozenset[str], log: ListingLog, paths: LocalPaths
+) -> Iterator[_Listed]:
+    """The files of ``root`` (and its folders) whose suffix is in ``suffixes``, sorted,
+    each held to the path rule (``_admitted``); what is passed over is counted in ``log``."""
     found = []
 
     def unreadable(error: OSError) -> None:
@@ -245,10 +276,48 @@ def _walk(root: Path, suffixes: frozenset[str], log: ListingLog) -> list[Path]:
             if name.startswith("."):
                 log.skip("hidden files")
             elif suffix in suffixes:
-                found.append(Path(dirpath) / name)
+                found.append(os.path.join(dirpath, name))
             else:
                 log.skip(_passed_over(suffix))
-    return found
+    for file in found:
+        yield from _admitted(file, str(root), paths, log)
+
+
+LINKED_OUT = (
+    "linked files leading out of the folder (allow with --input-root DIR or --allow-outside-root)"
+)
+"""The reason a walk gives for a file symlink that leads where the path rule refuses."""
+
+
+def _admitted(file: str, folder: str, paths: LocalPaths, log: ListingLog) -> Iterator[_Listed]:
+    """``file``, found in ``folder`` by a walk or a pattern, if the path rule lets it be read
+    (pinned to the file it is now); a link out of ``folder`` is passed over and counted. A
+    file found that is no longer there when checked is its row's error."""
+    try:
+        info = os.lstat(file)
+        if not stat.S_ISLNK(info.st_mode) and not paths.anywhere:
+            # Not a link, in a folder reached without following one: inside, as it is.
+            yield _Listed(file, file, pinned=FileId(info.st_dev, info.st_ino))
+            return
+        checked = paths.check(file, folder, file, file)
+    except PathNotAllowed:
+        log.skip(LINKED_OUT)
+        return
+    except OSError as exc:
+        failure = unreadable(file, exc)
+        yield _Listed(file, file, refused=ItemError(failure.stage, str(failure), failure.kind))
+        return
+    except ItemFailure as exc:  # a dangling link
+        yield _Listed(file, file, refused=ItemError(exc.stage, str(exc), exc.kind))
+        return
+    yield _Listed(file, file, pinned=checked.pinned)
+
+
+def _pattern_folder(pattern: str) -> str:
+    """The folder a pattern walks: its path up to the first part with a wildcard."""
+    parts = Path(pattern).parts
+    fixed = list(itertools.takewhile(lambda p: not glob.has_magic(p), parts))
+    return str(Path(*fixed)) if fixed else "."
 
 
 def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[_Listed]:
@@ -269,16 +338,17 @@ def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[_Listed]:
         if prompt is not None and not isinstance(prompt, str):
             raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
         if is_url(raw_path) and raw_path[:7].lower() != "file://":
-            _check_url(raw_path, where, policy)
-            yield _Listed(str(item_id), raw_path, prompt or None, kept)
+            # A manifest's URL is its row's matter, as a path out of its folder is.
+            refused = None if policy.allow_urls else _url_refused(raw_path, where)
+            yield _Listed(str(item_id), raw_path, prompt or None, kept, refused)
             continue
         try:
-            path = policy.paths.resolve(raw_path, str(manifest.parent), where)
-        except PathNotAllowed as exc:
+            path, pinned = policy.paths.resolve(raw_path, str(manifest.parent), where)
+        except ItemFailure as exc:  # refused by the rule, or naming no file
             refused = ItemError(exc.stage, str(exc), exc.kind)
             yield _Listed(str(item_id), raw_path, prompt or None, kept, refused)
             continue
-        yield _Listed(str(item_id), path, prompt or None, kept)
+        yield _Listed(str(item_id), path, prompt or None, kept, pinned=pinned)
 
 
 _MANIFEST_FIELDS = frozenset({"path", "id", "prompt"})
@@ -293,7 +363,7 @@ def input_columns(
     lacks is null."""
     names = [n for n in row if n not in own] if keep == "all" else list(keep)
     return tuple(
-        (f"input_{name}" if name in OUTPUT_FIELDS else name, json_value(row.get(name)))
+        (f"input_{name}" if name in COLUMN_NAMES else name, json_value(row.get(name)))
         for name in names
     )
 
@@ -310,11 +380,18 @@ def json_value(value: Any) -> Any:
 
 
 def _check_url(url: str, where: str, policy: SourcePolicy) -> None:
+    """A URL named on the command line without ``allow_urls``: the job's mistake."""
     if not policy.allow_urls:
-        raise SourceError(
-            f"{where}: {url!r} is a URL; URLs are fetched only with --allow-urls "
-            "(which bounds each download in size and time)"
-        )
+        raise SourceError(_url_refused(url, where).message)
+
+
+def _url_refused(url: str, where: str) -> ItemError:
+    return ItemError(
+        "source",
+        f"{where}: {url!r} is a URL; URLs are fetched only with --allow-urls "
+        "(which bounds each download in size and time)",
+        "not_allowed",
+    )
 
 
 def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -14,10 +14,11 @@ an error row saying so.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from mmbatch.errors import ItemFailure, SourceError
-from mmbatch.media.options import AudioOptions, VideoOptions
+from mmbatch.media.options import MediaOptions
 from mmbatch.sources.clips import ClipSplit, CutVideo, cut_videos, video_clips
 from mmbatch.sources.files import (
     AUDIO_SUFFIXES,
@@ -29,7 +30,7 @@ from mmbatch.sources.files import (
 )
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.timeline import audio_file_requests
-from mmbatch.types import ItemError, MediaRef, Modality, Request
+from mmbatch.types import ItemError, Modality, Request
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | AUDIO_SUFFIXES | VIDEO_SUFFIXES
 
@@ -42,69 +43,89 @@ def list_media(
     return list_inputs(inputs, MEDIA_SUFFIXES, policy, "media file", log)
 
 
+@dataclass(frozen=True)
+class Takes:
+    """Which media a job takes, and how it takes its videos."""
+
+    kinds: Collection[Modality] = ("image", "audio")
+    as_clip: bool = False
+    """Videos are taken whole, one clip each."""
+    clips: ClipSplit | None = None
+    """Videos are cut into clips, a request each (a clip given as a frame is a picture)."""
+    by: str = "the model"
+    """What decided it, named in the error row of a file it does not take ("the model", or
+    a recipe reading one kind of media)."""
+
+    @property
+    def whole_videos(self) -> bool:
+        """Videos are taken as clips (whole, or cut into several)."""
+        return self.as_clip or self.clips is not None
+
+    def wanted(self) -> set[Modality]:
+        """The kinds of file made into requests: a video only as a clip, and only where its
+        clips are a kind the job takes (a clip given as a frame is a picture)."""
+        clip: Modality = "image" if self.clips is not None and self.clips.frame else "video"
+        takes_clips = self.whole_videos and clip in self.kinds
+        return set(self.kinds) - {"video"} | ({"video"} if takes_clips else set())
+
+
 def media_requests(
     files: Sequence[InputFile],
     prompt: str,
     system: str | None = None,
     *,
-    take: Collection[Modality] = ("image", "audio"),
-    as_clip: bool = False,
-    audio: AudioOptions | None = None,
-    taker: str = "the model",
+    takes: Takes = Takes(),
+    media: MediaOptions | None = None,
     log: ListingLog | None = None,
-    clips: ClipSplit | None = None,
-    video: VideoOptions | None = None,
 ) -> list[Request]:
-    """The requests of ``files`` (from ``list_media``) for a job that takes ``take``;
-    ``taker`` names what decided that in the error row of a file it cannot take ("the
-    model", or a recipe reading one kind of media); walked files it does not take are
-    counted in ``log``. ``clips`` cuts each video into clips, a request each (``video``
-    gives the cap on their frames' pixels)."""
-    audio = audio or AudioOptions()
+    """The requests of ``files`` (from ``list_media``) for a job that ``takes`` some kinds
+    of media; walked files it does not take are counted in ``log``. ``media``: how audio is
+    cut into windows, and the cap on a video clip's frames' pixels."""
+    media = media or MediaOptions()
     log = log if log is not None else ListingLog()
-    # A clip given as its middle or key frame is a picture: a model that takes pictures
-    # takes it.
-    as_clip = as_clip or clips is not None
-    video_kind: Modality = "image" if clips is not None and clips.frame else "video"
-    wanted = set(take) - {"video"} | ({"video"} if as_clip and video_kind in take else set())
+    wanted = takes.wanted()
     cuts: dict[str, CutVideo | ItemFailure] = {}
-    if clips is not None and "video" in wanted:
+    if takes.clips is not None and "video" in wanted:
         videos = [f for f in files if f.refused is None and modality_of(f.path) == "video"]
-        cuts = cut_videos(videos, clips, video or VideoOptions(), log) if videos else {}
+        cuts = cut_videos(videos, takes.clips, media.video, log) if videos else {}
     requests: list[Request] = []
     for file in files:
         text = file.prompt or prompt
         kind = modality_of(file.path)
-        if file.refused is not None:  # a path its manifest may not name
-            ref = MediaRef(kind, file.path)
-            requests.append(
-                Request(file.id, text, (ref,), system, columns=file.columns, error=file.refused)
-            )
-        elif kind not in wanted:
-            if file.walked:
-                log.skip(
-                    "videos (caption them whole with --as-clip)"
-                    if kind == "video" and not as_clip
-                    else f"{kind} files (the model takes no {kind})"
+        if file.refused is not None or kind not in wanted:
+            # A path its manifest may not name, or a kind the job does not take.
+            error = file.refused or _not_wanted(file, kind, takes, log)
+            if error is not None:
+                ref = file.ref(kind)
+                requests.append(
+                    Request(file.id, text, (ref,), system, columns=file.columns, error=error)
                 )
-                continue
-            error = ItemError("validate", _not_taken(kind, as_clip, take, taker), "unsupported")
-            ref = MediaRef(kind, file.path)
-            requests.append(
-                Request(file.id, text, (ref,), system, columns=file.columns, error=error)
-            )
         elif kind == "audio":
-            requests.extend(audio_file_requests(file, text, system, audio))
-        elif kind == "video" and clips is not None:
-            requests.extend(video_clips(file, cuts[file.path], text, system, clips))
+            requests.extend(audio_file_requests(file, text, system, media.audio))
+        elif kind == "video" and takes.clips is not None:
+            requests.extend(video_clips(file, cuts[file.path], text, system, takes.clips))
         else:
-            ref = MediaRef(kind, file.path)
+            ref = file.ref(kind)
             requests.append(Request(file.id, text, (ref,), system, columns=file.columns))
     if not requests:
         kinds = " or ".join(sorted(wanted)) or "media"
         names = ", ".join(sorted({f.path for f in files})[:3])
         raise SourceError(f"no {kinds} the model takes found among {names}")
     return requests
+
+
+def _not_wanted(file: InputFile, kind: Modality, takes: Takes, log: ListingLog) -> ItemError | None:
+    """The error row of a file the user named whose kind the job does not take; None for a
+    file a folder walk found, which is only counted in ``log``."""
+    if file.walked:
+        log.skip(
+            "videos (caption them whole with --as-clip)"
+            if kind == "video" and not takes.whole_videos
+            else f"{kind} files (the model takes no {kind})"
+        )
+        return None
+    reason = _not_taken(kind, takes.whole_videos, takes.kinds, takes.by)
+    return ItemError("validate", reason, "unsupported")
 
 
 def _not_taken(kind: Modality, as_clip: bool, take: Collection[Modality], taker: str) -> str:

@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmbatch.errors import ConfigError, SourceError
+from mmbatch.errors import ConfigError, ItemFailure, SourceError
 from mmbatch.jsonl import JsonlError, read_objects
-from mmbatch.sources.paths import LocalPaths, PathNotAllowed
+from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -138,7 +138,7 @@ def read_batch(
         except InvalidLine as exc:
             requests.append(Request(custom_id, "", error=ItemError("source", str(exc))))
             continue
-        except PathNotAllowed as exc:
+        except ItemFailure as exc:  # a path refused (PathNotAllowed), or that names no file
             requests.append(Request(custom_id, "", error=ItemError(exc.stage, str(exc), exc.kind)))
             continue
         max_images = max(max_images, len(request.media))
@@ -256,7 +256,7 @@ def _image_ref(url: str, label: str, place: _Place) -> MediaRef:
             "remote image URLs are not fetched; download the images and name their paths, "
             "or embed them as data: URIs"
         )
-    return MediaRef("image", place.paths.resolve(url, place.folder, label))
+    return place.paths.resolve(url, place.folder, label).ref("image")
 
 
 def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:

@@ -20,8 +20,19 @@ A ``DatasetMap`` over a dataset from the Hub or from memory has no folder of its
 path cells are read only inside the folders its caller allows (``allowed_paths``). Cells
 that hold their bytes are not paths and are always taken.
 
-The check is made when the inputs are listed; a symlink swapped for another between then and
-the read is not caught (that needs write access to the input's folder while the job runs).
+A folder walk (a folder named on the command line) holds its files to the same rule, the
+walked folder being their input's folder: a file symlink in it that leads out of it is
+passed over (counted in the summary), unless ``--input-root`` or ``--allow-outside-root``
+allows where it leads. Linked folders are not walked at all.
+
+The check is made when the inputs are listed, and the read opens what was checked: the path
+is pinned to the file it led to then (its device and inode, ``FileId``), and the reader
+compares the file it opened with the pin before reading a byte. A symlink swapped in
+between (by someone who can write to the input's folder while the job runs) makes that
+item's error row, and the file it leads to is not read. A path that leads nowhere when it
+is checked is its row's error then, so that nothing put there later is read either. A path
+that cannot name a file (one holding a NUL byte, or a lone surrogate that stands for no byte)
+is its row's error too.
 """
 
 from __future__ import annotations
@@ -30,10 +41,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from mmbatch.errors import ItemFailure
+from mmbatch.types import FileId, MediaRef, Modality
 
 CLI_OPTION = "--input-root DIR"
 
@@ -43,6 +55,24 @@ class PathNotAllowed(ItemFailure):
 
     stage = "source"
     kind = "not_allowed"
+
+
+class UnusablePath(ItemFailure):
+    """A path that cannot name a file at all (a NUL byte in it)."""
+
+    stage = "source"
+    kind = "unreadable"
+
+
+class Checked(NamedTuple):
+    """A path the rule let through, and the file it led to then (None: no rule applied)."""
+
+    path: str
+    pinned: FileId | None
+
+    def ref(self, modality: Modality) -> MediaRef:
+        """The media this path names, pinned to the file checked."""
+        return MediaRef(modality, self.path, pinned=self.pinned)
 
 
 @dataclass(frozen=True)
@@ -69,19 +99,26 @@ class LocalPaths:
         roots = tuple(str(r) for r in roots) if isinstance(roots, list) else ()
         return cls(roots, job.get("allow_outside_root") is True)
 
-    def resolve(self, named: str, folder: str | None, where: str) -> str:
+    def resolve(self, named: str, folder: str | None, where: str) -> Checked:
         """The path ``named`` names (relative to ``folder``, the input's own folder, or to
-        the working directory where the input has none), if this rule lets it be read;
-        else ``PathNotAllowed`` saying why. ``where`` names the row or line in the message."""
+        the working directory where the input has none), if this rule lets it be read,
+        pinned to the file it leads to; else an ``ItemFailure`` saying why
+        (``PathNotAllowed``, ``UnusablePath``, ``MediaError`` for a path that leads to no
+        file). ``where`` names the row or line in the message."""
         path = _local(named, where)
         if folder is not None:
             path = str(Path(folder, path))  # an absolute path stays itself
+        return self.check(path, folder, named, where)
+
+    def check(self, path: str, folder: str | None, named: str, where: str) -> Checked:
+        """``resolve`` for ``path``, already joined to its input's ``folder`` (a walked
+        file's); ``named`` is how the input wrote it."""
         if self.anywhere:
-            return path
+            return Checked(path, None)
         real = os.path.realpath(path)
         allowed = ([folder] if folder is not None else []) + list(self.roots)
         if any(is_inside(real, os.path.realpath(root)) for root in allowed):
-            return path
+            return Checked(path, file_id(real, path))
         own = f"the input's folder {os.path.realpath(folder)}" if folder is not None else ""
         extra = f"the allowed folders {', '.join(self.roots)}" if self.roots else ""
         inside = " or ".join(filter(None, (own, extra))) or "an allowed folder (none given)"
@@ -100,11 +137,32 @@ def is_inside(path: str, root: str) -> bool:
         return False
 
 
+def file_id(path: str, shown: str | None = None) -> FileId:
+    """The file ``path`` leads to now; ``MediaError`` (stage "load") naming it as ``shown``
+    when it leads nowhere."""
+    from mmbatch.media.fetch import unreadable
+
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise unreadable(shown or path, exc) from None
+    return FileId(info.st_dev, info.st_ino)
+
+
 def _local(named: str, where: str) -> str:
     """``named`` as a file-system path: a ``file://`` URL is the path it names."""
-    if named[:7].lower() != "file://":
-        return named
-    parts = urlsplit(named)
-    if parts.netloc not in ("", "localhost"):
-        raise PathNotAllowed(f"{where}: {named!r} names a file on another host")
-    return unquote(parts.path)
+    path = named
+    if named[:7].lower() == "file://":
+        parts = urlsplit(named)
+        if parts.netloc not in ("", "localhost"):
+            raise PathNotAllowed(f"{where}: {named!r} names a file on another host")
+        path = unquote(parts.path)
+    if "\0" in path:
+        raise UnusablePath(f"{where}: {named!r} holds a NUL byte, which no file name can")
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte ("\ud800")
+        raise UnusablePath(
+            f"{where}: {named!r} holds a character that no file name can (a lone surrogate)"
+        ) from None
+    return path

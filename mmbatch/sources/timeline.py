@@ -32,7 +32,7 @@ from mmbatch.sources.files import (
 )
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.paths import PathNotAllowed
-from mmbatch.types import FrameAt, ItemError, MediaRef, Request
+from mmbatch.types import FrameAt, ItemError, Request
 
 if TYPE_CHECKING:
     from mmbatch.media.video import VideoIndex
@@ -66,11 +66,11 @@ def frame_requests(
         path, text = file.path, file.prompt or prompt
         try:
             file.check_allowed()
-            index, frames = _frames_taken(path, options, log)
+            index, frames = _frames_taken(file, options, log)
         except (MediaError, PathNotAllowed) as exc:
             failed: Columns = (("video", path), ("frame_index", None), ("pts", None))
             failed += (("frame_path", None),) * (save_dir is not None) + file.columns
-            ref = MediaRef("image", path)
+            ref = file.ref("image")
             error = _error(exc)
             requests.append(
                 Request(printable(path), text, (ref,), system, columns=failed, error=error)
@@ -81,7 +81,7 @@ def frame_requests(
         flag: Columns = (("warning", index.truncation),) if index.truncation else ()
         for i in frames:
             pts = index.seconds(i)
-            ref = MediaRef("image", path, part=FrameAt(i, pts))
+            ref = file.ref("image", FrameAt(i, pts))
             columns: Columns = (("video", path), ("frame_index", i), ("pts", round(pts, 6)), *flag)
             if save_dir is not None:
                 columns += (("frame_path", str(Path(save_dir) / frame_file_name(path, pts))),)
@@ -91,14 +91,15 @@ def frame_requests(
 
 
 def _frames_taken(
-    path: str, options: VideoOptions, log: ListingLog
+    file: InputFile, options: VideoOptions, log: ListingLog
 ) -> tuple[VideoIndex, list[int]]:
     """The video's index and the frames taken from it: every one ``options`` samples, each
     once, unless ``options.max_frames`` cuts them. Noted in ``log``: fewer distinct frames
     than were asked for (a rate above the video's), a cut, a truncated file."""
     from mmbatch.media.video import sample_frames, spread
 
-    index = index_of_video(path, options.max_source_pixels)
+    path = file.path
+    index = index_of_video(file, options.max_source_pixels)
     sample = sample_frames(index, options)
     asked = sample.frames
     if sample.asked > len(asked):
@@ -117,12 +118,12 @@ def _frames_taken(
     return index, frames
 
 
-def index_of_video(path: str, max_source_pixels: int) -> VideoIndex:
-    """The index of the video at ``path`` (``index_video``), which a source reads while
+def index_of_video(file: InputFile, max_source_pixels: int) -> VideoIndex:
+    """The index of the video ``file`` (``index_video``), which a source reads while
     listing; a still image named as a video is refused as what it is."""
     from mmbatch.media.video import index_video
 
-    if Path(path).suffix.lower() in IMAGE_SUFFIXES:
+    if Path(file.path).suffix.lower() in IMAGE_SUFFIXES:
         # PyAV opens a still image as a one-frame "video", whose frame then fails to decode
         # by seeking: say what the file is instead.
         raise MediaError(
@@ -130,7 +131,7 @@ def index_of_video(path: str, max_source_pixels: int) -> VideoIndex:
             stage="source",
             kind="unsupported",
         )
-    return index_video(path, max_source_pixels)
+    return index_video(file.path, max_source_pixels, file.pinned)
 
 
 def clip_cap_note(options: VideoOptions) -> str | None:
@@ -208,10 +209,10 @@ def audio_file_requests(
     path = file.path
     try:
         file.check_allowed()
-        duration = probe_audio(path).duration
+        duration = probe_audio(path, file.pinned).duration
     except (MediaError, PathNotAllowed) as exc:
         columns: Columns = (("start", None), ("end", None))
-        ref = MediaRef("audio", path)
+        ref = file.ref("audio")
         columns += file.columns
         yield Request(file.id, prompt, (ref,), system, columns=columns, error=_error(exc))
         return
@@ -219,9 +220,7 @@ def audio_file_requests(
     for span in spans:
         item_id = file.id if len(spans) == 1 else f"{file.id}@{span.start:.3f}"
         columns = (("start", span.start), ("end", span.end), *file.columns)
-        yield Request(
-            item_id, prompt, (MediaRef("audio", path, part=span),), system, columns=columns
-        )
+        yield Request(item_id, prompt, (file.ref("audio", span),), system, columns=columns)
 
 
 def _error(exc: ItemFailure) -> ItemError:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from mmbatch.errors import FatalEngineError, RequestRejected
 from mmbatch.types import CacheStats, Choice, LoadedRequest, MediaItem, Result, Sampling, Usage
@@ -22,44 +23,60 @@ def expected_text(media_keys: Sequence[str], prompt: str) -> str:
     return f"{'+'.join(media_keys)}|{prompt}"
 
 
+@dataclass(frozen=True)
+class Faults:
+    """How the fake engine fails, each as a real engine can, for the tests of what survives
+    it: nothing by default."""
+
+    reject_prompts: frozenset[str] = frozenset()
+    """Prompts whose requests are refused on arrival (``RequestRejected``)."""
+    reject_in_step: bool = False
+    """Refuse them from ``step`` instead, as a background renderer does."""
+    die_after_steps: int | None = None
+    """The steps run before every later one raises ``FatalEngineError`` (the engine died)."""
+    crash_on_prompt: str | None = None
+    """A prompt that kills the whole process on arrival, as a segfault in a kernel would."""
+    raise_on_prompt: str | None = None
+    """A prompt that makes every ``step`` raise while it is queued, as a vLLM bug would."""
+    drop_prompts: frozenset[str] = frozenset()
+    """Prompts whose requests are forgotten on arrival, no result ever (a lost row)."""
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """How the fake engine starts and ends, as vLLM's does: in no time, by default."""
+
+    engine_core: bool = False
+    """Start a child process standing in for vLLM's engine core: in the engine's process
+    group, watching nothing, ended by ``close`` (as vLLM's shutdown ends its own)."""
+    start_seconds: float = 0.0
+    """How long the start takes (loading a model), after the engine core's."""
+    close_seconds: float = 0.0
+    """How long ``close`` takes (vLLM's teardown)."""
+
+
 class FakeEngine:
-    """``step_seconds`` makes each step take that long (so a job lasts long enough to be
-    killed mid-way); ``die_after_steps`` raises ``FatalEngineError`` on that step;
-    ``engine_core`` starts a child process, as vLLM's engine does, and ``start_seconds``
-    makes the start take that long after it, ``close_seconds`` its close (vLLM's teardown)."""
+    """``per_step`` requests finish at each step, newest first; ``capacity`` is how many it
+    holds at once; ``step_seconds`` makes each step take that long (so a job lasts long
+    enough to be killed mid-way). ``faults`` says how it fails, ``lifecycle`` how it starts
+    and ends."""
 
     def __init__(
         self,
         per_step: int = 3,
-        reject_prompts: frozenset[str] = frozenset(),
-        reject_in_step: bool = False,
-        step_seconds: float = 0.0,
-        die_after_steps: int | None = None,
         capacity: int = 64,
-        crash_on_prompt: str | None = None,
-        raise_on_prompt: str | None = None,
-        drop_prompts: frozenset[str] = frozenset(),
-        engine_core: bool = False,
-        start_seconds: float = 0.0,
-        close_seconds: float = 0.0,
+        step_seconds: float = 0.0,
+        faults: Faults | None = None,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.per_step = per_step
-        self.reject_prompts = reject_prompts
-        self.reject_in_step = reject_in_step  # refuse from step(), as a background renderer does
-        self.step_seconds = step_seconds
-        self.die_after_steps = die_after_steps
         self.max_in_flight = capacity
-        self.crash_on_prompt = crash_on_prompt
-        """A prompt that kills the whole process on arrival, as a segfault in a kernel would."""
-        self.raise_on_prompt = raise_on_prompt
-        """A prompt that makes every ``step`` raise while it is queued, as a vLLM bug would."""
-        self.drop_prompts = drop_prompts
-        """Prompts whose requests are forgotten on arrival, no result ever (a lost row)."""
-        self._core = _start_engine_core() if engine_core else None
-        """A process standing in for vLLM's engine core: started with the engine, in its
-        process group, watching nothing, ended by ``close`` (as vLLM's shutdown ends its own)."""
-        time.sleep(start_seconds)  # loading a model
-        self.close_seconds = close_seconds
+        self.step_seconds = step_seconds
+        self.faults = faults = faults or Faults()
+        lifecycle = lifecycle or Lifecycle()
+        self._core = _start_engine_core() if lifecycle.engine_core else None
+        time.sleep(lifecycle.start_seconds)  # loading a model
+        self.close_seconds = lifecycle.close_seconds
         self._poisoned: set[str] = set()
         self.steps = 0
         self.added: list[str] = []
@@ -69,18 +86,19 @@ class FakeEngine:
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
         assert [m.key for m in media] == list(request.media_keys)
-        if request.request.prompt == self.crash_on_prompt:
+        faults = self.faults
+        if request.request.prompt == faults.crash_on_prompt:
             os._exit(17)
-        if request.request.prompt in self.reject_prompts:
+        if request.request.prompt in faults.reject_prompts:
             message = f"prompt {request.request.prompt!r} refused"
-            if not self.reject_in_step:
+            if not faults.reject_in_step:
                 raise RequestRejected(message)
             self._queue.append(Result.failure(request.id, "validate", message))
             return
         self.added.append(request.id)
-        if request.request.prompt in self.drop_prompts:
+        if request.request.prompt in faults.drop_prompts:
             return
-        if request.request.prompt == self.raise_on_prompt:
+        if request.request.prompt == faults.raise_on_prompt:
             self._poisoned.add(request.id)
         text = expected_text(request.media_keys, request.request.prompt)
         texts = [f"{text}#{i}" for i in range(sampling.n)] if sampling.n > 1 else [text]
@@ -92,7 +110,8 @@ class FakeEngine:
 
     def step(self) -> list[Result]:
         self.steps += 1
-        if self.die_after_steps is not None and self.steps > self.die_after_steps:
+        dies_after = self.faults.die_after_steps
+        if dies_after is not None and self.steps > dies_after:
             raise FatalEngineError("the fake engine died")
         if self._poisoned & {r.request_id for r in self._queue}:
             raise RuntimeError("the fake engine's step failed on a poisoned request")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -400,3 +401,24 @@ def test_the_temperature_is_every_sides_and_the_report_says_it(
     assert cli.main([*argv, "--temperature", "-1"]) == 2
     err = capsys.readouterr().err
     assert "mmbatch: error: --temperature -1.0: must be a number >= 0" in err
+
+
+def test_the_report_goes_to_the_working_directory_unless_out_names_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's report lands where they run the command, named by its start, never inside
+    the installed package; ``--out`` names it."""
+    from mmbatch import cli
+    from mmbatch.bench import driver
+
+    monkeypatch.setattr(driver, "run_bench", lambda options, argv: {"workloads": {}})
+    monkeypatch.setattr(driver, "table", lambda report: "")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "--model", "m", "--workloads", ""]) == 0
+    (report,) = tmp_path.glob("mmbatch-bench-*.json")
+    assert re.fullmatch(r"mmbatch-bench-\d{4}-\d\d-\d\d-\d{6}\.json", report.name)
+    assert json.loads(report.read_text()) == {"workloads": {}}
+    assert f"report written to {report.name}" in capsys.readouterr().out
+    named = tmp_path / "reports" / "w1.json"
+    assert cli.main(["bench", "--model", "m", "--workloads", "", "--out", str(named)]) == 0
+    assert json.loads(named.read_text()) == {"workloads": {}}

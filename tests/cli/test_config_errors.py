@@ -48,6 +48,8 @@ def test_an_output_named_for_a_format_not_written_is_refused(
         (["--max-tokens", "0"], "--max-tokens 0: must be an integer >= 1"),
         (["--temperature", "-1"], "--temperature -1.0: must be a number >= 0"),
         (["--top-p", "2"], "--top-p 2.0: must be in (0, 1]"),
+        (["--temperature", "inf"], "--temperature inf: must be a number >= 0, and finite"),
+        (["--repetition-penalty", "nan"], "--repetition-penalty nan: must be a number > 0"),
         (["--n", "0"], "--n 0: must be an integer >= 1"),
         (["--max-tokens", "abc"], "argument --max-tokens: invalid int value: 'abc'"),
         (["--engine-arg", "oops"], "engine argument 'oops' is not KEY=VALUE"),

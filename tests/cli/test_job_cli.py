@@ -12,7 +12,7 @@ from fake_cli import main
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 
 
 @pytest.fixture
@@ -125,7 +125,7 @@ def test_a_fatal_engine_error_stops_the_job_saves_rows_and_says_how_to_resume(
     good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "o.jsonl"
-    dying = FakeEngine(per_step=1, die_after_steps=2)
+    dying = FakeEngine(per_step=1, faults=Faults(die_after_steps=2))
     assert caption(good, out, engine=dying) == EXIT_JOB_FAILED
     err = capsys.readouterr().err
     assert "the fake engine died" in err
@@ -146,7 +146,7 @@ def test_columnar_outputs_resume_too(good: Path, tmp_path: Path, suffix: str) ->
 
     out = tmp_path / f"captions{suffix}"
     fmt = ["--out-format", "datasets"] if suffix == "_folder" else []
-    dying = FakeEngine(per_step=1, die_after_steps=3)
+    dying = FakeEngine(per_step=1, faults=Faults(die_after_steps=3))
     assert caption(good, out, *fmt, engine=dying) == EXIT_JOB_FAILED
     assert len(list(read_output(out))) == 3  # the rows finished, in the output's own format
     rest = FakeEngine()
@@ -167,7 +167,7 @@ def test_a_multi_question_recipe_resumes_by_item(good: Path, tmp_path: Path) -> 
     argv = ["run", str(recipe), "--input", str(good), "--model", "fake", "--out", str(out)]
     argv.append("--no-progress")
     # Dies after 5 answers: at most two of the four items are complete, none is half written.
-    assert main(argv, FakeEngine(per_step=1, die_after_steps=5)) == EXIT_JOB_FAILED
+    assert main(argv, FakeEngine(per_step=1, faults=Faults(die_after_steps=5))) == EXIT_JOB_FAILED
     first = rows(out)
     assert 0 < len(first) < 4
     rest = FakeEngine()
@@ -195,3 +195,39 @@ def test_a_recipe_run_into_parquet_writes_parquet(good: Path, tmp_path: Path) ->
     table = pq.read_table(out)
     assert table.num_rows == 4
     assert "outputs" in table.column_names
+
+
+def test_a_job_whose_every_item_is_refused_starts_no_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A batch file whose every line is refused writes its error rows and finishes: no
+    engine (nor decode worker) starts for nothing to run."""
+    from mmbatch import cli, jobs
+
+    def started(*args: object) -> None:
+        raise AssertionError("an engine or decode workers were started")
+
+    monkeypatch.setattr(jobs, "_engine", started)
+    monkeypatch.setattr(jobs, "start_decoders", started)
+    content = [{"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}]
+    lines = [
+        {"custom_id": "a", "url": "/v1/embeddings", "body": {}},
+        {"custom_id": "b", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": content}]}},
+    ]  # fmt: skip
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "o.jsonl"
+    argv = ["run-openai-batch", str(requests), "--model", "no-such-model", "--out", str(out)]
+    assert cli.main([*argv, "--no-progress"]) == EXIT_ITEMS_FAILED
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["custom_id"], r["response"]["status_code"]) for r in rows] == [
+        ("a", 400),
+        ("b", 400),
+    ]
+    err = capsys.readouterr().err
+    assert "none of the 2 requests left can run" in err
+    assert "no engine started" in err
+    assert "start-up:" not in err
+    summary = json.loads((tmp_path / "o.jsonl.summary.json").read_text())
+    assert "engines" not in summary["job"]

@@ -94,6 +94,25 @@ def test_a_read_only_output_folder_is_one_line(pictures: Path, read_only: Path) 
     assert list(read_only.iterdir()) == []
 
 
+@pytest.mark.parametrize("model", [True, False])
+def test_a_read_only_save_frames_folder_is_one_line(
+    tmp_path: Path, samples: Path, read_only: Path, capsys: pytest.CaptureFixture[str], model: bool
+) -> None:
+    """Found before the job starts, as a read-only --out is; not one ``decode/corrupt`` row
+    per frame, blamed on the video."""
+    out = tmp_path / "o.jsonl"
+    argv = ["frames", str(samples / "clip.mp4"), "--num-frames", "2", "--out", str(out)]
+    argv += ["--save-frames", str(read_only / "frames"), "--no-progress"]
+    argv += ["--model", "fake"] if model else []
+    assert main(argv, FakeEngine()) == EXIT_JOB_FAILED
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"mmbatch: error: cannot write in the folder {str(read_only)!r}")
+    assert "(where the saved frames (--save-frames) go)" in line
+    assert "Read-only file system" in line or "Permission denied" in line
+    assert not out.exists()
+    assert list(read_only.iterdir()) == []
+
+
 def test_a_read_only_output_folder_is_found_before_anything_starts(
     pictures: Path, read_only: Path, tiny_vl_model: Path
 ) -> None:

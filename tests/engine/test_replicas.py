@@ -31,7 +31,7 @@ from mmbatch.errors import ConfigError, FatalEngineError
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.fake_engine import FakeEngine, Faults, Lifecycle, expected_text
 from mmbatch.testing.tiny_models import write_real_shape
 from mmbatch.types import CacheStats, LoadedRequest, MediaRef, Request, Sampling
 
@@ -260,7 +260,7 @@ def test_a_replica_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path) -> No
     """Killed alone, an engine process leaves its engine core (vLLM's is a child that does
     not watch it): the job ends that with it at once, and starts another replica."""
     requests = caption_requests(write_pictures(tmp_path / "p", 40), ["a", "b"])
-    engine = fakes(2, engine_core=True)
+    engine = fakes(2, lifecycle=Lifecycle(engine_core=True))
     done = threading.Event()
     left: list[list[str]] = []
 
@@ -297,9 +297,10 @@ def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> 
     script = (
         "from functools import partial\n"
         "from mmbatch.engine.replicas import ReplicaEngine\n"
-        "from mmbatch.testing.fake_engine import FakeEngine\n"
+        "from mmbatch.testing.fake_engine import FakeEngine, Lifecycle\n"
         "if __name__ == '__main__':\n"
-        "    ReplicaEngine(partial(FakeEngine, engine_core=True, start_seconds=60), [None, None])\n"
+        "    slow = Lifecycle(engine_core=True, start_seconds=60)\n"
+        "    ReplicaEngine(partial(FakeEngine, lifecycle=slow), [None, None])\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     job = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True)
@@ -321,9 +322,9 @@ def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_thei
     script = (
         "from functools import partial\n"
         "from mmbatch.engine.replicas import ReplicaEngine\n"
-        "from mmbatch.testing.fake_engine import FakeEngine\n"
+        "from mmbatch.testing.fake_engine import FakeEngine, Lifecycle\n"
         "if __name__ == '__main__':\n"
-        "    make = partial(FakeEngine, engine_core=True, close_seconds=60)\n"
+        "    make = partial(FakeEngine, lifecycle=Lifecycle(engine_core=True, close_seconds=60))\n"
         "    ReplicaEngine(make, [None, None], end_at_exit=True)\n"
         "    print('ready', flush=True)\n"
     )
@@ -346,7 +347,7 @@ def test_a_request_an_engine_process_loses_stops_the_job_loudly(tmp_path: Path) 
     says so, and the pipeline stops the job saying which, instead of waiting forever."""
     requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
     lost = Request("lost", "lose", (MediaRef("image", requests[3].media[0].source),))
-    engine = fakes(2, drop_prompts=frozenset({"lose"}))
+    engine = fakes(2, faults=Faults(drop_prompts=frozenset({"lose"})))
     try:
         with pytest.raises(FatalEngineError, match=r"got no result \(e\.g\. 'lost'\)"):
             run([*requests, lost], engine)
@@ -357,7 +358,7 @@ def test_a_request_an_engine_process_loses_stops_the_job_loudly(tmp_path: Path) 
 def test_a_request_that_kills_every_engine_it_reaches_costs_one_row(tmp_path: Path) -> None:
     requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
     poison = Request("poison", "crash", (MediaRef("image", requests[3].media[0].source),))
-    engine = fakes(2, crash_on_prompt="crash")
+    engine = fakes(2, faults=Faults(crash_on_prompt="crash"))
     try:
         rows = run([*requests, poison], engine)
     finally:
@@ -374,7 +375,7 @@ def test_a_request_that_makes_the_engine_step_raise_costs_one_row(tmp_path: Path
     replica as a crash would: restarted, the request found by halving, one error row."""
     requests = caption_requests(write_pictures(tmp_path / "p", 12), ["fine"])
     poison = Request("poison", "bad", (MediaRef("image", requests[5].media[0].source),))
-    engine = fakes(1, raise_on_prompt="bad")
+    engine = fakes(1, faults=Faults(raise_on_prompt="bad"))
     try:
         rows = run([requests[0], poison, *requests[1:]], engine)
     finally:
@@ -392,7 +393,7 @@ def test_an_engine_that_dies_whatever_it_is_given_stops_the_job(tmp_path: Path) 
     """Bisection narrows down a killer; it does not retry a broken engine for every request:
     deaths without a result between them stop the job after a few restarts."""
     requests = caption_requests(write_pictures(tmp_path / "p", 16), ["fine"])
-    engine = fakes(1, die_after_steps=0)
+    engine = fakes(1, faults=Faults(die_after_steps=0))
     try:
         with pytest.raises(FatalEngineError, match="died 4 times without finishing"):
             run(requests, engine)
@@ -467,7 +468,7 @@ def results_in(messages: list[Any]) -> dict[str, Any]:
 
 
 def test_a_replica_adds_steps_reports_and_stops_when_told() -> None:
-    engine = FakeEngine(per_step=1, reject_prompts=frozenset({"no"}))
+    engine = FakeEngine(per_step=1, faults=Faults(reject_prompts=frozenset({"no"})))
     parent, loop = serving(engine)
     for request_id, prompt in [("a", "hi"), ("b", "no"), ("c", "there")]:
         parent.send(("add", text_request(request_id, prompt), [], Sampling()))
@@ -524,7 +525,7 @@ def test_a_replica_stops_by_itself_when_the_parent_is_gone() -> None:
 
 
 def test_a_replica_whose_step_raises_says_why_and_stops() -> None:
-    parent, loop = serving(FakeEngine(raise_on_prompt="bad"))
+    parent, loop = serving(FakeEngine(faults=Faults(raise_on_prompt="bad")))
     parent.send(("add", text_request("x", "bad"), [], Sampling()))
     [fatal] = replies(parent, lambda got: bool(got) and got[-1][0] == "fatal")[-1:]
     assert "its step raised RuntimeError" in fatal[1]
@@ -533,7 +534,7 @@ def test_a_replica_whose_step_raises_says_why_and_stops() -> None:
 
 
 def test_a_replica_whose_engine_dies_says_so_and_stops() -> None:
-    parent, loop = serving(FakeEngine(die_after_steps=0))
+    parent, loop = serving(FakeEngine(faults=Faults(die_after_steps=0)))
     parent.send(("add", text_request("x", "hi"), [], Sampling()))
     [fatal] = replies(parent, lambda got: bool(got) and got[-1][0] == "fatal")[-1:]
     assert fatal[1] == "the fake engine died"

@@ -5,7 +5,7 @@ model.
 
 A cut can fall inside a character that the tokenizer spreads over several byte tokens. vLLM's
 detokenizer holds such an incomplete tail back; decoding the token ids ourselves gave a
-U+FFFD there instead (issue 26: ``' city ship brownhing\\ufffd'`` where ``vllm run-batch``
+U+FFFD there instead (``' city ship brownhing\\ufffd'`` where ``vllm run-batch``
 gives ``' city ship brownhing'``). The pictures are small enough that neither side resizes
 them, so both see the same pixels and generate the same tokens.
 """

@@ -289,16 +289,16 @@ def test_run_dataset_killed_at_any_moment_resumes_every_row_exactly_once(tmp_pat
 def test_a_finished_job_is_loaded_from_the_cache_and_load_from_cache_file_false_redoes_it(
     tmp_path: Path, builds: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mmbatch.integrations import dataset_runs
+    from mmbatch.integrations import dataset_tables
 
     ds = datasets.Dataset.from_dict({"image": [b"\x89PNG not really", b"GIF8 neither"]})
     first = run_dataset(ds, DatasetMap("fake", PROMPT), cache_dir=tmp_path, run=QUIET)
     [columns] = list(tmp_path.rglob("columns.arrow"))
     written = columns.stat().st_mtime_ns
     ran: list[int] = []
-    real = dataset_runs.run_task_job
+    real = dataset_tables.run_task_job
     monkeypatch.setattr(
-        dataset_runs,
+        dataset_tables,
         "run_task_job",
         lambda *a: ran.append(1) or real(*a),  # type: ignore[func-returns-value]
     )
@@ -429,10 +429,10 @@ def test_video_and_audio_columns_work_like_pictures(
 def test_the_readme_datasets_example_runs_as_written(
     tiny_vl_model: Path, photos: Path, tmp_path: Path
 ) -> None:
-    """The README's datasets section opens with an imagefolder mapped by ``DatasetMap``:
+    """The README's datasets example is an imagefolder mapped by ``DatasetMap``:
     that code, run as it is in a folder holding ``photos/`` and the tiny model as
     ``.tiny``, captions every picture (the corrupt one is its row's error)."""
-    section = README.read_text(encoding="utf-8").split("## Hugging Face datasets", 1)[1]
+    section = README.read_text(encoding="utf-8").split("**Hugging Face datasets:**", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     (tmp_path / ".tiny").symlink_to(tiny_vl_model)

@@ -513,7 +513,8 @@ def test_a_stopped_ray_jobs_count_leaves_files_being_written_to_their_writers(
     """After Ctrl-C, Ray's writers stop in the background: a file one is still writing is
     neither counted nor set aside (its writer may finish it), and the count is said as the
     least that is saved, not as an exact number; a local output's count stays exact."""
-    from mmbatch.jobs import FileOutput, say_interrupted
+    from mmbatch.jobs import say_interrupted
+    from mmbatch.output.file_output import FileOutput
 
     folder = tmp_path / "rows"
     folder.mkdir()
@@ -540,11 +541,10 @@ def test_a_stopped_ray_jobs_count_leaves_files_being_written_to_their_writers(
 def test_a_row_folder_resumes_by_the_local_runners_rules(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Ray's driver plans with ``plan_resume``, as ``run_job`` does: another job's folder is
-    refused, error rows are retried, an item whose prompt changed is redone, and it is said
-    the same way."""
-    from mmbatch.jobs import FileOutput, plan_resume
-    from mmbatch.output.resume import write_record
+    """Ray's driver plans with ``FileOutput.ready``, as ``run_job`` does: another job's
+    folder is refused, error rows are retried, an item whose prompt changed is redone, and it
+    is said the same way."""
+    from mmbatch.output.file_output import FileOutput
 
     folder = tmp_path / "rows"
     folder.mkdir()
@@ -558,11 +558,11 @@ def test_a_row_folder_resumes_by_the_local_runners_rules(
     picture = (MediaRef("image", "x.jpg"),)
     job = Job([Request(i, "p", picture) for i in "xyzw"], fingerprint={"prompt": "p"})
     out = FileOutput(folder, "jsonl", retry_errors=True, row_folder=True)
-    write_record(out.paths.record, {"prompt": "another"})
+    out.record(Job([], fingerprint={"prompt": "another"}))
     with pytest.raises(ConfigError, match="was written by a different job"):
-        plan_resume(job, out)
-    write_record(out.paths.record, job.fingerprint)
-    plan = plan_resume(job, out)
+        out.ready(job)
+    out.record(job)
+    plan = out.ready(job)
     assert [r.id for r in plan.pending] == ["y", "z", "w"]
     assert (plan.kept_ok, plan.retried, plan.changed) == (1, 1, 1)
     said = capsys.readouterr().err
@@ -736,7 +736,7 @@ def test_forwarded_env_keeps_vllm_settings_only(monkeypatch: pytest.MonkeyPatch)
 def test_on_ray_the_output_is_a_folder(tmp_path: Path) -> None:
     from mmbatch.errors import ConfigError
     from mmbatch.integrations.ray_data import RayJob, RayResources, run_on_ray
-    from mmbatch.jobs import FileOutput
+    from mmbatch.output.file_output import FileOutput
 
     out = tmp_path / "captions.jsonl"
     out.write_text("")

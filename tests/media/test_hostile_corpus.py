@@ -50,7 +50,7 @@ def check_corpus_rows(out: Path, expected: dict[str, object]) -> list[dict[str, 
     assert len(rows) == len(by_name) == len(expected)
     assert {name: outcome(row) for name, row in by_name.items()} == expected
     skipped = json.loads(out.with_name(out.name + ".summary.json").read_text())["job"]["skipped"]
-    assert sum(skipped.values()) == len(SKIPPED) + 1  # and the hidden file
+    assert sum(skipped.values()) == len(SKIPPED) + 2  # and the hidden file, the link out
     return rows
 
 

@@ -11,7 +11,7 @@ from PIL import Image
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.sources.cells import BadCell, media_ref
-from mmbatch.sources.paths import LocalPaths
+from mmbatch.sources.paths import LocalPaths, file_id
 from mmbatch.testing.media_loader import MediaLoader
 from mmbatch.types import MediaRef, Request
 
@@ -105,16 +105,23 @@ NO_PATHS = LocalPaths()
 """Path cells allowed nowhere (a dataset with no folder of its own, nothing allowed)."""
 
 
-def test_dataset_cells_become_refs(samples: Path) -> None:
+def test_dataset_cells_become_refs(samples: Path, tmp_path: Path) -> None:
     data = (samples / "sunset.jpg").read_bytes()
     ref = media_ref({"bytes": data, "path": "sunset.jpg"}, "image", "row 3", NO_PATHS, None)
     assert ref == MediaRef("image", "row 3 (sunset.jpg)", data=data)
-    under_x = LocalPaths(("/x",))  # path cells are read under /x only (mmbatch.sources.paths)
-    assert media_ref({"bytes": None, "path": "/x/a.jpg"}, "image", "r", under_x, None) == MediaRef(
-        "image", "/x/a.jpg"
+    x = tmp_path / "x"
+    x.mkdir()
+    (x / "a.jpg").write_bytes(data)
+    (x / "b.png").write_bytes(data)
+    a, b = str(x / "a.jpg"), str(x / "b.png")
+    under_x = LocalPaths((str(x),))  # path cells are read under x only (mmbatch.sources.paths)
+    assert media_ref({"bytes": None, "path": a}, "image", "r", under_x, None) == MediaRef(
+        "image", a, pinned=file_id(a)
     )
-    assert media_ref("/x/b.png", "image", "r", under_x, None) == MediaRef("image", "/x/b.png")
-    assert media_ref("b.png", "image", "r", NO_PATHS, "/x") == MediaRef("image", "/x/b.png")
+    assert media_ref(b, "image", "r", under_x, None) == MediaRef("image", b, pinned=file_id(b))
+    assert media_ref("b.png", "image", "r", NO_PATHS, str(x)) == MediaRef(
+        "image", b, pinned=file_id(b)
+    )
     audio = media_ref({"bytes": b"RIFF", "path": None}, "audio", "row 0", NO_PATHS, None)
     assert audio == MediaRef("audio", "row 0", data=b"RIFF")
     picture = Image.new("RGB", (2, 2))

@@ -140,9 +140,9 @@ def test_audio_windows_through_the_pipeline(tmp_path: Path) -> None:
 
 
 def test_an_unreadable_part_is_an_error_row_with_its_stage(samples: Path) -> None:
-    from mmbatch.sources.mixed_media import list_media, media_requests
+    from mmbatch.sources.mixed_media import Takes, list_media, media_requests
 
-    requests = media_requests(list_media([str(samples / "tone.wav")]), "p", take=("image",))
+    requests = media_requests(list_media([str(samples / "tone.wav")]), "p", takes=Takes(("image",)))
     [row], _ = run(requests)
     assert row["error"] == {
         "stage": "validate",

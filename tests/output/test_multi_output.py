@@ -17,7 +17,7 @@ from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.recipe.requests import recipe_media, recipe_requests, recipe_shape
 from mmbatch.recipe.spec import load_recipe
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
+from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 from mmbatch.types import MediaRef, Request, Result, Sampling, Usage
 
 
@@ -91,7 +91,7 @@ def test_a_refused_question_fails_alone(samples: Path) -> None:
         requests,
         recipe_shape(recipe).builder(requests),
         capacity=8,
-        reject_prompts=frozenset({refused}),
+        faults=Faults(reject_prompts=frozenset({refused})),
     )
     (row,) = rows
     outputs = row["outputs"]

@@ -18,7 +18,7 @@ from mmbatch.output.formats import read_output
 from mmbatch.output.order import RowOrder
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
-from mmbatch.testing.fake_engine import FakeEngine
+from mmbatch.testing.fake_engine import FakeEngine, Faults
 
 NAMES = ["a.jpg", "b.png", "c.jpg", "d.png", "e.jpg", "f.png"]
 
@@ -62,7 +62,7 @@ def test_a_finished_output_is_in_input_order(folder: Path, tmp_path: Path, name:
 def test_a_resumed_output_ends_in_input_order(distinct: Path, tmp_path: Path) -> None:
     out = tmp_path / "rows.jsonl"
     # One answer a step: two rows, however many requests the first step found ready.
-    dying = FakeEngine(per_step=1, die_after_steps=2)
+    dying = FakeEngine(per_step=1, faults=Faults(die_after_steps=2))
     assert caption(distinct, out, engine=dying) == EXIT_JOB_FAILED
     first = [Path(json.loads(line)["id"]).name for line in out.read_text().splitlines()]
     assert len(first) == 2

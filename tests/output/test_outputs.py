@@ -11,8 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from mmbatch.errors import ConfigError
-from mmbatch.jobs import FileOutput, Job, run_job
+from mmbatch.jobs import Job, run_job
 from mmbatch.output import tables as table_sinks
+from mmbatch.output.file_output import FileOutput
 from mmbatch.output.formats import output_format, read_output
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.summary import read_summary, write_summary

@@ -14,7 +14,7 @@ from PIL import Image
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.output.formats import read_output
-from mmbatch.testing.fake_engine import FakeEngine
+from mmbatch.testing.fake_engine import FakeEngine, Faults
 
 NAMES = ["a.jpg", "b.png", "c.jpg", "d.png", "e.jpg"]
 
@@ -69,7 +69,7 @@ def test_webdataset_shards_hold_media_row_and_text(folder: Path, tmp_path: Path)
 def test_shards_resume_from_their_spool(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "wds"
     fmt = ["--out-format", "webdataset", "--shard-rows", "2"]
-    dying = FakeEngine(per_step=1, die_after_steps=2)
+    dying = FakeEngine(per_step=1, faults=Faults(die_after_steps=2))
     assert caption(folder, out, *fmt, engine=dying) == EXIT_JOB_FAILED
     assert len(list(read_output(out))) == 2
     rest = FakeEngine()

@@ -275,6 +275,52 @@ def test_mistakes_are_reported(tmp_path: Path, text: str, expected: str) -> None
     assert expected in problems(tmp_path, text)
 
 
+def test_every_sampling_range_problem_is_said_at_once(tmp_path: Path) -> None:
+    """As [engine] does: a recipe with five bad sampling values names all five (a type
+    pydantic refuses beside the ranges)."""
+    message = problems(
+        tmp_path,
+        """
+        [prompt]
+        text = "x"
+        [sampling]
+        max_tokens = 0
+        top_p = 2.0
+        min_p = -1.0
+        n = 2
+        temperature = 0.0
+        seed = "x"
+        """,
+    )
+    assert "5 problems" in message
+    assert "[sampling]: 'seed' must be an integer" in message
+    assert "[sampling] max_tokens = 0: must be an integer >= 1" in message
+    assert "[sampling] top_p = 2.0: must be in (0, 1]" in message
+    assert "[sampling] min_p = -1.0: must be in [0, 1]" in message
+    assert "[sampling] n = 2: must be 1 at temperature 0" in message
+
+
+@pytest.mark.parametrize(
+    ("table", "line", "key"),
+    [
+        ("sampling", "temperature = inf", "'temperature'"),
+        ("sampling", "top_p = nan", "'top_p'"),
+        ("sampling", "repetition_penalty = +inf", "'repetition_penalty'"),
+        ("engine", "gpu_memory_utilization = nan", "[engine] gpu_memory_utilization"),
+        ("engine", "cpu_offload_gb = inf", "[engine] cpu_offload_gb"),
+        ("engine", "override_generation_config = { temperature = -inf }", "temperature"),
+        ("engine", "mm_processor_kwargs = { fps = nan }", "[engine] mm_processor_kwargs.fps"),
+        ("media", 'kind = "video"\nsampling = "fps"\nfps = inf', "'fps'"),
+        ("media", 'kind = "audio"\nwindow_s = inf', "'window_s'"),
+    ],
+)
+def test_nan_and_infinity_are_no_setting(tmp_path: Path, table: str, line: str, key: str) -> None:
+    """TOML has ``nan`` and ``inf``; no number of a recipe means them."""
+    message = problems(tmp_path, f'[prompt]\ntext = "x"\n[{table}]\n{line}')
+    assert key in message
+    assert "finite" in message
+
+
 def test_video_and_audio_options_are_checked(tmp_path: Path) -> None:
     message = problems(
         tmp_path,

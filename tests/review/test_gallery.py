@@ -14,7 +14,8 @@ from browser import browse
 from PIL import Image
 
 from mmbatch.cli import main
-from mmbatch.jobs import FileOutput, Job, run_job
+from mmbatch.jobs import Job, run_job
+from mmbatch.output.file_output import FileOutput
 from mmbatch.output.formats import read_output
 from mmbatch.pipeline import RunConfig
 from mmbatch.review.gallery import render

@@ -11,7 +11,7 @@ from media_files import write_audio
 from mmbatch.errors import SourceError
 from mmbatch.jobs import media_per_prompt
 from mmbatch.media.options import AudioOptions, VideoOptions
-from mmbatch.sources.mixed_media import list_media, media_requests
+from mmbatch.sources.mixed_media import Takes, list_media, media_requests
 from mmbatch.sources.timeline import audio_requests, frame_requests
 from mmbatch.types import FrameAt, ItemError, MediaRef, Request, TimeSpan
 
@@ -57,17 +57,19 @@ def test_audio_windows_are_requests_with_start_and_end(tmp_path: Path) -> None:
 def test_caption_walks_folders_for_what_the_model_takes(samples: Path, tmp_path: Path) -> None:
     folder = tmp_path / "mixed"
     shutil.copytree(samples, folder)
-    vl = media_requests(list_media([str(folder)]), "p", take=("image", "video"))
+    vl = media_requests(list_media([str(folder)]), "p", takes=Takes(("image", "video")))
     assert {r.media[0].modality for r in vl} == {"image"}  # no --as-clip: videos skipped
-    clips = media_requests(list_media([str(folder)]), "p", take=("image", "video"), as_clip=True)
+    clips = media_requests(
+        list_media([str(folder)]), "p", takes=Takes(("image", "video"), as_clip=True)
+    )
     assert sorted(r.media[0].modality for r in clips).count("video") == 1
-    audio = media_requests(list_media([str(folder)]), "p", take=("audio",))
+    audio = media_requests(list_media([str(folder)]), "p", takes=Takes(("audio",)))
     assert [(r.id, r.media[0].modality) for r in audio] == [(str(folder / "tone.wav"), "audio")]
 
 
 def test_a_named_file_the_model_cannot_take_gets_an_error_row(samples: Path) -> None:
     wav, mp4 = str(samples / "tone.wav"), str(samples / "clip.mp4")
-    requests = media_requests(list_media([wav, mp4]), "p", take=("image", "video"))
+    requests = media_requests(list_media([wav, mp4]), "p", takes=Takes(("image", "video")))
     reasons = {r.id: r.error for r in requests}
     assert reasons[wav] == ItemError(
         "validate", "an audio file, but the model takes image or video only", "unsupported"
@@ -81,7 +83,7 @@ def test_a_folder_with_nothing_the_model_takes_is_a_source_error(
 ) -> None:
     shutil.copy(samples / "sunset.jpg", tmp_path / "sunset.jpg")
     with pytest.raises(SourceError, match="no audio the model takes"):
-        media_requests(list_media([str(tmp_path)]), "p", take=("audio",))
+        media_requests(list_media([str(tmp_path)]), "p", takes=Takes(("audio",)))
 
 
 def test_media_per_prompt_is_the_most_any_request_carries() -> None:
@@ -107,5 +109,5 @@ def test_frames_closer_than_a_millisecond_keep_unique_ids() -> None:
 
 def test_unreadable_media_are_not_counted_for_the_engine(samples: Path) -> None:
     files = list_media([str(samples / "tone.wav"), str(samples / "sunset.jpg")])
-    requests = media_requests(files, "p", take=("image",))
+    requests = media_requests(files, "p", takes=Takes(("image",)))
     assert media_per_prompt(requests) == {"image": 1}

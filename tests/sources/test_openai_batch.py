@@ -135,6 +135,17 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
             line("x", "hi", response_format={"type": "json_schema", "json_schema": {}}),
             "must be a table/object",
         ),
+        (
+            line(
+                "x",
+                "hi",
+                response_format={
+                    "type": "json_schema",
+                    "json_schema": {"schema": {"$ref": "http://127.0.0.1:9/s.json"}},
+                },
+            ),
+            "$ref 'http://127.0.0.1:9/s.json' leaves the schema",
+        ),
     ],
 )
 def test_lines_we_cannot_serve_get_a_400_row(

@@ -13,7 +13,7 @@ Weights are written in the hub layout of ``google/gemma-3-*-it``:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.testing.tiny_models._common import (
     HALF_NORM,
@@ -56,14 +56,23 @@ _HUB_LAYOUT = {
 
 def build_tiny_gemma3(out_dir: str | Path, seed: int) -> Path:
     """Write the tiny ``gemma3`` checkpoint (config, weights, tokenizer, processor)."""
-    from transformers import (
-        Gemma3Config,
-        Gemma3ForConditionalGeneration,
-        Gemma3ImageProcessor,
-        Gemma3Processor,
-    )
+    from transformers import Gemma3ForConditionalGeneration
 
     path = prepare_dir(out_dir)
+    write_checkpoint(path, _config(), Gemma3ForConditionalGeneration, seed, _HUB_LAYOUT)
+    write_json(
+        path / "generation_config.json",
+        {"bos_token_id": 2, "eos_token_id": [1, 4], "pad_token_id": 0},
+    )
+    _processor().save_pretrained(str(path))
+    return path
+
+
+def _config() -> Any:
+    """The model: the tiny text tower as Gemma 3's (one sliding-window layer and one global,
+    head_dim 64) and the tiny SigLIP, with Gemma's special tokens."""
+    from transformers import Gemma3Config
+
     special = SPECIAL_TOKENS
     head_dim = TINY_TEXT["hidden_size"] // TINY_TEXT["num_attention_heads"]
     text = {
@@ -96,14 +105,16 @@ def build_tiny_gemma3(out_dir: str | Path, seed: int) -> Path:
         image_token_index=special["<image_soft_token>"],
     )
     config.architectures = ["Gemma3ForConditionalGeneration"]
-    write_checkpoint(path, config, Gemma3ForConditionalGeneration, seed, _HUB_LAYOUT)
-    write_json(
-        path / "generation_config.json",
-        {"bos_token_id": 2, "eos_token_id": [1, 4], "pad_token_id": 0},
-    )
+    return config
+
+
+def _processor() -> Any:
+    """The tokenizer (newlines as whole tokens) and the image processor: one 56-pixel tile
+    a picture, normalised to [-1, 1]."""
+    from transformers import Gemma3ImageProcessor, Gemma3Processor
 
     tokenizer = tiny_tokenizer(
-        special,
+        SPECIAL_TOKENS,
         GEMMA3_CHAT_TEMPLATE,
         plain_tokens=NEWLINE_TOKENS,
         eos="<eos>",
@@ -115,11 +126,9 @@ def build_tiny_gemma3(out_dir: str | Path, seed: int) -> Path:
     image_processor = Gemma3ImageProcessor(
         size={"height": tile, "width": tile}, image_mean=HALF_NORM, image_std=HALF_NORM
     )
-    processor = Gemma3Processor(
+    return Gemma3Processor(
         image_processor=image_processor,
         tokenizer=tokenizer,
         chat_template=GEMMA3_CHAT_TEMPLATE,
         image_seq_length=IMAGE_TOKENS,
     )
-    processor.save_pretrained(str(path))
-    return path

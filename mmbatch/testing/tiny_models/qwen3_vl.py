@@ -11,7 +11,7 @@ tokens and chat template of the other Qwen families. Weights in the hub layout
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.testing.tiny_models._common import (
     HALF_NORM,
@@ -41,15 +41,20 @@ VIDEO_MAX_PIXELS = 4 * FACTOR * FACTOR
 
 def build_tiny_qwen3_vl(out_dir: str | Path, seed: int) -> Path:
     """Write the tiny ``qwen3_vl`` checkpoint (config, weights, tokenizer, processor)."""
-    from transformers import (
-        Qwen2VLImageProcessor,
-        Qwen3VLConfig,
-        Qwen3VLForConditionalGeneration,
-        Qwen3VLProcessor,
-        Qwen3VLVideoProcessor,
-    )
+    from transformers import Qwen3VLForConditionalGeneration
 
     path = prepare_dir(out_dir)
+    write_checkpoint(path, _config(), Qwen3VLForConditionalGeneration, seed, {})
+    write_json(path / "generation_config.json", {"bos_token_id": 0, "eos_token_id": [2, 0]})
+    _processor().save_pretrained(str(path))
+    return path
+
+
+def _config() -> Any:
+    """The model: the tiny text tower as Qwen3's (interleaved M-RoPE) and a 2-block vision
+    tower with DeepStack features from block 0, with the Qwen special tokens."""
+    from transformers import Qwen3VLConfig
+
     special = TINY_SPECIAL_TOKENS
     text = {key: value for key, value in TINY_TEXT.items() if key != "use_sliding_window"}
     text.update(
@@ -85,10 +90,14 @@ def build_tiny_qwen3_vl(out_dir: str | Path, seed: int) -> Path:
         tie_word_embeddings=False,
     )
     config.architectures = ["Qwen3VLForConditionalGeneration"]
-    write_checkpoint(path, config, Qwen3VLForConditionalGeneration, seed, {})
-    write_json(path / "generation_config.json", {"bos_token_id": 0, "eos_token_id": [2, 0]})
+    return config
 
-    tokenizer = tiny_tokenizer(special, QWEN_CHAT_TEMPLATE)
+
+def _processor() -> Any:
+    """The tokenizer, and the image and video processors: pictures resized to 1 to 8
+    tokens, video frames to at most 4 tokens a frame pair."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
     cells = {
         "patch_size": PATCH_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
@@ -109,11 +118,9 @@ def build_tiny_qwen3_vl(out_dir: str | Path, seed: int) -> Path:
         cap_pixels_per_frame=False,
         **cells,
     )
-    processor = Qwen3VLProcessor(
+    return Qwen3VLProcessor(
         image_processor=image_processor,
-        tokenizer=tokenizer,
+        tokenizer=tiny_tokenizer(TINY_SPECIAL_TOKENS, QWEN_CHAT_TEMPLATE),
         video_processor=video_processor,
         chat_template=QWEN_CHAT_TEMPLATE,
     )
-    processor.save_pretrained(str(path))
-    return path

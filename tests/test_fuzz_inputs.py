@@ -1,0 +1,348 @@
+"""Property-based fuzzing of what a job reads from elsewhere: manifests, OpenAI batch files and
+recipes. Whatever the input, it ends as rows (a request per item, an error row for each
+item that cannot run) or as a ``MmbatchError`` the command says in its ``mmbatch: error:``
+line (exit 2): never another exception, never a traceback.
+
+The generators mix well-formed entries, near misses (a NUL byte, a lone surrogate, NaN, a
+path out of the folder, a ``$ref`` to a URL) and noise; the listing and parsing layers run
+in-process, with no engine, so thousands of cases take seconds. ``derandomize`` keeps the
+cases the same from run to run, so that CI is not flaky."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mmbatch import cli
+from mmbatch.errors import MmbatchError
+from mmbatch.jsonl import encode_line
+from mmbatch.output.openai_batch import OpenAIBatchShape
+from mmbatch.output.rows import output_row
+from mmbatch.recipe.engine_table import ENGINE_SETTINGS
+from mmbatch.recipe.spec import SamplingTable, load_recipe, parse_recipe
+from mmbatch.sources.files import SourcePolicy, image_requests
+from mmbatch.sources.log import ListingLog
+from mmbatch.sources.openai_batch import read_batch
+from mmbatch.types import Request, Result, Usage
+
+
+def fuzz(examples: int) -> Any:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
+NASTY_TEXT = [
+    "", " ", ".", "..", "a\0b", "\udc80", "b\udc80.jpg", "\ud800", "x" * 300, "%00", "\n",
+    "ok.jpg", "../secret.jpg", "/etc/hostname", "file:///etc/hostname", "file://host/x.jpg",
+    "file:///tmp/x%00.jpg", "file://localhost/ok.jpg", "http://127.0.0.1:9/x.jpg", "ftp://a/b",
+    "link_out.jpg", "sub/../ok.jpg", "sub", "missing.jpg", "~/x.jpg", "data:image/png;base64,@@",
+]  # fmt: skip
+"""Strings that have broken inputs before, or come close to the rules."""
+
+texts = st.one_of(st.sampled_from(NASTY_TEXT), st.text(max_size=20))
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    texts,
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(texts, inner, max_size=3),
+    max_leaves=8,
+)
+DEEP = ["[" * 100_000, "{" * 5000, '{"a":' * 3000 + "1" + "}" * 3000]
+raw_lines = st.one_of(
+    st.sampled_from(["", "{", "null", "[]", '"x"', "NaN", '{"path": "a"', *DEEP]),
+    st.text(max_size=40),
+)
+
+
+def as_line(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    # surrogatepass: a raw line holding a lone surrogate is a line that is not UTF-8.
+    path.write_bytes("".join(line + "\n" for line in lines).encode("utf-8", "surrogatepass"))
+    return path
+
+
+@pytest.fixture
+def folder(tmp_path: Path, samples: Path) -> Path:
+    """An input folder: a picture, a folder, a link out of it, a secret beside it."""
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "ok.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
+    (tmp_path / "secret.jpg").write_bytes(b"secret")
+    (data / "link_out.jpg").symlink_to(tmp_path / "secret.jpg")
+    return data
+
+
+def assert_said(exc: MmbatchError, where: str = "") -> None:
+    """A job-level refusal: its message is the command's error line (one, or a first line
+    and the problems it lists), naming ``where`` first when given."""
+    message = str(exc)
+    assert message.strip(), repr(exc)
+    assert message.startswith(where), message
+    assert "Traceback" not in message
+
+
+def assert_rows(requests: list[Request]) -> None:
+    """Each request ends as a row a sink can write, whether it is an error or runs."""
+    assert requests
+    for request in requests:
+        result = (
+            Result(request.id, error=request.error)
+            if request.error is not None
+            else Result(request.id, "a caption", "stop", Usage(3, 2))
+        )
+        encode_line(output_row(request, (), result))
+        if request.error is None:
+            assert all(ref.source or ref.data is not None for ref in request.media)
+
+
+# Manifests ---------------------------------------------------------------------------------
+
+manifest_rows = st.one_of(
+    st.fixed_dictionaries(
+        {"path": texts},
+        optional={"id": json_values, "prompt": json_values, "note": json_values},
+    ),
+    st.dictionaries(texts, json_values, max_size=4),
+)
+manifest_lines = st.lists(st.one_of(manifest_rows.map(as_line), raw_lines), min_size=1, max_size=6)
+
+
+@fuzz(1500)
+@given(lines=manifest_lines, allow_urls=st.booleans(), anywhere=st.booleans())
+def test_any_manifest_ends_as_rows_or_one_error(
+    folder: Path, lines: list[str], allow_urls: bool, anywhere: bool
+) -> None:
+    from mmbatch.sources.paths import LocalPaths
+
+    manifest = write_lines(folder / "items.jsonl", lines)
+    policy = SourcePolicy(LocalPaths(anywhere=anywhere), allow_urls, keep_columns="all")
+    try:
+        requests = image_requests([str(manifest)], "p", policy=policy, log=ListingLog())
+    except MmbatchError as exc:
+        assert_said(exc)
+        return
+    assert_rows(requests)
+    outside = folder.parent / "secret.jpg"
+    if not anywhere:  # nothing outside the folder is ever named to the reader
+        assert not any(
+            Path(ref.source).resolve() == outside
+            for r in requests
+            if r.error is None
+            for ref in r.media
+            if os.path.exists(ref.source)
+        )
+
+
+@fuzz(500)
+@given(body=st.lists(st.one_of(texts, st.sampled_from(["path,id", "\ufeffpath", "a,b,c"]))))
+def test_any_csv_manifest_ends_as_rows_or_one_error(folder: Path, body: list[str]) -> None:
+    manifest = write_lines(folder / "items.csv", ["path,id,prompt", *body])
+    try:
+        requests = image_requests([str(manifest)], "p", log=ListingLog())
+    except MmbatchError as exc:
+        assert_said(exc)
+        return
+    assert_rows(requests)
+
+
+# OpenAI batch files ------------------------------------------------------------------------
+
+schemas = st.one_of(
+    st.sampled_from(
+        [
+            {"type": "object"},
+            {"$ref": "http://127.0.0.1:9/s.json"},
+            {"$ref": "file:///etc/hostname"},
+            {"$ref": "#/$defs/missing"},
+            {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n"},
+            {"$dynamicRef": "#x"},
+            {"items": {"$ref": "#/items"}},
+            {"type": "objekt"},
+        ]
+    ),
+    st.dictionaries(st.sampled_from(["type", "$ref", "not", "items", "$id"]), json_values),
+)
+image_parts = texts.map(lambda url: {"type": "image_url", "image_url": {"url": url}})
+parts = st.one_of(texts.map(lambda t: {"type": "text", "text": t}), image_parts, json_values)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "tool", "developer", 3])},
+        optional={"content": st.one_of(texts, st.lists(parts, max_size=3), json_values)},
+    ),
+    max_size=4,
+)
+bodies = st.fixed_dictionaries(
+    {"messages": messages},
+    optional={
+        "max_tokens": json_values,
+        "temperature": st.one_of(st.floats(allow_nan=True, allow_infinity=True), json_values),
+        "top_p": json_values,
+        "n": json_values,
+        "seed": json_values,
+        "stop": json_values,
+        "logprobs": json_values,
+        "stream": json_values,
+        "response_format": st.one_of(
+            st.builds(
+                lambda s: {"type": "json_schema", "json_schema": {"name": "s", "schema": s}},
+                schemas,
+            ),
+            json_values,
+        ),
+        "tools": json_values,
+    },
+)
+batch_entries = st.fixed_dictionaries(
+    {"custom_id": texts},
+    optional={
+        "method": st.sampled_from(["POST", "GET", 1]),
+        "url": st.sampled_from(["/v1/chat/completions", "/v1/embeddings", None]),
+        "body": st.one_of(bodies, json_values),
+    },
+)
+batch_lines = st.lists(
+    st.one_of(batch_entries.map(as_line), batch_entries.map(as_line), raw_lines),
+    min_size=1,
+    max_size=5,
+)
+
+
+@fuzz(1500)
+@given(lines=batch_lines)
+def test_any_batch_file_ends_as_lines_or_one_error(folder: Path, lines: list[str]) -> None:
+    requests_file = write_lines(folder / "requests.jsonl", lines)
+    try:
+        batch = read_batch(requests_file)
+    except MmbatchError as exc:
+        assert_said(exc)
+        return
+    shape = OpenAIBatchShape("m")
+    for request in batch.requests:
+        result = (
+            Result(request.id, error=request.error)
+            if request.error is not None
+            else Result(request.id, "an answer", "stop", Usage(3, 2))
+        )
+        line = shape.add(request, (), result).data
+        assert line["custom_id"] == request.id
+        encode_line(line)  # a custom_id that is not valid Unicode is written all the same
+
+
+# Recipes -----------------------------------------------------------------------------------
+
+numbers = st.one_of(
+    st.integers(min_value=-(2**40), max_value=2**40),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+setting_values = st.one_of(numbers, json_values)
+recipes = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": json_values,
+        "prompt": st.one_of(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "text": texts,
+                    "name": texts,
+                    "system": json_values,
+                    "questions": st.lists(
+                        st.fixed_dictionaries({}, optional={"name": texts, "text": texts}),
+                        max_size=3,
+                    ),
+                },
+            ),
+            json_values,
+        ),
+        "sampling": st.dictionaries(
+            st.sampled_from([*SamplingTable.model_fields, "max_token"]), setting_values
+        ),
+        "engine": st.dictionaries(
+            st.sampled_from([*list(ENGINE_SETTINGS)[:40], "worker_cls", "chat_template"]),
+            setting_values,
+            max_size=4,
+        ),
+        "media": st.one_of(
+            st.fixed_dictionaries(
+                {"kind": st.sampled_from(["image", "video", "audio", "smell"])},
+                optional=dict.fromkeys(
+                    ("fps", "num_frames", "sampling", "window_s", "overlap_s"), setting_values
+                ),
+            ),
+            json_values,
+        ),
+        "output": st.fixed_dictionaries(
+            {"format": st.sampled_from(["text", "json", "yaml"])},
+            optional={"schema": st.one_of(schemas, json_values)},
+        ),
+    },
+)
+
+
+@fuzz(1500)
+@given(data=recipes)
+def test_any_recipe_is_read_or_refused_in_the_commands_words(data: dict[str, Any]) -> None:
+    try:
+        recipe = parse_recipe(data, "r.toml")
+    except MmbatchError as exc:
+        assert_said(exc, "r.toml: ")
+        return
+    numbers_of = [v for v in recipe.engine.values() if isinstance(v, float)]
+    assert all(math.isfinite(v) for v in numbers_of)
+
+
+toml_text = st.lists(
+    st.one_of(
+        st.sampled_from(
+            [
+                "[prompt]", 'text = "x"', "[sampling]", "temperature = nan", "top_p = inf",
+                "[engine]", 'distributed_executor_backend = "ray"', "[output]",
+                'format = "json"', 'schema = { "$ref" = "http://127.0.0.1:9/x" }',
+                "x = " + "[" * 2000, "[[prompt.questions]]", 'name = "a"', "[media]",
+                'kind = "video"', "fps = -inf", "max_tokens = 0", "n = 2",
+            ]
+        ),
+        st.text(max_size=30),
+    ),
+    max_size=8,
+)  # fmt: skip
+
+
+@fuzz(400)
+@given(lines=toml_text)
+def test_the_check_command_says_every_recipe_in_one_place(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], lines: list[str]
+) -> None:
+    """Through ``mmbatch check``, in-process: exit 0 with the recipe described, or exit 2
+    with the error line (and the problems it lists), nothing else."""
+    recipe = tmp_path_factory.getbasetemp() / "fuzzed.toml"
+    recipe.write_bytes("\n".join(lines).encode("utf-8", "surrogatepass"))
+    code = cli.main(["check", str(recipe)])
+    err = capsys.readouterr().err
+    assert code in (cli.EXIT_OK, cli.EXIT_JOB_FAILED)
+    if code == cli.EXIT_JOB_FAILED:
+        first, *rest = err.splitlines()
+        assert first.startswith("mmbatch: error: "), err
+        assert all(line.startswith("  ") for line in rest), err
+    else:
+        load_recipe(recipe)  # what check read, the run reads
