@@ -35,6 +35,7 @@ from mmbatch.types import (
 
 if TYPE_CHECKING:
     from mmbatch.engine.vllm import VLLMEngine
+    from mmbatch.integrations.dataset_runs import run_dataset
     from mmbatch.integrations.hf_datasets import DatasetMap
     from mmbatch.jobs import Job, run_in_memory, run_job
     from mmbatch.notebook import caption, load_engine
@@ -54,6 +55,7 @@ _LAZY = {
     "Job": "mmbatch.jobs",
     "JobReport": "mmbatch.output.summary",
     "run_job": "mmbatch.jobs",
+    "run_dataset": "mmbatch.integrations.dataset_runs",
     "run_in_memory": "mmbatch.jobs",
     "caption": "mmbatch.notebook",
     "load_engine": "mmbatch.notebook",
@@ -101,6 +103,7 @@ __all__ = [
     "frame_requests",
     "image_requests",
     "load_engine",
+    "run_dataset",
     "run_in_memory",
     "run_job",
 ]

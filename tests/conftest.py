@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,17 @@ def tiny_audio_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from mmbatch.testing.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-audio"), family="qwen2_audio")
+
+
+@pytest.fixture
+def environ_kept() -> Iterator[None]:
+    """``os.environ`` as it was, put back after the test. datasets' ``map(num_proc=...)``
+    ends by putting back a copy of ``os.environ`` taken as it started (``os.environ =
+    prev_env``), so ``monkeypatch``'s undo writes into the object it replaced: without this,
+    every later test lost the ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` taken away here, and each
+    engine after it ran vLLM's engine core in a process of its own (slower to start, and the
+    shared memory it makes outlived Ray's actors then)."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

@@ -18,7 +18,7 @@ from fake_cli import main
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK, build_parser
 from mmbatch.cli.options import engine_config_from
 from mmbatch.engine.config import EngineConfig
-from mmbatch.errors import MediaError, SourceError
+from mmbatch.errors import ConfigError, MediaError, SourceError
 from mmbatch.media.fetch import UrlPolicy, read_source
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.paths import LocalPaths, is_inside
@@ -188,7 +188,7 @@ def test_a_dataset_map_reads_path_cells_only_inside_the_folders_its_caller_allow
     pictures = [str(allowed / "ok.jpg"), {"bytes": outside.read_bytes(), "path": str(outside)}]
     batch = {"image": [*cells, *pictures]}
     rows = list(range(len(batch["image"])))
-    monkeypatch.setattr(DatasetMap, "_engine", lambda self, rank: FakeEngine())
+    monkeypatch.setattr(DatasetMap, "_engine", lambda self, *args: FakeEngine())
     mapper = DatasetMap("unused-model", "Describe.", allowed_paths=[str(allowed)])
     out = mapper(batch, rows, None)
     for index, path in enumerate(named):
@@ -196,8 +196,10 @@ def test_a_dataset_map_reads_path_cells_only_inside_the_folders_its_caller_allow
         assert error.startswith(f"source: row {index}: {path!r} leads to {outside}"), error
         assert "(allow another folder with DatasetMap(allowed_paths=[DIR]))" in error
     assert out["error"][len(named) :] == ["", ""]  # inside the folder allowed; bytes
-    nothing = DatasetMap("unused-model", "Describe.")(batch, rows, None)
-    assert [bool(error) for error in nothing["error"]] == [True] * 5 + [False]
+    # Called by hand, the callable cannot see its dataset's origin: no column of refusals,
+    # but the one-argument fix at the first path cell refused.
+    with pytest.raises(ConfigError, match=r"allow their folder with DatasetMap\(\.\.\., allowed"):
+        DatasetMap("unused-model", "Describe.")(batch, rows, None)
     wider = DatasetMap("unused-model", "Describe.", allowed_paths=[str(tmp_path)])
     assert wider(batch, rows, None)["error"] == [""] * len(rows)
     assert len(set(wider(batch, rows, None)["text"])) == 1  # one picture, however named
@@ -509,7 +511,6 @@ def test_a_recipe_on_ray_or_in_python_is_held_to_the_same_rule(
     asked for anything), and a Recipe made in Python for a Ray job or a DatasetMap."""
     from types import MappingProxyType
 
-    from mmbatch.errors import ConfigError
     from mmbatch.integrations.ray_data import RayJob
     from mmbatch.recipe.spec import Question, Recipe, load_recipe, parse_recipe
 

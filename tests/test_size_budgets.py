@@ -29,8 +29,6 @@ MOST_LINES = 60
 MOST_PARAMETERS = 8
 
 OVER_BUDGET: dict[str, str] = {
-    # grouped in the datasets face rework
-    "integrations/hf_datasets.py:DatasetMap.__init__": "parameters",
     # grouped with DatasetMap's values in the datasets face rework: the notebook's caption
     # takes the same engine and prompt options (a public signature, changed once for both)
     "notebook.py:caption": "parameters",

@@ -7,6 +7,12 @@ their own on the same pictures (the first N of W1's), with the same sampling, fr
 process's start to its exit; each run's time is split into start-up (to the engine ready),
 work and exit (from the last row written). Runs alternate their order, so that neither side
 always goes first on a host whose compile cache the first run fills.
+
+The datasets sides (``--modes ds-naive,ds-map,ds-pipelined,ds-whole``) time the same
+pictures as a Hugging Face ``imagefolder``: a naive ``Dataset.map`` whose function calls
+``LLM.chat`` (``datasets_naive.py``) against ``ds.map(DatasetMap(...))``, its ``pipelined``
+twin and ``run_dataset`` (``datasets_job.py``). Their ratios are against ``ds-naive``; the
+folder's datasets cache is built before any of them is timed, as a user's would be.
 """
 
 from __future__ import annotations
@@ -23,8 +29,16 @@ from mmbatch.bench.workloads import CAPTION
 from mmbatch.output.paths import OutputPaths
 
 NAIVE_JOB = Path(__file__).with_name("naive_job.py")
-WHOLE_BASES = ("naive",)
-"""The sides a whole process is measured against; ``prebuilt`` has no whole-process form."""
+DATASETS_NAIVE_JOB = Path(__file__).with_name("datasets_naive.py")
+DATASETS_MODES = {
+    "ds-naive": "naive",
+    "ds-map": "map",
+    "ds-pipelined": "pipelined",
+    "ds-whole": "whole",
+}
+"""The datasets sides, and each one's face (``datasets_job.FACES``; naive: the script)."""
+MAP_BATCH = 512
+"""Rows per ``Dataset.map`` batch on the naive and ``DatasetMap`` sides."""
 
 
 def whole_sampling(spec: dict[str, Any]) -> dict[str, Any]:
@@ -46,10 +60,12 @@ def run_whole(
     entries = []
     for n, count in enumerate(options["whole"]):
         folder = _pictures(work / f"whole-{count}", images[:count])
+        if any(mode in DATASETS_MODES for mode in modes):
+            _build_imagefolder(folder)
         for repeat in range(options["whole_repeats"]):
             for mode in modes if (n + repeat) % 2 == 0 else modes[::-1]:
                 variant = options["variants"].get(mode, {})
-                side = side_spec_for(spec, mode, variant)
+                side = {**side_spec_for(spec, mode, variant), "whole_mode": mode}
                 out = work / f"whole-{count}-{mode}-{repeat}.jsonl"
                 print(f"bench: whole process, {count} pictures, {mode}", file=sys.stderr)
                 entry = _timed(side, folder, out, side_environment(variant))
@@ -58,17 +74,19 @@ def run_whole(
 
 
 def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
-    """Per picture count, each mode's mean wall time against naive's, as a speed ratio
-    (``ratio_MODE_over_naive_N``: above 1, faster than naive)."""
+    """Per picture count, each mode's mean wall time against its base's (naive's; for a
+    datasets side, ds-naive's), as a speed ratio (``ratio_MODE_over_BASE_N``: above 1,
+    faster than the base)."""
     means: dict[tuple[int, str], list[float]] = {}
     for e in entries:
         means.setdefault((e["images"], e["mode"]), []).append(e["wall_s"])
     ratios = {}
     for (count, mode), walls in sorted(means.items()):
-        base = means.get((count, "naive"))
-        if base and mode != "naive":
+        name = "ds-naive" if mode in DATASETS_MODES else "naive"
+        base = means.get((count, name))
+        if base and mode != name:
             ratio = (sum(base) / len(base)) / (sum(walls) / len(walls))
-            ratios[f"ratio_{mode}_over_naive_{count}"] = ratio
+            ratios[f"ratio_{mode}_over_{name}_{count}"] = ratio
     return ratios
 
 
@@ -76,13 +94,23 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
     for stale in out.parent.glob(out.name + "*"):
         stale.unlink()
     log = out.with_name(out.name + ".log")
-    naive = side["mode"] == "naive"
-    argv = _naive_argv(side, folder, out) if naive else _mmbatch_argv(side, folder, out)
+    face = DATASETS_MODES.get(side["whole_mode"])
+    naive = side["mode"] == "naive" and face is None
+    if face is not None:
+        argv = _datasets_argv(side, face, folder, out)
+    else:
+        argv = _naive_argv(side, folder, out) if naive else _mmbatch_argv(side, folder, out)
     began = time.time()
     run_side(argv, env, log)
     wall = time.time() - began
     rows = out.read_bytes().count(b"\n")
-    if naive:
+    if face is not None:
+        times = json.loads(out.with_name(out.name + ".times.json").read_text())
+        ready = _engine_ready(times)
+        startup, work = ready - began, times["done"] - ready
+        failed = sum(1 for line in out.read_text().splitlines() if json.loads(line).get("error"))
+        phases = {k: round(v - began, 2) for k, v in times.items() if k not in ("done",)}
+    elif naive:
         times = json.loads(out.with_name(out.name + ".times.json").read_text())
         startup, work = times["engine_ready"] - began, times["done"] - times["engine_ready"]
         failed, phases = 0, {"vllm_imported": round(times["vllm_imported"] - began, 2)}
@@ -131,6 +159,41 @@ def _mmbatch_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:
     if side.get("decode_workers") is not None:
         argv += ["--decode-workers", str(side["decode_workers"])]
     return argv
+
+
+def _datasets_argv(side: dict[str, Any], face: str, folder: Path, out: Path) -> list[str]:
+    engine = {**side["common_engine_args"]}
+    if face != "naive":
+        engine.update(side["mmbatch_engine_args"])
+    settings = {
+        "model": side["model"],
+        "engine": engine,
+        "sampling": whole_sampling(side),
+        "prompt": CAPTION,
+        "batch_size": MAP_BATCH,
+    }
+    if face == "naive":
+        script = [str(DATASETS_NAIVE_JOB)]
+    else:
+        script = ["-m", "mmbatch.bench.datasets_job", face]
+    return [sys.executable, *script, str(folder), str(out), json.dumps(settings)]
+
+
+def _engine_ready(times: dict[str, float]) -> float:
+    """When a datasets side's engine was ready: the naive script's own mark, else the first
+    of mmbatch's start-up moments that says so, else its first row."""
+    for name in ("engine_ready", "engines_ready", "engine_0_ready", "llm_built", "first_row"):
+        if name in times:
+            return times[name]
+    return times["done"]
+
+
+def _build_imagefolder(folder: Path) -> None:
+    """Build datasets' cache of ``folder`` as an ``imagefolder`` (in ``HF_DATASETS_CACHE``,
+    which every side shares), so that no side is timed building it."""
+    import datasets
+
+    datasets.load_dataset("imagefolder", data_dir=str(folder), split="train")
 
 
 def _pictures(folder: Path, images: list[str]) -> Path:

@@ -28,9 +28,13 @@ that built it (a short job's: uncompiled), not for the one asking now, which get
 than paying a second model load and the GPU memory of a second engine."""
 
 
-def shared_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Engine:
-    """This process's engine for ``config``, built now if it is the first ask."""
-    return shared_engine_and_layout(config, media_per_prompt)[0]
+def shared_engine(
+    config: EngineConfig, media_per_prompt: dict[Modality, int], requests: int | None = None
+) -> Engine:
+    """This process's engine for ``config``, built now if it is the first ask, laid out for a
+    job of ``requests`` (None: unknown)."""
+    layout = None if _key(config, media_per_prompt) in _ENGINES else host_layout(config, requests)
+    return shared_engine_and_layout(config, media_per_prompt, layout)[0]
 
 
 def shared_engine_and_layout(
@@ -39,17 +43,7 @@ def shared_engine_and_layout(
     """``shared_engine``, and the layout it was built with (for the job's summary: ``KEPT``
     where an earlier ask built it); ``layout``: the one already chosen for this host
     (``host_layout``)."""
-    key = json.dumps(
-        [
-            config.llm_kwargs(),
-            config.gpus,
-            config.engines_per_gpu,
-            config.render_threads,
-            sorted(media_per_prompt.items()),
-        ],
-        sort_keys=True,
-        default=repr,
-    )
+    key = _key(config, media_per_prompt)
     kept = _ENGINES.get(key)
     if kept is not None:  # laid out for the job that built it, which the summary says
         engine, built_for = kept
@@ -61,6 +55,21 @@ def shared_engine_and_layout(
     if on_close is not None:
         on_close(partial(_forget, engine))
     return engine, layout
+
+
+def _key(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> str:
+    """What makes two asks one engine: its settings and the media it was sized for."""
+    return json.dumps(
+        [
+            config.llm_kwargs(),
+            config.gpus,
+            config.engines_per_gpu,
+            config.render_threads,
+            sorted(media_per_prompt.items()),
+        ],
+        sort_keys=True,
+        default=repr,
+    )
 
 
 def _forget(engine: Engine) -> None:

@@ -1,5 +1,9 @@
 """``Dataset.map(DatasetMap(...), batched=True)``: caption a Hugging Face dataset in place.
 
+``DatasetMap`` holds a task's settings (model, prompt, columns, sampling); ``ds.map`` calls it
+batch by batch, with map's own semantics; ``mmbatch.run_dataset(ds, task)`` runs the same task
+over the whole dataset as one job (``mmbatch.integrations.dataset_runs``), with the same rows.
+
 What datasets' ``map`` asks of a function, and how this one answers:
 
 * It is pickled to worker processes and hashed (with dill) into the cache fingerprint. So
@@ -23,13 +27,15 @@ What datasets' ``map`` asks of a function, and how this one answers:
   list of n). One bad row never raises: it gets ``text == ""`` and an ``error`` naming
   the stage and the cause. Both columns are strings, never None, because datasets cannot
   write a column whose first batch is all None (it would have the null type).
-* ``Image(decode=False)`` / ``Audio(decode=False)`` cells are ``{bytes, path}``: the raw
-  bytes are hashed as they are, like a file's. Decoded ``Image()`` cells (PIL images) are
-  hashed by mode, size and pixels.
-* A cell that holds only a path (a string column, or ``{bytes: None, path}``) is read from
-  disk only inside the folders the caller allows (``allowed_paths``): a dataset from the Hub
-  or from memory is data from elsewhere with no folder of its own, and its paths could name
-  any file (``mmbatch.sources.paths``). Any other path is its row's error.
+* ``Image(decode=False)``, ``Audio(decode=False)`` and ``Video(decode=False)`` cells are
+  ``{bytes, path}``: the raw bytes are hashed as they are, like a file's. Decoded ``Image()``
+  cells (PIL images) are hashed by mode, size and pixels.
+* A cell that holds only a path (a string column, or ``{bytes: None, path}``) is a file on
+  this machine, read as the dataset's origin allows (``mmbatch.integrations.dataset_origin``):
+  anywhere for the person's own dataset (an ``imagefolder``, one built in memory), inside
+  its own files' folders or ``allowed_paths`` for data from elsewhere. Where the rule cannot
+  decide (the callable called outside datasets' ``map``), a refused path stops the call with
+  the one-argument fix, rather than filling a column with refusals.
 """
 
 from __future__ import annotations
@@ -38,9 +44,10 @@ import asyncio
 import copy
 import json
 import os
+import sys
 import types
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -50,8 +57,15 @@ from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.identity import model_identity
 from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.errors import ConfigError, ItemFailure
+from mmbatch.integrations.dataset_origin import (
+    UNKNOWN,
+    DatasetOrigin,
+    folder_of,
+    mapped_dataset,
+    origin_of,
+)
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
-from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.media.options import MediaOptions
 from mmbatch.output.rows import TOKEN_COLUMNS, output_row
 from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.sources.paths import LocalPaths
@@ -60,64 +74,68 @@ from mmbatch.types import ItemError, Modality, Request, Result, Sampling
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
 
-FINGERPRINT_VERSION = "3"
+FINGERPRINT_VERSION = "4"
 """Bumped when the rows this callable writes change for the same settings."""
+WIDEN = "DatasetMap(allowed_paths=[DIR])"
+FEATURE_MODALITIES: dict[str, Modality] = {"Image": "image", "Audio": "audio", "Video": "video"}
+"""The modality of a column by its datasets feature's type."""
 
 
+@dataclass(frozen=True, eq=False)
 class DatasetMap:
     """A picklable ``Dataset.map`` function that adds ``text`` and ``error`` columns.
 
     >>> ds = ds.cast_column("image", datasets.Image(decode=False))  # hash the raw bytes
     >>> ds = ds.map(DatasetMap("Qwen/Qwen2.5-VL-3B-Instruct", "Describe."), batched=True,
     ...             batch_size=512, with_rank=True)
-
-    Cells holding only a path are read inside ``allowed_paths`` only (folders; the rule of
-    ``mmbatch.sources.paths``); cells holding their bytes need none.
     """
 
-    def __init__(
-        self,
-        model: str,
-        prompt: str,
-        *,
-        column: str = "image",
-        modality: Modality = "image",
-        prompt_column: str | None = None,
-        system: str | None = None,
-        engine_kwargs: Mapping[str, Any] | None = None,
-        sampling: Sampling | None = None,
-        image_options: ImageOptions | None = None,
-        text_column: str = "text",
-        error_column: str = "error",
-        with_usage: bool = False,
-        allowed_paths: Sequence[str] = (),
-        vllm_log: VllmLog = "auto",
-    ) -> None:
-        self.engine_config = EngineConfig(model, dict(engine_kwargs or {}))
-        self.vllm_log = vllm_log
-        """Where vLLM's log goes (``mmbatch.engine.logs.VllmLog``): a file of its own by
-        default, decided in the process that builds the engine."""
-        self.paths = LocalPaths(
-            tuple(str(p) for p in allowed_paths), widen="DatasetMap(allowed_paths=[DIR])"
-        )
-        self.prompt = prompt
-        self.column = column
-        self.modality: Modality = modality
-        self.prompt_column = prompt_column
-        self.system = system
-        self.sampling = sampling or Sampling()
-        self.image_options = image_options or ImageOptions()
-        self.text_column = text_column
-        self.error_column = error_column
-        self.with_usage = with_usage
-        if text_column == error_column:
-            raise ConfigError(f"text and error columns must differ, both are {text_column!r}")
-        # Computed once, here, so that workers and later runs hash the same state.
-        revision = self.engine_config.engine_kwargs.get("revision")
-        self.fingerprint = _fingerprint(
-            self._settings(), model_identity(model, str(revision) if revision else None)
-        )
+    model: str
+    prompt: str
+    _: KW_ONLY
+    column: str = "image"
+    """The media column."""
+    modality: Modality | None = None
+    """What the column holds; None: what its feature says (``Audio``, ``Video``), else image."""
+    prompt_column: str | None = None
+    """A column holding each row's own prompt, instead of ``prompt``."""
+    system: str | None = None
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Settings for ``vllm.LLM``, passed as they are."""
+    sampling: Sampling = field(default_factory=Sampling)
+    media: MediaOptions = field(default_factory=MediaOptions)
+    """How media are decoded (``ImageOptions(max_pixels=...)``, video frames, audio rate)."""
+    text_column: str = "text"
+    error_column: str = "error"
+    with_usage: bool = False
+    """Also ``finish_reason`` and the token counts (``TOKEN_COLUMNS``)."""
+    allowed_paths: Sequence[str] = ()
+    """Folders whose files a path cell may name, besides what the dataset's origin allows."""
+    vllm_log: VllmLog = "auto"
+    """Where vLLM's log goes (``mmbatch.engine.logs.VllmLog``): a file of its own by default,
+    decided in the process that builds the engine."""
+    fingerprint: str = field(init=False)
+    """The task's identity (settings and the model's content), stable across processes."""
+
+    def __post_init__(self) -> None:
+        if self.text_column == self.error_column:
+            raise ConfigError(f"text and error columns must differ, both are {self.text_column!r}")
+        # Normalised once, here, so that workers and later runs hash the same state.
+        object.__setattr__(self, "engine_kwargs", dict(self.engine_kwargs))
+        object.__setattr__(self, "allowed_paths", tuple(str(p) for p in self.allowed_paths))
+        revision = self.engine_kwargs.get("revision")
+        identity = model_identity(self.model, str(revision) if revision else None)
+        object.__setattr__(self, "fingerprint", _fingerprint(self._settings(), identity))
         _hash_by_fingerprint()
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(self.model, dict(self.engine_kwargs))
+
+    @property
+    def paths(self) -> LocalPaths:
+        """The folders the caller allowed, as the path rule takes them."""
+        return LocalPaths(tuple(self.allowed_paths), widen=WIDEN)
 
     def __call__(self, batch: Mapping[str, Sequence[Any]], *indices_and_rank: Any) -> Any:
         """Caption one batch: its new columns (for the ``pipelined`` twin, a coroutine giving
@@ -127,9 +145,9 @@ class DatasetMap:
             return self._batch_coroutine(batch, indices_and_rank)
         job, engine, size = self._batch_job(batch, indices_and_rank)
         if engine is None:
-            return self._columns(job, [], size)
+            return self.columns(job.requests, [], size)
         rows, _ = run_in_memory(job, engine)
-        return self._columns(job, rows, size)
+        return self.columns(job.requests, rows, size)
 
     @property
     def pipelined(self) -> DatasetMap:
@@ -143,7 +161,7 @@ class DatasetMap:
         two reuses it.
         """
         twin = copy.copy(self)
-        twin._coroutine = True
+        object.__setattr__(twin, "_coroutine", True)
         return twin
 
     # What ``inspect.iscoroutinefunction`` (which datasets asks) reads of a function: its
@@ -170,14 +188,14 @@ class DatasetMap:
     ) -> dict[str, list[Any]]:
         job, engine, size = self._batch_job(batch, indices_and_rank)
         if engine is None:
-            return self._columns(job, [], size)
+            return self.columns(job.requests, [], size)
         submission = start_in_memory(job, engine)
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
         submission.on_done(lambda: loop.call_soon_threadsafe(_resolve, finished))
         await finished
         rows, _ = rows_of(submission)
-        return self._columns(job, rows, size)
+        return self.columns(job.requests, rows, size)
 
     def _batch_job(
         self, batch: Mapping[str, Sequence[Any]], indices_and_rank: Sequence[Any]
@@ -192,16 +210,43 @@ class DatasetMap:
         cells = batch[self.column]
         if not isinstance(cells, (list, tuple)):
             raise ConfigError("DatasetMap takes batches: call Dataset.map with batched=True")
+        dataset = mapped_dataset()
+        origin = origin_of(dataset) if dataset is not None else UNKNOWN
         prompts = batch[self.prompt_column] if self.prompt_column else None
-        requests = self._requests(cells, prompts, indices)
-        job = Job(requests, self.sampling, MediaOptions(image=self.image_options))
-        usable = any(r.error is None for r in requests)
-        return job, self._engine(rank) if usable else None, len(cells)
+        rows = CellRows(self, origin, self.modality_of(dataset))
+        requests = [
+            # The error lands in the row's own cell, so without indices (with_indices=True)
+            # it names no row rather than a position in the batch, which reads as a row.
+            rows.request(
+                str(i),
+                f"row {indices[i]}" if indices is not None else "this row",
+                cell,
+                prompts[i] if prompts is not None else None,
+            )
+            for i, cell in enumerate(cells)
+        ]
+        rows.say_refusals(len(cells))
+        job = Job(requests, self.sampling, self.media)
+        if not any(r.error is None for r in requests):
+            return job, None, len(cells)
+        return job, self._engine(rank, rows.modality, _rows_mapped(dataset)), len(cells)
 
-    def _columns(self, job: Job, rows: list[dict[str, Any]], size: int) -> dict[str, list[Any]]:
-        """Exactly one (text, error) per input row, in input order; a missing one is a bug."""
+    def modality_of(self, dataset: Any) -> Modality:
+        """What the media column holds: ``modality``, else the column's feature's kind."""
+        if self.modality is not None:
+            return self.modality
+        features = getattr(dataset, "features", None) or {}
+        kind = type(features[self.column]).__name__ if self.column in features else ""
+        return FEATURE_MODALITIES.get(kind, "image")
+
+    def columns(
+        self, requests: Sequence[Request], rows: Sequence[Mapping[str, Any]], size: int
+    ) -> dict[str, list[Any]]:
+        """The new columns for ``size`` rows whose requests are ``requests`` (ids: the row's
+        position) and whose finished rows are ``rows``: exactly one (text, error) per row, in
+        order; a missing one is a bug."""
         by_id = {row["id"]: row for row in rows}
-        for request in job.requests:
+        for request in requests:
             if request.id not in by_id:  # failed before any work: its error is its row
                 by_id[request.id] = output_row(request, (), Result(request.id, error=request.error))
         ordered = [by_id[str(index)] for index in range(size)]
@@ -219,52 +264,110 @@ class DatasetMap:
                 columns[name] = [int(row[name] or 0) for row in ordered]
         return columns
 
-    def _requests(
-        self, cells: Sequence[Any], prompts: Sequence[Any] | None, indices: Sequence[int] | None
-    ) -> list[Request]:
-        """The batch's requests, by position as id; an unusable row carries its error."""
-        requests: list[Request] = []
-        for index, cell in enumerate(cells):
-            # The error lands in the row's own cell, so without indices (with_indices=True)
-            # it names no row rather than a position in the batch, which reads as a row.
-            label = f"row {indices[index]}" if indices is not None else "this row"
-            prompt = self.prompt if prompts is None else prompts[index]
-            try:
-                if not isinstance(prompt, str) or not prompt:
-                    raise BadCell(f"{label}: {self.prompt_column!r} holds no prompt: {prompt!r}")
-                ref = media_ref(cell, self.modality, label, self.paths, None)
-            except ItemFailure as exc:
-                error = ItemError(exc.stage, str(exc), exc.kind)
-                requests.append(Request(str(index), "", error=error))
-                continue
-            requests.append(Request(str(index), prompt, (ref,), self.system))
-        return requests
-
-    def _engine(self, rank: int | None) -> Engine:
+    def _engine(self, rank: int | None, modality: Modality, rows: int | None) -> Engine:
+        """This process's engine, built on its first batch and laid out, as a job's, for the
+        ``rows`` the map runs here (None: unknown)."""
         from mmbatch.engine.registry import shared_engine
 
         # The engine is built on this process's first batch, so the GPU is chosen before CUDA
         # starts; later calls narrow CUDA_VISIBLE_DEVICES to the device it already names.
-        prepare_engine_process(rank, self.engine_config.engine_kwargs)
-        config = replace(self.engine_config, log_file=library_log_file(self.vllm_log))
-        return shared_engine(config, {self.modality: 1})
+        prepare_engine_process(rank, self.engine_kwargs)
+        config = EngineConfig(self.model, dict(self.engine_kwargs), self.log_file())
+        return shared_engine(config, {modality: 1}, rows)
+
+    def log_file(self) -> str | None:
+        """Where this process's engine writes vLLM's log (``vllm_log``)."""
+        return library_log_file(self.vllm_log)
 
     def _settings(self) -> dict[str, Any]:
         return {
-            "engine": {"model": self.engine_config.model, **self.engine_config.engine_kwargs},
+            "engine": {"model": self.model, **self.engine_kwargs},
             "prompt": self.prompt,
             "column": self.column,
             "modality": self.modality,
             "prompt_column": self.prompt_column,
             "system": self.system,
             "sampling": asdict(self.sampling),
-            "image_options": self.image_options.cache_token(),
+            "media": [o.cache_token() for o in (self.media.image, self.media.video)]
+            + [self.media.audio.cache_token()],
             "columns": [self.text_column, self.error_column, self.with_usage],
-            "allowed_paths": list(self.paths.roots),
+            "allowed_paths": list(self.allowed_paths),
         }
 
     def __repr__(self) -> str:
-        return f"DatasetMap({self.engine_config.model!r}, fingerprint={self.fingerprint!r})"
+        return f"DatasetMap({self.model!r}, fingerprint={self.fingerprint!r})"
+
+
+class CellRows:
+    """Turns a task's media cells into requests, by the path rule of the dataset's origin,
+    and says where that rule refused paths: a row refused is that row's error, but a rule
+    that cannot decide must not fill a column with refusals (``say_refusals``)."""
+
+    def __init__(self, task: DatasetMap, origin: DatasetOrigin, modality: Modality) -> None:
+        self.task = task
+        self.origin = origin
+        self.modality: Modality = modality
+        self.paths = origin.paths(task.paths)
+        self.refused: list[str] = []
+        """The files named by the path cells refused so far."""
+
+    def request(self, row_id: str, label: str, cell: Any, prompt: Any) -> Request:
+        """The request for one cell (``prompt``: the row's own, where the task reads a
+        prompt column); ``label`` names the row in errors. An unusable row carries its
+        error."""
+        task = self.task
+        prompt = task.prompt if task.prompt_column is None else prompt
+        try:
+            if not isinstance(prompt, str) or not prompt:
+                raise BadCell(f"{label}: {task.prompt_column!r} holds no prompt: {prompt!r}")
+            ref = media_ref(cell, self.modality, label, self.paths, None)
+        except ItemFailure as exc:
+            if exc.kind == "not_allowed":
+                self.refused.append(_named_path(cell))
+            return Request(row_id, "", error=ItemError(exc.stage, str(exc), exc.kind))
+        return Request(row_id, prompt, (ref,), task.system)
+
+    def say_refusals(self, rows: int) -> None:
+        """Stop with the one-argument fix where the dataset's origin is unknown and the
+        caller allowed no folder (every path would be refused, silently); where the rule
+        decided, say once how many rows it refused and how to allow them."""
+        if not self.refused:
+            return
+        folder = folder_of(self.refused[0])
+        fix = f"allowed_paths=[{folder!r}]"
+        if self.origin.trust == "unknown" and not self.task.allowed_paths:
+            raise ConfigError(
+                f"DatasetMap cannot tell where this dataset came from, and its cells name files "
+                f"on this machine ({self.refused[0]!r}): if the dataset is yours, allow their "
+                f"folder with DatasetMap(..., {fix}), or run the whole dataset with "
+                "mmbatch.run_dataset(ds, task), which reads a local dataset's own files"
+            )
+        key = (self.origin.reason, folder)
+        if key not in _SAID:
+            _SAID.add(key)
+            print(
+                f"mmbatch: {len(self.refused)} of {rows} rows name files on this machine "
+                f"outside the folders allowed for {self.origin.reason} (e.g. "
+                f"{self.refused[0]!r}): each is its row's error; if they are yours, allow "
+                f"their folder with DatasetMap(..., {fix})",
+                file=sys.stderr,
+            )
+
+
+_SAID: set[tuple[str, str]] = set()
+"""Refusals said in this process: once per origin and folder, not once per batch."""
+
+
+def _rows_mapped(dataset: Any) -> int | None:
+    """How many rows the map runs in this process (a ``num_proc`` worker maps its shard),
+    where known: the size its engine is laid out for, as a job's is."""
+    rows = getattr(dataset, "num_rows", None)
+    return rows if isinstance(rows, int) else None
+
+
+def _named_path(cell: Any) -> str:
+    path = cell.get("path") if isinstance(cell, dict) else cell
+    return os.path.abspath(str(path))
 
 
 def _hash_by_fingerprint() -> None:

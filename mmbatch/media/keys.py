@@ -17,10 +17,15 @@ requests that use it, and only those: they come back as failure ``Result``s.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
+
+import xxhash
 
 from mmbatch.errors import ItemFailure, MediaError
 from mmbatch.media.decode import (
@@ -82,6 +87,8 @@ class Keyer:
         """Picture files being read by one reader thread, for the others to wait on."""
         self._indices: dict[str, VideoIndex] = {}
         """Videos' indices: the clips cut from one video are keyed one request at a time."""
+        self._spill: str | None = None
+        """Where videos and audio held in memory are written to be decoded (``_spilled``)."""
 
     def key(self, requests: Sequence[Request]) -> KeyedUnit:
         """Key every request of ``requests`` (a request already failed by its source is a
@@ -118,7 +125,9 @@ class Keyer:
         frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]],
         unusable: dict[str, MediaError],
     ) -> str:
-        if ref.data is not None or ref.image is not None:
+        if ref.data is not None and ref.modality != "image":
+            ref = replace(ref, source=self._spilled(ref.data, unit), data=None)
+        elif ref.data is not None or ref.image is not None:
             return self._in_memory_image(ref, unit, jobs)
         if ref.source in unusable:
             raise unusable[ref.source]
@@ -186,7 +195,7 @@ class Keyer:
 
     def _in_memory_image(self, ref: MediaRef, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
         # Never remembered by name: in-memory items may share a label, not content.
-        if ref.modality != "image" or ref.part is not None:
+        if ref.part is not None:
             raise MediaError(
                 f"in-memory {ref.modality} input is not supported", stage="load", kind="unsupported"
             )
@@ -202,6 +211,26 @@ class Keyer:
             job = ImageJob(key, ref.data, options)
         jobs.setdefault(key, job)
         return key
+
+    def _spilled(self, data: bytes | memoryview, unit: KeyedUnit) -> str:
+        """A file holding ``data``, a video's or an audio's bytes held in memory (a datasets
+        ``Video(decode=False)`` cell): they are demuxed and decoded from a file, seeking
+        where they need, as a file named in the job is. Each distinct content is written
+        once, to a folder of this job's own that goes with it; its digest is known here."""
+        digest = xxhash.xxh3_128_digest(data)
+        with self._lock:
+            if self._spill is None:
+                self._spill = tempfile.mkdtemp(prefix="mmbatch-media-")
+                weakref.finalize(self, shutil.rmtree, self._spill, ignore_errors=True)
+            path = os.path.join(self._spill, digest.hex())
+            known = path in self._digests
+        if not known:
+            with open(path, "wb") as sink:
+                sink.write(data)
+            unit.bytes_read += len(data)
+            with self._lock:
+                _remember(self._digests, path, (digest, len(data)))
+        return path
 
     def _digest(self, ref: MediaRef, unit: KeyedUnit) -> bytes:
         source = ref.source

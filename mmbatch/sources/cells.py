@@ -10,11 +10,18 @@ a path cell that leads outside where the dataset may point (``mmbatch.sources.pa
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.errors import ItemFailure
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import MediaRef, Modality
+
+if TYPE_CHECKING:
+    import datasets
+
+ROWS_PER_READ = 1024
+"""Rows taken from the Arrow data at a time while reading a dataset's media column."""
 
 
 class BadCell(ItemFailure):
@@ -70,3 +77,45 @@ def _is_pil_image(value: Any) -> bool:
     return any(
         cls.__module__.startswith("PIL.") and cls.__name__ == "Image" for cls in type(value).__mro__
     )
+
+
+def column_cells(dataset: datasets.Dataset, column: str) -> Iterator[Any]:
+    """The column's cells, read from the Arrow data without decoding or copying: media
+    bytes come as memoryviews into the (memory-mapped) Arrow buffers."""
+    import pyarrow as pa
+
+    for table in dataset.select_columns([column]).with_format("arrow").iter(ROWS_PER_READ):
+        for chunk in table.column(0).chunks:
+            kind = chunk.type
+            if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+                children = dict(zip([f.name for f in kind], chunk.flatten(), strict=True))
+                data = _binary_views(children["bytes"])
+                paths = children["path"].to_pylist() if "path" in children else [None] * len(chunk)
+                present = chunk.is_valid().to_pylist()
+                for cell_present, cell_data, path in zip(present, data, paths, strict=True):
+                    yield {"bytes": cell_data, "path": path} if cell_present else None
+            elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+                yield from _binary_views(chunk)
+            else:
+                yield from chunk.to_pylist()
+
+
+def _binary_views(array: Any) -> list[memoryview | None]:
+    """Each value of a binary Arrow array as a view into its data buffer (Arrow's scalars
+    would copy every value)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if pa.types.is_null(array.type):  # a column of no bytes at all, typed as nothing
+        return [None] * len(array)
+    _, offsets_buffer, data_buffer = array.buffers()[:3]
+    width = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    data = memoryview(data_buffer if data_buffer is not None else b"").cast("B")
+    present = array.is_valid().to_pylist()
+    return [
+        data[int(offsets[i]) : int(offsets[i + 1])] if present[i] else None
+        for i in range(len(array))
+    ]

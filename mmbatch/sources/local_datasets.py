@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from mmbatch.errors import ItemFailure, SourceError
-from mmbatch.sources.cells import media_ref
+from mmbatch.sources.cells import ROWS_PER_READ, column_cells, media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import ItemError, MediaRef, Request
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 DatasetFormat = Literal["disk", "parquet", "imagefolder", "webdataset"]
 IMAGE_FOLDER_METADATA = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
-ROWS_PER_READ = 1024
-"""Rows taken from the Arrow data at a time while listing a dataset's media."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ def _rows(
     ids = dataset[spec.id_column] if spec.id_column else None
     folder = str(Path(spec.path) if Path(spec.path).is_dir() else Path(spec.path).parent)
     rows: list[tuple[str, MediaRef | ItemFailure]] = []
-    for index, cell in enumerate(_cells(dataset, column)):
+    for index, cell in enumerate(column_cells(dataset, column)):
         row_id = str(ids[index]) if ids is not None else str(index)
         try:
             label = f"{spec.path}#{index}"
@@ -182,46 +180,6 @@ def _rows(
         except ItemFailure as exc:
             rows.append((row_id, exc))
     return rows
-
-
-def _cells(dataset: datasets.Dataset, column: str) -> Iterator[Any]:
-    """The column's cells, read from the Arrow data without decoding or copying: media
-    bytes come as memoryviews into the (memory-mapped) Arrow buffers."""
-    import pyarrow as pa
-
-    for table in dataset.select_columns([column]).with_format("arrow").iter(ROWS_PER_READ):
-        for chunk in table.column(0).chunks:
-            kind = chunk.type
-            if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
-                children = dict(zip([f.name for f in kind], chunk.flatten(), strict=True))
-                data = _binary_views(children["bytes"])
-                paths = children["path"].to_pylist() if "path" in children else [None] * len(chunk)
-                present = chunk.is_valid().to_pylist()
-                for cell_present, cell_data, path in zip(present, data, paths, strict=True):
-                    yield {"bytes": cell_data, "path": path} if cell_present else None
-            elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-                yield from _binary_views(chunk)
-            else:
-                yield from chunk.to_pylist()
-
-
-def _binary_views(array: Any) -> list[memoryview | None]:
-    """Each value of a binary Arrow array as a view into its data buffer (Arrow's scalars
-    would copy every value)."""
-    import numpy as np
-    import pyarrow as pa
-
-    _, offsets_buffer, data_buffer = array.buffers()[:3]
-    width = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-    offsets = np.frombuffer(offsets_buffer, dtype=width)[
-        array.offset : array.offset + len(array) + 1
-    ]
-    data = memoryview(data_buffer if data_buffer is not None else b"").cast("B")
-    present = array.is_valid().to_pylist()
-    return [
-        data[int(offsets[i]) : int(offsets[i + 1])] if present[i] else None
-        for i in range(len(array))
-    ]
 
 
 def _load(spec: DatasetInput) -> Any:

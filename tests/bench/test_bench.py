@@ -205,6 +205,40 @@ def test_whole_processes_are_timed_from_the_command_to_its_exit(
     assert "whole k2_over_naive_3 =" in stdout
 
 
+@pytest.mark.slow
+def test_the_datasets_sides_are_whole_processes_over_one_imagefolder(
+    tiny_vl_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--modes ds-naive,ds-map,ds-whole``: a naive ``Dataset.map`` calling ``LLM.chat``,
+    ``ds.map(DatasetMap(...))`` and ``run_dataset`` over the same pictures as an
+    ``imagefolder``, each a process of its own, timed and compared with the naive map."""
+    from mmbatch.cli import main
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    out = tmp_path / "report.json"
+    argv = ["bench", "--model", str(tiny_vl_model), "--workloads", ""]
+    argv += ["--modes", "ds-naive,ds-map,ds-whole", "--whole", "2", "--whole-repeats", "1"]
+    argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
+    argv += ["--work-dir", str(tmp_path / "work")]
+    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
+        argv += ["--engine-arg", arg]
+    assert main(argv) == 0
+    whole = json.loads(out.read_text())["whole_process"]
+    assert [r["mode"] for r in whole["runs"]] == ["ds-naive", "ds-map", "ds-whole"]
+    for run in whole["runs"]:
+        assert (run["rows"], run["failed"]) == (2, 0), run
+        assert run["startup_s"] > 0, run
+        assert run["work_s"] > 0, run
+    assert set(whole) == {
+        "runs",
+        "ratio_ds-map_over_ds-naive_2",
+        "ratio_ds-whole_over_ds-naive_2",
+    }
+    # The whole-dataset face ran the rows as one job, with its summary beside them.
+    [summary] = list((tmp_path / "work").rglob("rows.jsonl.summary.json"))
+    assert json.loads(summary.read_text())["stats"]["total"] == 2
+
+
 def test_cpu_monitor_counts_this_process_and_its_children() -> None:
     from mmbatch.bench.monitor import CpuMonitor
 

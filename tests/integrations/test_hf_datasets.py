@@ -15,7 +15,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -123,20 +122,6 @@ def engine_environment(batch: dict, rank: int | None, engine_kwargs: dict) -> di
     except ConfigError as exc:
         outcome = str(exc)
     return {"outcome": [outcome] * len(batch["x"])}
-
-
-@pytest.fixture
-def environ_kept() -> Iterator[None]:
-    """``os.environ`` as it was, put back after the test. datasets' ``map(num_proc=...)``
-    ends by putting back a copy of ``os.environ`` taken as it started (``os.environ =
-    prev_env``), so ``monkeypatch``'s undo writes into the object it replaced: without this,
-    every later test lost the ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` taken away here, and each
-    engine after it ran vLLM's engine core in a process of its own (slower to start, and the
-    shared memory it makes outlived Ray's actors then)."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def test_num_proc_workers_get_a_gpu_each_and_an_in_process_engine(
