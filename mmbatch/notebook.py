@@ -22,7 +22,7 @@ from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.engine.vllm import VLLMEngine
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, media_per_prompt, run_in_memory
-from mmbatch.media.options import ImageOptions, MediaOptions
+from mmbatch.media.options import MediaOptions
 from mmbatch.pipeline import RunConfig, close_pipeline
 from mmbatch.sources import DEFAULT_PROMPT
 from mmbatch.sources.mixed_media import Takes, list_media, media_requests, modality_of
@@ -49,33 +49,32 @@ def load_engine(
 def caption(
     inputs: Any,
     *,
-    model: str | None = None,
+    model: str | EngineConfig | None = None,
     engine: Engine | None = None,
     prompt: str = DEFAULT_PROMPT,
     system: str | None = None,
     sampling: Sampling | None = None,
-    max_pixels: int | None = None,
-    engine_kwargs: Mapping[str, Any] | None = None,
-    progress: bool = True,
-    vllm_log: VllmLog = "auto",
+    media: MediaOptions | None = None,
+    run: RunConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One row per item of ``inputs``, in input order: ``text`` and ``error`` (None, or
     what went wrong with that item), and the fields of ``mmbatch caption``'s rows.
 
     ``inputs`` is one input or a list of them: a path (a file, a folder, a glob or a
     manifest; videos are captioned whole, audio in windows), a PIL image, or an image
-    file's bytes. Run on ``engine``, or on a new engine for ``model`` (``engine_kwargs``
-    for ``vllm.LLM``, its log to ``vllm_log`` as ``load_engine`` says), closed again
-    before this returns."""
+    file's bytes. Run on ``engine``, or on a new engine for ``model`` (a name, with vLLM's
+    log in a file of its own as ``load_engine`` puts it; or an ``EngineConfig``, with its
+    ``vllm.LLM`` arguments and its ``log_file``), closed again before this returns.
+    ``media``: how media are decoded (``ImageOptions(max_pixels=...)``); ``run``: the
+    progress bar, decode workers and media memory."""
     if (engine is None) == (model is None):
         raise ConfigError("caption() takes a model or an engine (load_engine(model))")
-    if engine is not None:
-        config: EngineConfig | None = getattr(engine, "config", None)
-    else:
-        config = EngineConfig(str(model), engine_kwargs or {})
+    if isinstance(model, str):
+        model = EngineConfig(model, {}, library_log_file("auto"))
+    config: EngineConfig | None = model if model is not None else getattr(engine, "config", None)
     requests = _requests(_as_list(inputs), prompt, system, config)
-    job = Job(requests, sampling or Sampling(), MediaOptions(image=ImageOptions(max_pixels)))
-    run = RunConfig(progress=progress)
+    job = Job(requests, sampling or Sampling(), media or MediaOptions())
+    run = run or RunConfig()
     if engine is not None:
         on_close = getattr(engine, "on_close", None)  # the pipeline kept for it goes with it
         if on_close is not None:
@@ -83,8 +82,9 @@ def caption(
         rows, _ = run_in_memory(job, engine, run)
         return rows
     assert model is not None
-    media = media_per_prompt(requests)
-    with load_engine(model, media=media, vllm_log=vllm_log, **dict(engine_kwargs or {})) as own:
+    from mmbatch.engine.builder import start_engine
+
+    with start_engine(model, media_per_prompt(requests)) as own:
         return run_in_memory(job, own, run)[0]
 
 

@@ -17,6 +17,7 @@ import mmbatch
 from mmbatch.errors import ConfigError
 
 SCRIPT = SCRIPTS / "notebook_session.py"
+QUIET = mmbatch.RunConfig(progress=False)
 VLLM_LINE = re.compile(r"\b(INFO|WARNING|DEBUG) (\d{4}-)?\d\d-\d\d \d\d:\d\d")
 """A line of vLLM's log, as it prints it (and as its log file has it, with the year)."""
 
@@ -37,7 +38,7 @@ def test_caption_takes_paths_pictures_and_bytes_and_keeps_their_order(
     with Image.open(samples / "checkerboard.png") as opened:
         board = opened.copy()
     inputs = [sunset.read_bytes(), str(folder), board, sunset, str(samples / "truncated.jpg")]
-    rows = mmbatch.caption(inputs, engine=FakeEngine(), prompt="Q?", progress=False)
+    rows = mmbatch.caption(inputs, engine=FakeEngine(), prompt="Q?", run=QUIET)
     assert [row["id"] for row in rows] == [
         "#0",
         str(folder / "a.jpg"),
@@ -52,7 +53,7 @@ def test_caption_takes_paths_pictures_and_bytes_and_keeps_their_order(
     # The same bytes, in memory and in two files: one content key.
     assert rows[0]["media_hash"] == rows[1]["media_hash"] == rows[4]["media_hash"]
     assert rows[5]["error"]["stage"] == "decode"
-    one = mmbatch.caption(str(sunset), engine=FakeEngine(), progress=False)
+    one = mmbatch.caption(str(sunset), engine=FakeEngine(), run=QUIET)
     assert [row["id"] for row in one] == [str(sunset)]
 
 

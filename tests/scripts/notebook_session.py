@@ -10,6 +10,7 @@ import weakref
 from PIL import Image
 
 import mmbatch
+from mmbatch.engine.logs import library_log_file
 
 
 def main(model: str, samples: str) -> None:
@@ -19,15 +20,15 @@ def main(model: str, samples: str) -> None:
     with open(sunset, "rb") as handle:
         sunset_bytes = handle.read()
     board = Image.open(f"{samples}/checkerboard.png")
+    quiet = mmbatch.RunConfig(progress=False)
     rows = mmbatch.caption(
         [sunset, board, sunset_bytes],
-        model=model,
-        engine_kwargs=kwargs,
+        model=mmbatch.EngineConfig(model, kwargs, log_file=library_log_file()),
         sampling=sampling,
-        progress=False,
+        run=quiet,
     )
     with mmbatch.load_engine(model, **kwargs) as engine:
-        again = mmbatch.caption(sunset, engine=engine, sampling=sampling, progress=False)
+        again = mmbatch.caption(sunset, engine=engine, sampling=sampling, run=quiet)
         # What holds the model and its KV cache: vLLM's LLM and its engine.
         held = [weakref.ref(engine.llm), weakref.ref(engine.llm.llm_engine)]
     gc.collect()
