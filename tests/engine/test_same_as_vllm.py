@@ -90,7 +90,7 @@ def vllm_texts(uncached_vl_engine, pictures: list[Path]) -> dict[tuple[str, int]
 def test_captions_cut_at_any_length_are_vllms_text(  # type: ignore[no-untyped-def]
     uncached_vl_engine, pictures: list[Path], vllm_texts: dict[tuple[str, int], str]
 ) -> None:
-    from mmbatch import caption
+    from mmbatch import RunConfig, caption
 
     differ = []
     for picture in pictures:
@@ -100,7 +100,7 @@ def test_captions_cut_at_any_length_are_vllms_text(  # type: ignore[no-untyped-d
                 engine=uncached_vl_engine,
                 prompt=PROMPT,
                 sampling=Sampling(max_tokens=k),
-                progress=False,
+                run=RunConfig(progress=False),
             )
             assert row["error"] is None
             if row["text"] != vllm_texts[picture.name, k]:
