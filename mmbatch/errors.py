@@ -4,10 +4,13 @@
     ├── ConfigError          bad settings, arguments or model directory: fix and rerun
     ├── SourceError          the inputs cannot be listed (missing path, malformed manifest)
     ├── OutputError          the output cannot be written (read-only folder, full disk)
+    ├── StorageError         object storage refused the job (no bucket, no credentials, denied)
     ├── ItemFailure          one item cannot be processed; becomes an error row, the job goes on
     │   ├── MediaError       unreadable, corrupt or unsupported media (stage "load"/"decode")
     │   └── RequestRejected  the engine refused this one request (stage "validate")
     └── FatalEngineError     the engine itself is gone: stop the job loudly, progress saved
+        ├── DecodersFailed       the decode worker processes cannot run here
+        └── StorageUnavailable   the object store cannot be reached (after retries)
 
 Only ``ItemFailure`` is ever turned into data; everything else propagates. Each item failure
 carries a ``kind`` (see ``mmbatch.types.FailureKind``) besides its stage, so that the summary
@@ -34,6 +37,12 @@ class SourceError(MmbatchError):
 class OutputError(MmbatchError):
     """A file of the job's output cannot be written; the rows already written are kept, and
     the same command resumes once the cause (permissions, space) is fixed."""
+
+
+class StorageError(MmbatchError):
+    """Object storage refused what the job asked of it as a whole: a bucket or prefix that
+    does not exist, no credentials, access denied, no file system for the URL's protocol.
+    One item's object that cannot be read is that item's ``MediaError`` instead."""
 
 
 class ItemFailure(MmbatchError):
@@ -74,3 +83,9 @@ class DecodersFailed(FatalEngineError):
     """The decode worker processes cannot run here. The engine itself is well: what it holds
     of the job is aborted rather than left to finish for nobody (a shared engine serves the
     next caller)."""
+
+
+class StorageUnavailable(FatalEngineError):
+    """The object store the job reads or writes cannot be reached, after retries (its server
+    stopped, the network gone). The engine itself is well; the job stops, its rows saved, and
+    the same command resumes once the store is back."""

@@ -35,6 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +43,13 @@ from tqdm import tqdm
 
 from mmbatch import planner
 from mmbatch.engine.base import Engine
-from mmbatch.errors import ConfigError, DecodersFailed, FatalEngineError, RequestRejected
+from mmbatch.errors import (
+    ConfigError,
+    DecodersFailed,
+    FatalEngineError,
+    RequestRejected,
+    StorageUnavailable,
+)
 from mmbatch.media.feeder import Feeder, Ready
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.clock import milestone
@@ -466,7 +473,9 @@ class Pipeline:
     def _die(self, exc: BaseException) -> None:
         with self._lock:
             self._dead = exc
-        engine_dead = isinstance(exc, FatalEngineError) and not isinstance(exc, DecodersFailed)
+        engine_dead = isinstance(exc, FatalEngineError) and not isinstance(
+            exc, (DecodersFailed, StorageUnavailable)
+        )
         if self._in_flight and not engine_dead:
             # The engine lives on (a shared one serves the next caller): what this pipeline
             # left in it would come back to nobody.
@@ -478,7 +487,10 @@ class Pipeline:
             self._accept()
         for submission in list(self._open.values()):
             self._repeats.forget(submission.tag)
-            submission.sink.flush()
+            # What stopped the job is said; a sink that cannot flush now (its storage gone
+            # with the rest) must not leave the submission waiting forever.
+            with suppress(Exception):
+                submission.sink.flush()
             submission.finish(exc)
         self._open.clear()
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from repo_paths import SAMPLES
+from s3_server import Bucket, S3Server
 
 
 @pytest.fixture(scope="session")
@@ -84,3 +85,22 @@ def environ_kept() -> Iterator[None]:
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """The tests' S3 API server (moto's server mode over HTTP), started once."""
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> Bucket:
+    """A bucket of this test's own, and the standard AWS environment pointing at the server
+    (put back after the test)."""
+    import uuid
+
+    for key, value in s3_server.environment().items():
+        monkeypatch.setenv(key, value)
+    return Bucket(s3_server, f"test-{uuid.uuid4().hex[:12]}")

@@ -24,9 +24,12 @@ from typing import NamedTuple
 import pytest
 from repo_paths import PACKAGE
 
-BASE = frozenset({"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard"})
+BASE = frozenset(
+    {"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard", "storage"}
+)
 """The leaves every stage uses: the values that flow, the exception tree, JSON lines, the
-whole-job plan, helper processes' lifetime, validation messages, the main-guard check."""
+whole-job plan, helper processes' lifetime, validation messages, the main-guard check, and
+object storage (URLs and the file systems behind them)."""
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "types": frozenset(),
@@ -36,6 +39,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "lifetime": frozenset({"types", "errors"}),
     "validation": frozenset({"types", "errors"}),
     "mainguard": frozenset({"types", "errors"}),
+    # Sources and outputs ask it for every URL; it knows nothing of what they hold.
+    "storage": frozenset({"types", "errors"}),
     # Stages: reading media and writing rows know nothing of each other, of where requests
     # come from, or of the engine.
     "media": BASE,

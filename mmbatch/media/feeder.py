@@ -239,6 +239,8 @@ class Feeder:
     def _keyed(self, unit: _Unit, future: Future[KeyedUnit]) -> None:
         try:
             keyed = future.result()
+        except FatalEngineError:  # storage that cannot be reached: the job stops, loudly
+            raise
         except Exception as exc:  # a reader bug: the unit's requests fail, the job goes on
             message = f"reading failed: {type(exc).__name__}: {exc}"
             keyed = KeyedUnit(
