@@ -41,28 +41,37 @@ def read_objects(path: str | Path, end: int | None = None) -> Iterator[tuple[int
         handle = Path(path).open("rb")  # noqa: SIM115 (closed by the with below)
     except OSError as exc:
         raise JsonlError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    offset = 0
     with handle:
-        for line_no, line in enumerate(handle, start=1):
-            offset += len(line)
-            if end is not None and offset > end:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except UnicodeDecodeError as exc:
-                raise JsonlError(
-                    f"{path}:{line_no}: not UTF-8 text (byte 0x{line[exc.start]:02x} at column "
-                    f"{exc.start + 1}); save the file as UTF-8"
-                ) from None
-            except ValueError as exc:
-                raise JsonlError(f"{path}:{line_no}: not valid JSON ({exc})") from None
-            except RecursionError:  # thousands of nested [ or {: no row is shaped so
-                raise JsonlError(f"{path}:{line_no}: JSON nested too deeply to read") from None
-            if not isinstance(row, dict):
-                raise JsonlError(f"{path}:{line_no}: expected a JSON object, got {row!r}")
-            yield line_no, row
+        yield from objects_in(handle, str(path), end)
+
+
+def objects_in(
+    lines: Iterable[bytes], name: str, end: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``read_objects`` over ``lines`` already at hand (an object read from storage),
+    named ``name`` in what is said of them."""
+    path = name
+    offset = 0
+    for line_no, line in enumerate(lines, start=1):
+        offset += len(line)
+        if end is not None and offset > end:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except UnicodeDecodeError as exc:
+            raise JsonlError(
+                f"{path}:{line_no}: not UTF-8 text (byte 0x{line[exc.start]:02x} at column "
+                f"{exc.start + 1}); save the file as UTF-8"
+            ) from None
+        except ValueError as exc:
+            raise JsonlError(f"{path}:{line_no}: not valid JSON ({exc})") from None
+        except RecursionError:  # thousands of nested [ or {: no row is shaped so
+            raise JsonlError(f"{path}:{line_no}: JSON nested too deeply to read") from None
+        if not isinstance(row, dict):
+            raise JsonlError(f"{path}:{line_no}: expected a JSON object, got {row!r}")
+        yield line_no, row
 
 
 def encode_line(row: Mapping[str, Any]) -> bytes:

@@ -263,7 +263,8 @@ def add_local_path_options(group: argparse._ActionsContainer) -> None:
         default=[],
         metavar="DIR",
         help="paths named inside an input (manifest, batch file, dataset) may also lead into "
-        "DIR; repeatable (default: only into the input's own folder)",
+        "DIR, a folder or a storage prefix (s3://bucket/prefix); repeatable (default: only "
+        "into the input's own folder or prefix)",
     )
     group.add_argument(
         "--allow-outside-root",

@@ -10,7 +10,12 @@ the pin, so a symlink swapped in since the inputs were listed is not read. A rea
 in bytes (``DEFAULT_MAX_FILE_BYTES``): a size the file system reports can be wrong
 (``/proc`` files say 0), the bytes read cannot.
 
-URLs are off by default: a manifest is data from somewhere else, and fetching whatever it
+A storage URL (``s3://``, ``gs://``, ``hf://``: ``mmbatch.storage``) is read through its file
+system, bounded the same way (one ranged read of at most the limit), retried and timed out
+there; it needs no ``--allow-urls``: what a manifest may name in storage is the path rule's
+matter (``mmbatch.sources.paths``), as for local paths.
+
+http(s) URLs are off by default: a manifest is data from somewhere else, and fetching whatever it
 names would let it make this machine send requests (to internal services, say) and pull
 unbounded amounts of data. With ``UrlPolicy`` given, a fetch is bounded in bytes (checked
 while reading, not trusted from Content-Length) and in time (per socket operation and in
@@ -26,6 +31,8 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
+from mmbatch.storage.objects import read_object
+from mmbatch.storage.urls import is_storage_url
 from mmbatch.types import FileId
 
 URL_SCHEMES = ("http://", "https://")
@@ -63,9 +70,12 @@ def read_source(
     pinned: FileId | None = None,
 ) -> bytes:
     """The bytes of ``source`` (at most ``max_bytes`` of a local file, which must be the file
-    ``pinned`` when given), or ``MediaError`` saying why they cannot be had."""
+    ``pinned`` when given, or of an object in storage), or ``MediaError`` saying why they
+    cannot be had."""
     if not is_url(source):
         return read_file(source, max_bytes, pinned)[0]
+    if is_storage_url(source):
+        return read_object(source, max_bytes)
     if urls is None:
         raise MediaError(
             f"{source!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",

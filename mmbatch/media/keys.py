@@ -45,6 +45,8 @@ from mmbatch.media.hashing import file_digest, media_key
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.limits import PromptLimits
 from mmbatch.media.options import MediaOptions
+from mmbatch.storage.objects import local_copy
+from mmbatch.storage.urls import is_storage_url
 from mmbatch.types import ClipSpan, FrameAt, LoadedRequest, MediaRef, Request, Result, TimeSpan
 
 if TYPE_CHECKING:
@@ -129,9 +131,11 @@ class Keyer:
             ref = replace(ref, source=self._spilled(ref.data, unit), data=None)
         elif ref.data is not None or ref.image is not None:
             return self._in_memory_image(ref, unit, jobs)
-        if ref.source in unusable:
-            raise unusable[ref.source]
+        source = ref.source
+        if source in unusable:
+            raise unusable[source]
         try:
+            ref = _from_a_file(ref)
             if ref.modality == "image" and ref.part is None:
                 return self._image(ref, unit, jobs)
             if ref.modality == "image" and isinstance(ref.part, FrameAt):
@@ -142,7 +146,7 @@ class Keyer:
                 return self._audio(ref, ref.part, unit, jobs)
         except MediaError as exc:
             if exc.stage == "load":  # the file itself is unusable: so is every ref to it
-                unusable[ref.source] = exc
+                unusable[source] = exc
             raise
         raise MediaError(
             f"cannot load {ref.modality} from {ref.part!r}", stage="load", kind="unsupported"
@@ -304,6 +308,16 @@ class Keyer:
         key = media_key("audio", self._digest(ref, unit), audio_token(span, options))
         jobs.setdefault(key, AudioJob(key, ref.source, span, options, ref.pinned))
         return key
+
+
+def _from_a_file(ref: MediaRef) -> MediaRef:
+    """``ref``, read from a local file where its media are decoded from one (a video's
+    frames and clips, audio): an object in storage is copied to one first, once per process
+    (``local_copy``), and keyed and decoded from it as a local file is. A whole picture is
+    read into memory straight from storage."""
+    if not is_storage_url(ref.source) or (ref.modality == "image" and ref.part is None):
+        return ref
+    return replace(ref, source=local_copy(ref.source))
 
 
 FileState: TypeAlias = "tuple[int, int, int, int, int]"

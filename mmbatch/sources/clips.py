@@ -128,7 +128,7 @@ def cut_videos(
         try:
             file.check_allowed()
             index = index_of_video(file, options.max_source_pixels)
-            return _cut(file.path, index, split)
+            return _cut(file.local_file(), index, split)
         except ItemFailure as exc:  # a path refused, a file that is no video
             return exc
 

@@ -24,12 +24,21 @@ job allowed), and its URLs are refused unless ``SourcePolicy.allow_urls``. Both 
 here, before any work starts, and either refusal is that row's error (stage ``source``, kind
 ``not_allowed``): the rest of the job goes on. A URL named on the command line without
 ``allow_urls`` is the job's mistake, said before anything runs.
+
+Storage URLs (``s3://``, ``gs://``, ``hf://``: ``mmbatch.storage``) are inputs like paths, and
+need no ``allow_urls``: a prefix is walked as a folder is (every object under it, sorted,
+hidden names passed over), a pattern matched, a manifest read, an object taken as named; a
+bucket or prefix that does not exist, or that the credentials cannot list, is the job's
+mistake, said before anything runs. A storage URL named inside a manifest follows the path
+rule for URLs (``mmbatch.sources.paths``), as a manifest in storage's relative paths do.
+Listing reads no media: the objects are read by the loader, beside the engine.
 """
 
 from __future__ import annotations
 
 import csv
 import glob
+import io
 import itertools
 import json
 import os
@@ -37,14 +46,23 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, TypeAlias
+from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
 
 from mmbatch.errors import ItemFailure, MediaError, SourceError
-from mmbatch.jsonl import JsonlError, printable, read_objects
+from mmbatch.jsonl import JsonlError, objects_in, printable, read_objects
 from mmbatch.media.fetch import is_url, unreadable
 from mmbatch.output.rows import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.paths import LocalPaths, PathNotAllowed
+from mmbatch.storage.objects import (
+    file_system,
+    glob_objects,
+    kind_of,
+    list_objects,
+    local_copy,
+    read_whole,
+)
+from mmbatch.storage.urls import is_storage_url, parent, shown
 from mmbatch.types import (
     ClipSpan,
     FileId,
@@ -102,6 +120,12 @@ class InputFile:
         if self.refused is not None:
             raise MediaError(self.refused.message, self.refused.stage, self.refused.kind)
 
+    def local_file(self) -> str:
+        """Where this file's bytes open as a file, for a caller that reads it while listing
+        (a video's index, an audio file's length): its path, or for an object in storage a
+        local copy of it (made once per process; the loader decodes from the same copy)."""
+        return local_copy(self.path) if is_storage_url(self.path) else self.path
+
     def ref(
         self, modality: Modality, part: FrameAt | TimeSpan | ClipSpan | None = None
     ) -> MediaRef:
@@ -118,6 +142,7 @@ class _Listed(NamedTuple):
     columns: tuple[tuple[str, Any], ...] = ()
     refused: ItemError | None = None
     pinned: FileId | None = None
+    walked: bool = False
 
 
 def list_inputs(
@@ -134,7 +159,6 @@ def list_inputs(
     seen: dict[str, str] = {}  # id -> the path it was first given to
     log = log if log is not None else ListingLog()
     for raw in inputs:
-        walked = Path(raw).is_dir() or (not Path(raw).exists() and glob.has_magic(raw))
         for listed in _expand([raw], suffixes, policy, log):
             # An id is text in every output, so a file name that is not UTF-8 becomes an id
             # with its odd bytes escaped (the path itself stays the one that opens the file).
@@ -149,7 +173,7 @@ def list_inputs(
                     item_id,
                     path,
                     listed.prompt,
-                    walked,
+                    listed.walked,
                     listed.columns,
                     listed.refused,
                     listed.pinned,
@@ -199,7 +223,9 @@ def _expand(
     taken = _taken(suffixes)
     for raw in inputs:
         path = Path(raw)
-        if is_url(raw):
+        if is_storage_url(raw):
+            yield from _expand_url(raw, taken, policy, log, kinds)
+        elif is_url(raw):
             _check_url(raw, "input", policy)
             yield _Listed(raw, raw)
         elif path.is_dir():
@@ -221,9 +247,51 @@ def _expand(
             if not files:
                 raise SourceError(f"the pattern {raw!r} matches no {kinds}")
             for file in files:
-                yield from _admitted(file, _pattern_folder(raw), policy.paths, log)
+                for listed in _admitted(file, _pattern_folder(raw), policy.paths, log):
+                    yield listed._replace(walked=True)
         else:
             raise SourceError(f"input {raw!r} does not exist")
+
+
+def _expand_url(
+    url: str, taken: frozenset[str], policy: SourcePolicy, log: ListingLog, kinds: str
+) -> Iterator[_Listed]:
+    """A storage URL named as an input: a pattern's objects, a prefix walked, a manifest
+    read, or one object taken as named (whatever its suffix, as a file named is)."""
+    if glob.has_magic(url):
+        found = [u for u in glob_objects(url) if _taken_object(u, url, taken, log)]
+        if not found:
+            raise SourceError(f"the pattern {shown(url)!r} matches no {kinds}")
+        yield from (_Listed(u, u, walked=True) for u in found)
+        return
+    kind = kind_of(url)
+    if kind is None:
+        raise SourceError(f"input {shown(url)!r} does not exist")
+    if kind == "folder":
+        found = [u for u in list_objects(url) if _taken_object(u, url, taken, log)]
+        yield from (_Listed(u, u, walked=True) for u in found)
+    elif Path(url).suffix.lower() in MANIFEST_SUFFIXES:
+        yield from _read_manifest(url, policy)
+    else:
+        yield _Listed(url, url)
+
+
+def _taken_object(url: str, root: str, taken: frozenset[str], log: ListingLog) -> bool:
+    """Whether a walk of the prefix ``root`` takes the object ``url``: not hidden (no name
+    on its way down from ``root`` starting with a dot), and of a suffix ``taken``; what it
+    passes over is counted in ``log``."""
+    names = url[len(root.rstrip("/")) + 1 :].split("/") if url.startswith(root) else [url]
+    if any(name.startswith(".") for name in names[:-1]):
+        log.skip("hidden folders (not walked)")
+        return False
+    if names[-1].startswith("."):
+        log.skip("hidden files")
+        return False
+    suffix = Path(names[-1]).suffix.lower()
+    if suffix not in taken:
+        log.skip(_passed_over(suffix))
+        return False
+    return True
 
 
 SKIP_HINTS = {
@@ -280,7 +348,8 @@ def _walk(
             else:
                 log.skip(_passed_over(suffix))
     for file in found:
-        yield from _admitted(file, str(root), paths, log)
+        for listed in _admitted(file, str(root), paths, log):
+            yield listed._replace(walked=True)
 
 
 LINKED_OUT = (
@@ -320,7 +389,11 @@ def _pattern_folder(pattern: str) -> str:
     return str(Path(*fixed)) if fixed else "."
 
 
-def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[_Listed]:
+def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_Listed]:
+    """A manifest's rows, each path held to the rule (relative to the manifest's folder, or
+    to its prefix for a manifest in storage)."""
+    in_storage = is_storage_url(str(manifest))
+    folder = parent(str(manifest)) if in_storage else str(Path(manifest).parent)
     for line_no, row in _manifest_rows(manifest):
         where = f"{manifest}:{line_no}"
         raw_path = row.get("path")
@@ -337,18 +410,26 @@ def _read_manifest(manifest: Path, policy: SourcePolicy) -> Iterator[_Listed]:
         kept = input_columns(row, policy.keep_columns, _MANIFEST_FIELDS)
         if prompt is not None and not isinstance(prompt, str):
             raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
-        if is_url(raw_path) and raw_path[:7].lower() != "file://":
+        if _fetched(raw_path):
             # A manifest's URL is its row's matter, as a path out of its folder is.
             refused = None if policy.allow_urls else _url_refused(raw_path, where)
             yield _Listed(str(item_id), raw_path, prompt or None, kept, refused)
             continue
         try:
-            path, pinned = policy.paths.resolve(raw_path, str(manifest.parent), where)
+            path, pinned = policy.paths.resolve(raw_path, folder, where)
         except ItemFailure as exc:  # refused by the rule, or naming no file
             refused = ItemError(exc.stage, str(exc), exc.kind)
             yield _Listed(str(item_id), raw_path, prompt or None, kept, refused)
             continue
+        if is_storage_url(path):
+            file_system(path)  # a store this machine cannot read is said now, not per row
         yield _Listed(str(item_id), path, prompt or None, kept, pinned=pinned)
+
+
+def _fetched(path: str) -> bool:
+    """Whether a manifest's ``path`` is a URL fetched with ``--allow-urls`` (http, https),
+    rather than a path or a storage URL, which the path rule holds."""
+    return is_url(path) and not is_storage_url(path) and path[:7].lower() != "file://"
 
 
 _MANIFEST_FIELDS = frozenset({"path", "id", "prompt"})
@@ -394,15 +475,24 @@ def _url_refused(url: str, where: str) -> ItemError:
     )
 
 
-def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    if manifest.suffix.lower() != ".csv":
+def _manifest_rows(manifest: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    in_storage = is_storage_url(str(manifest))
+    name = shown(str(manifest)) if in_storage else str(manifest)
+    if Path(manifest).suffix.lower() != ".csv":
         try:
-            yield from read_objects(manifest)
+            if in_storage:
+                yield from objects_in(io.BytesIO(read_whole(str(manifest))), name)
+            else:
+                yield from read_objects(manifest)
         except JsonlError as exc:
             raise SourceError(str(exc)) from None
         return
-    with manifest.open("rb") as handle:
-        reader = csv.DictReader(_text_lines(handle, manifest))
+    if in_storage:
+        opened: BinaryIO = io.BytesIO(read_whole(str(manifest)))
+    else:
+        opened = Path(manifest).open("rb")  # noqa: SIM115 (closed by the with below)
+    with opened as handle:
+        reader = csv.DictReader(_text_lines(handle, name))
         try:
             for row in reader:
                 yield reader.line_num, {k: v for k, v in row.items() if v not in (None, "")}
@@ -410,7 +500,7 @@ def _manifest_rows(manifest: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             raise SourceError(f"{manifest}:{reader.line_num}: not valid CSV ({exc})") from None
 
 
-def _text_lines(lines: Iterable[bytes], manifest: Path) -> Iterator[str]:
+def _text_lines(lines: Iterable[bytes], manifest: str) -> Iterator[str]:
     """The lines of a CSV manifest as text: UTF-8, without the byte-order mark Excel puts
     first (else it would be part of the first column's name); a line that is not UTF-8 is a
     ``SourceError`` naming it."""

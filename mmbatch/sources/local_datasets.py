@@ -10,19 +10,31 @@ the row's index in the split (or the ``id_column``'s value), which is what outpu
 resume and the review gallery know an item by. A cell that holds a path rather than bytes is
 relative to the dataset's folder and must lead inside it, or into a folder the person running
 the job allowed (``mmbatch.sources.paths``); one that does not is its row's error.
+
+A dataset may be kept in storage (``s3://bucket/data/`` holding Parquet files or WebDataset
+shards, a ``save_to_disk`` folder, an imagefolder): datasets reads it through fsspec, the
+storage's own file system finding its credentials, and caches what it downloads as it caches
+the Hub's datasets. Its path cells are relative to the dataset's prefix, under the path rule
+for URLs.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import glob
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from mmbatch.errors import ItemFailure, SourceError
+from mmbatch.errors import ItemFailure, SourceError, StorageError, StorageUnavailable
 from mmbatch.sources.cells import ROWS_PER_READ, column_cells, media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.sources.paths import LocalPaths
+from mmbatch.storage.objects import kind_of, list_objects, read_whole
+from mmbatch.storage.urls import is_storage_url, parent
+from mmbatch.storage.urls import name as object_name
 from mmbatch.types import ItemError, MediaRef, Request
 
 if TYPE_CHECKING:
@@ -46,6 +58,8 @@ class DatasetInput:
 
 def detect_format(path: str) -> DatasetFormat | None:
     """The dataset format ``path`` is stored in, or None for plain media files."""
+    if is_storage_url(path):
+        return _detect_in_storage(path)
     root = Path(path)
     if root.is_file():
         suffix = root.suffix.lower()
@@ -64,6 +78,26 @@ def detect_format(path: str) -> DatasetFormat | None:
     if ".tar" in suffixes:
         return "webdataset"
     return None
+
+
+def _detect_in_storage(url: str) -> DatasetFormat | None:
+    """``detect_format`` for a URL: by an object's suffix, or by what a prefix holds."""
+    if glob.has_magic(url):
+        return None
+    kind = kind_of(url)
+    if kind != "folder":
+        suffix = Path(url).suffix.lower()
+        return "parquet" if suffix == ".parquet" else "webdataset" if suffix == ".tar" else None
+    found = list_objects(url)
+    names = {object_name(u) for u in found}
+    if names & {"state.json", "dataset_dict.json"}:
+        return "disk"
+    if names & set(IMAGE_FOLDER_METADATA):
+        return "imagefolder"
+    suffixes = {Path(n).suffix.lower() for n in names}
+    if suffixes & IMAGE_SUFFIXES:
+        return None
+    return "parquet" if ".parquet" in suffixes else "webdataset" if ".tar" in suffixes else None
 
 
 def open_dataset(spec: DatasetInput) -> tuple[datasets.Dataset, str]:
@@ -170,7 +204,7 @@ def _rows(
     spec: DatasetInput, dataset: datasets.Dataset, column: str, paths: LocalPaths
 ) -> list[tuple[str, MediaRef | ItemFailure]]:
     ids = dataset[spec.id_column] if spec.id_column else None
-    folder = str(Path(spec.path) if Path(spec.path).is_dir() else Path(spec.path).parent)
+    folder = _folder(spec.path)
     rows: list[tuple[str, MediaRef | ItemFailure]] = []
     for index, cell in enumerate(column_cells(dataset, column)):
         row_id = str(ids[index]) if ids is not None else str(index)
@@ -180,6 +214,23 @@ def _rows(
         except ItemFailure as exc:
             rows.append((row_id, exc))
     return rows
+
+
+def _folder(path: str) -> str:
+    """The dataset's own folder (or prefix): ``path``, or the one holding a file named."""
+    if is_storage_url(path):
+        return path if kind_of(path) == "folder" else parent(path)
+    return str(Path(path) if Path(path).is_dir() else Path(path).parent)
+
+
+def _files(path: str, pattern: str) -> list[str]:
+    """The dataset's files: the one named, or every one under its folder matching
+    ``pattern``, sorted."""
+    if is_storage_url(path):
+        if kind_of(path) != "folder":
+            return [path]
+        return [u for u in list_objects(path) if fnmatch.fnmatch(object_name(u), pattern)]
+    return [path] if Path(path).is_file() else sorted(map(str, Path(path).rglob(pattern)))
 
 
 def _load(spec: DatasetInput) -> Any:
@@ -192,14 +243,14 @@ def _load(spec: DatasetInput) -> Any:
         if spec.format == "imagefolder":
             return datasets.load_dataset("imagefolder", data_dir=path)
         pattern = {"parquet": "*.parquet", "webdataset": "*.tar"}[spec.format]
-        files = [path] if Path(path).is_file() else sorted(map(str, Path(path).rglob(pattern)))
+        files = _files(path, pattern)
         if not files:
             raise SourceError(f"{path}: no {pattern} files for the {spec.format} format")
         if spec.format == "webdataset":
             for shard in files:
                 _check_shard(shard)
         return datasets.load_dataset(spec.format, data_files={"train": files})
-    except SourceError:
+    except (SourceError, StorageError, StorageUnavailable):
         raise
     except Exception as exc:
         # datasets decodes every member of a shard while it reads it (JSON, numbers, NumPy
@@ -221,7 +272,12 @@ def _check_shard(shard: str) -> None:
     import tarfile
 
     try:
-        with tarfile.open(shard) as archive:
+        # A shard in storage is streamed (``r|``: headers read in order, members passed over).
+        with (
+            tarfile.open(fileobj=io.BytesIO(read_whole(shard)), mode="r|")
+            if is_storage_url(shard)
+            else tarfile.open(shard)
+        ) as archive:
             for member in archive:
                 kind = member.name.rsplit(".", 1)[-1].lower()
                 if member.isfile() and kind in UNSAFE_MEMBERS:

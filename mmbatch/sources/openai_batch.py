@@ -38,14 +38,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmbatch.errors import ConfigError, ItemFailure, SourceError
-from mmbatch.jsonl import JsonlError, read_objects
+from mmbatch.jsonl import JsonlError, objects_in, read_objects
 from mmbatch.sources.paths import LocalPaths
+from mmbatch.storage.objects import read_whole
+from mmbatch.storage.urls import is_storage_url, parent, shown
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
@@ -121,12 +124,15 @@ def read_batch(
     ``paths`` says where its local image paths may lead besides the file's own folder.
     ``bodies=False`` reads each line's messages alone (its prompt and pictures, for the
     gallery), leaving its parameters unchecked and vLLM unimported."""
-    path = Path(path)
-    place = _Place(str(path.parent), paths or LocalPaths(), bodies)
+    in_storage = is_storage_url(str(path))
+    folder = parent(str(path)) if in_storage else str(Path(path).parent)
+    place = _Place(folder, paths or LocalPaths(), bodies)
+    lines = _lines(str(path) if in_storage else Path(path))
+    path = shown(str(path)) if in_storage else Path(path)
     requests: list[Request] = []
     seen: set[str] = set()
     max_images = 0
-    for line_no, entry in _lines(path):
+    for line_no, entry in lines:
         custom_id = entry.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             raise SourceError(f"{path}:{line_no}: no 'custom_id' (a non-empty string)")
@@ -148,9 +154,13 @@ def read_batch(
     return BatchInput(requests, max_images)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The lines of the batch file at ``path``, local or in storage."""
     try:
-        yield from read_objects(path)
+        if is_storage_url(str(path)):
+            yield from objects_in(io.BytesIO(read_whole(str(path))), str(path))
+        else:
+            yield from read_objects(path)
     except JsonlError as exc:
         raise SourceError(str(exc)) from None
 

@@ -33,6 +33,15 @@ item's error row, and the file it leads to is not read. A path that leads nowher
 is checked is its row's error then, so that nothing put there later is read either. A path
 that cannot name a file (one holding a NUL byte, or a lone surrogate that stands for no byte)
 is its row's error too.
+
+Storage URLs (``s3://``, ``gs://``, ``hf://``: ``mmbatch.storage.urls``) follow the same rule.
+An input in storage (a manifest, a batch file, a dataset under ``s3://bucket/data/``) has a
+prefix for a folder: a relative path written inside it is joined to that prefix, and a URL
+it names must lie under the prefix (``..`` collapsed, by whole components), or under a
+prefix the person running the job allowed (``--input-root s3://bucket/other``), or anywhere
+with ``--allow-outside-root``. A local path named inside an input in storage, or a URL named
+inside a local one, leads out of the input's folder by definition and needs the same
+widening. Objects have no links to swap, so a URL is not pinned.
 """
 
 from __future__ import annotations
@@ -45,6 +54,8 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from mmbatch.errors import ItemFailure
+from mmbatch.storage.urls import is_inside as url_is_inside
+from mmbatch.storage.urls import is_storage_url, join, normalised, scheme, shown
 from mmbatch.types import FileId, MediaRef, Modality
 
 CLI_OPTION = "--input-root DIR"
@@ -80,7 +91,7 @@ class LocalPaths:
     """Where the local paths named inside inputs may lead, besides each input's folder."""
 
     roots: tuple[str, ...] = ()
-    """Further folders the person running the job allowed."""
+    """Further folders (or storage prefixes) the person running the job allowed."""
     anywhere: bool = False
     """No rule at all (``--allow-outside-root``)."""
     widen: str = CLI_OPTION
@@ -88,9 +99,8 @@ class LocalPaths:
 
     def record(self) -> dict[str, Any]:
         """This rule as a job's summary records it, to be read back by ``recorded``."""
-        return {"input_roots": [os.path.realpath(r) for r in self.roots]} | (
-            {"allow_outside_root": True} if self.anywhere else {}
-        )
+        roots = [r if is_storage_url(r) else os.path.realpath(r) for r in self.roots]
+        return {"input_roots": roots} | ({"allow_outside_root": True} if self.anywhere else {})
 
     @classmethod
     def recorded(cls, job: Mapping[str, Any]) -> LocalPaths:
@@ -104,7 +114,10 @@ class LocalPaths:
         the working directory where the input has none), if this rule lets it be read,
         pinned to the file it leads to; else an ``ItemFailure`` saying why
         (``PathNotAllowed``, ``UnusablePath``, ``MediaError`` for a path that leads to no
-        file). ``where`` names the row or line in the message."""
+        file). ``where`` names the row or line in the message. ``folder`` may be a storage
+        prefix and ``named`` a storage URL: the rule for URLs (``resolve_url``)."""
+        if is_storage_url(named) or (folder is not None and is_storage_url(folder)):
+            return self.resolve_url(named, folder, where)
         path = _local(named, where)
         if folder is not None:
             path = str(Path(folder, path))  # an absolute path stays itself
@@ -116,16 +129,60 @@ class LocalPaths:
         if self.anywhere:
             return Checked(path, None)
         real = os.path.realpath(path)
-        allowed = ([folder] if folder is not None else []) + list(self.roots)
+        local_roots = [root for root in self.roots if not is_storage_url(root)]
+        allowed = ([folder] if folder is not None else []) + local_roots
         if any(is_inside(real, os.path.realpath(root)) for root in allowed):
             return Checked(path, file_id(real, path))
         own = f"the input's folder {os.path.realpath(folder)}" if folder is not None else ""
-        extra = f"the allowed folders {', '.join(self.roots)}" if self.roots else ""
+        extra = f"the allowed folders {', '.join(local_roots)}" if local_roots else ""
         inside = " or ".join(filter(None, (own, extra))) or "an allowed folder (none given)"
         raise PathNotAllowed(
             f"{where}: {named!r} leads to {real}, outside {inside}; a path named inside an "
             f"input must stay inside its folder (allow another folder with {self.widen})"
         )
+
+    def resolve_url(self, named: str, folder: str | None, where: str) -> Checked:
+        """``resolve`` where a storage URL takes part: ``named`` is one, or the input's
+        ``folder`` is a storage prefix. A URL (or a path joined to the prefix) must lie
+        under that prefix or an allowed one; a local path named inside an input in storage
+        under an allowed local folder."""
+        in_storage = folder is not None and is_storage_url(folder)
+        if in_storage and not is_storage_url(named):
+            if scheme(named) is not None or named.startswith("/"):
+                # A local path (or a file:// URL) in an input kept in storage: never inside
+                # its folder, and read only where the local rule allows it.
+                return self.check(_local(named, where), None, named, where)
+            named_url = _joined(str(folder), named, where)
+        else:
+            named_url = _normalised(named, where)
+        if self.anywhere:
+            return Checked(named_url, None)
+        own = [str(folder)] if in_storage else []
+        others = [root for root in self.roots if is_storage_url(root)]
+        if any(url_is_inside(named_url, root) for root in own + others):
+            return Checked(named_url, None)
+        said = [f"the input's prefix {shown(own[0])}"] if own else []
+        said += [f"the allowed prefixes {', '.join(map(shown, others))}"] if others else []
+        raise PathNotAllowed(
+            f"{where}: {shown(named)!r} leads to {shown(named_url)}, outside "
+            f"{' or '.join(said) or 'an allowed prefix (none given)'}; a URL named inside an "
+            "input must stay under its prefix (allow another with --input-root URL, or any "
+            "with --allow-outside-root)"
+        )
+
+
+def _joined(folder: str, named: str, where: str) -> str:
+    try:
+        return join(folder, named)
+    except ValueError as exc:
+        raise PathNotAllowed(f"{where}: {named!r}: {exc}") from None
+
+
+def _normalised(url: str, where: str) -> str:
+    try:
+        return normalised(url)
+    except ValueError as exc:
+        raise PathNotAllowed(f"{where}: {exc}") from None
 
 
 def is_inside(path: str, root: str) -> bool:

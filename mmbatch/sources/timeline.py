@@ -131,7 +131,7 @@ def index_of_video(file: InputFile, max_source_pixels: int) -> VideoIndex:
             stage="source",
             kind="unsupported",
         )
-    return index_video(file.path, max_source_pixels, file.pinned)
+    return index_video(file.local_file(), max_source_pixels, file.pinned)
 
 
 def clip_cap_note(options: VideoOptions) -> str | None:
@@ -206,10 +206,9 @@ def audio_file_requests(
     """The requests of one audio file, one per window (``audio_windows``: its spans)."""
     from mmbatch.media.audio import audio_windows, probe_audio
 
-    path = file.path
     try:
         file.check_allowed()
-        duration = probe_audio(path, file.pinned).duration
+        duration = probe_audio(file.local_file(), file.pinned).duration
     except (MediaError, PathNotAllowed) as exc:
         columns: Columns = (("start", None), ("end", None))
         ref = file.ref("audio")
