@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.decode_only import NoEngine
-from mmbatch.errors import FatalEngineError, OutputError
+from mmbatch.errors import FatalEngineError, OutputError, StorageError, StorageUnavailable
 from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.clock import milestone, process_seconds
@@ -133,7 +133,7 @@ def engine_stopped(exc: FatalEngineError, job: Job, out: FileOutput) -> FatalEng
     tally = out.count(job)
     left = len(job.item_ids) - tally.done
     return FatalEngineError(
-        f"{exc}\nThe {tally.done} rows finished are saved in {out.path} "
+        f"{exc}\nThe {tally.done} rows finished are saved in {out.shown} "
         f"({left} items left); run the same command again to resume."
     )
 
@@ -149,9 +149,9 @@ def say_interrupted(job: Job, out: FileOutput) -> None:
     tally = out.count(job, settled)
     done, left = tally.done, len(job.item_ids) - tally.done
     saved = (
-        f"{done} rows are saved in {out.path} ({left} items left)"
+        f"{done} rows are saved in {out.shown} ({left} items left)"
         if settled
-        else f"at least {done} rows are saved in {out.path} (at most {left} items left; "
+        else f"at least {done} rows are saved in {out.shown} (at most {left} items left; "
         "Ray's writers, still stopping, may add the rows they hold)"
     )
     print(f"mmbatch: interrupted: {saved}", file=sys.stderr)
@@ -169,7 +169,10 @@ def _write_rows(
         sink.close()
         return stats
     except FatalEngineError as exc:
-        sink.close()
+        # Closed as far as it can be: an output in storage that cannot be reached now keeps
+        # the parts already written, and what stopped the job is what is said.
+        with suppress(OutputError, StorageError, StorageUnavailable):
+            sink.close()
         raise engine_stopped(exc, job, out) from exc
     except KeyboardInterrupt:
         sink.close()  # every row written is made durable; the record says whose they are
@@ -181,6 +184,13 @@ def _write_rows(
         raise OutputError(
             f"{exc}; the rows finished so far are kept: free space (or make the folder "
             "writable) and run the same command again to resume"
+        ) from exc
+    except StorageError as exc:
+        with suppress(OutputError, StorageError, StorageUnavailable):
+            sink.close()
+        raise StorageError(
+            f"{exc}; the rows finished so far are kept in {out.shown}: fix the cause and run "
+            "the same command again to resume"
         ) from exc
 
 

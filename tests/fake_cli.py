@@ -12,7 +12,11 @@ resumable sink and the exit codes. The kill tests run it as a subprocess
 * ``FAKE_TEAR_AT_ROW=N``: the job SIGKILLs itself half-way through writing its N-th row, the
   torn write that a kill during ``write`` can leave;
 * ``FAKE_KILL_AT_ORDER=before`` (or ``during``): the job SIGKILLs itself once its rows are
-  written, before it puts them in input order (or half-way through rewriting them).
+  written, before it puts them in input order (or half-way through rewriting them);
+* ``FAKE_PART_ROWS=N``: an output in object storage writes a part every N rows;
+* ``FAKE_KILL_AT_STORAGE_WRITE=N``: the job SIGKILLs itself just before its N-th write or
+  delete in an output in object storage (a part, a drop, the assembly, the marker, a
+  clean-up, a file beside the output): every state its commit passes through.
 """
 
 from __future__ import annotations
@@ -52,7 +56,30 @@ def main(argv: Sequence[str], engine: Engine | None = None) -> int:
             patches.enter_context(mock.patch.object(RowOrder, "apply", _kill_self))
         elif kill_at_order == "during":
             patches.enter_context(mock.patch.object(order, "write_bytes_atomic", _torn_rewrite))
+        _storage_faults(patches)
         return cli.main(argv, engine)
+
+
+def _storage_faults(patches: ExitStack) -> None:
+    from mmbatch.output import remote
+
+    part_rows = os.environ.get("FAKE_PART_ROWS")
+    if part_rows is not None:
+        patches.enter_context(mock.patch.object(remote, "PART_ROWS", int(part_rows)))
+    kill_at = os.environ.get("FAKE_KILL_AT_STORAGE_WRITE")
+    if kill_at is None:
+        return
+    calls = [0]
+    for name in ("put_object", "put_file", "delete_objects"):
+        real = getattr(remote, name)
+
+        def counted(*args: Any, real: Any = real) -> Any:
+            calls[0] += 1
+            if calls[0] == int(kill_at):
+                _kill_self()
+            return real(*args)
+
+        patches.enter_context(mock.patch.object(remote, name, counted))
 
 
 def fake_engine() -> Engine:

@@ -107,7 +107,8 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
         parser.add_argument(
             "--out",
             required=True,
-            help="output: a JSONL file, a .parquet file, or a datasets folder (--out-format)",
+            help="output: a JSONL file, a .parquet file, or a datasets folder (--out-format); "
+            "local, or in object storage (s3://bucket/prefix/out.jsonl)",
         )
         parser.add_argument(
             "--out-format",
@@ -207,11 +208,17 @@ def add_verbose_option(
 
 
 def engine_log_from(args: argparse.Namespace) -> str | None:
-    """Where vLLM's log goes: beside ``--out`` (``OUT.vllm.log``), or with ``-v`` the
+    """Where vLLM's log goes: beside ``--out`` (``OUT.vllm.log``; for an output in storage,
+    beside its local mirror, and uploaded beside it when the job ends), or with ``-v`` the
     terminal (None)."""
     from mmbatch.output.paths import OutputPaths
+    from mmbatch.output.remote import staging
+    from mmbatch.storage.urls import is_storage_url
 
-    return None if args.verbose else str(OutputPaths(Path(args.out)).vllm_log)
+    if args.verbose:
+        return None
+    rows = staging(args.out.rstrip("/")) if is_storage_url(args.out) else Path(args.out)
+    return str(OutputPaths(rows).vllm_log)
 
 
 @contextmanager

@@ -11,7 +11,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmbatch.cli.options import EXIT_ITEMS_FAILED, EXIT_OK
@@ -101,7 +100,7 @@ def run(
         env=ray_data.forwarded_env(),
         **batch,
     )
-    out = FileOutput(Path(args.out), out_format, args.retry_errors, args.force)
+    out = FileOutput.at(args.out, out_format, retry_errors=args.retry_errors, force=args.force)
     with ray_data.connected(args.ray):
         report = ray_data.run_on_ray(ray_data.requests_dataset(items), ray_job, resources, out)
     for line in [*report.lines(), *(f"note: {note}" for note in job.notes)]:

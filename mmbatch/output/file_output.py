@@ -13,7 +13,9 @@ cannot drift apart:
 5. ``summarise``: the counts, this run's figures and what was run, into the summary file,
    and the report a face prints.
 
-The files are named in ``mmbatch.output.paths``.
+The files are named in ``mmbatch.output.paths``. An output in object storage
+(``FileOutput.at("s3://...")``) works on a local mirror of itself and commits to the store
+as ``mmbatch.output.remote`` describes; each step above is the same, said of the store.
 """
 
 from __future__ import annotations
@@ -22,23 +24,25 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
 
-from mmbatch.errors import ConfigError, OutputError, SourceError
+from mmbatch.errors import ConfigError, MmbatchError, OutputError, SourceError
 from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.output.clock import milestones, process_seconds
 from mmbatch.output.formats import check_shards, open_sink, output_format, read_output
 from mmbatch.output.order import RowOrder
 from mmbatch.output.paths import FileFormat, OutputPaths
+from mmbatch.output.remote import PartSink, RemoteOutput, staging, translated
 from mmbatch.output.resume import JobFacts, ResumePlan, prepare, write_record, written_rows
 from mmbatch.output.rows import RowShape
 from mmbatch.output.sinks import Sink
 from mmbatch.output.stats import JobStats, OutputTally, count_output
 from mmbatch.output.summary import JobReport, with_last_measured, write_summary
 from mmbatch.output.writable import check_writable
+from mmbatch.storage.urls import is_storage_url, shown
 
 
 class OutputJob(JobFacts, Protocol):
@@ -71,9 +75,22 @@ class FileOutput:
     row_folder: bool = False
     """The rows are a folder of row files that Ray's writers add to (``jsonl`` or
     ``parquet``: ``mmbatch.integrations.ray_data``), not one output this process writes."""
+    remote: RemoteOutput | None = field(default=None, compare=False)
+    """For an output in object storage: its URL and its state; ``path`` is then its local
+    mirror (``mmbatch.output.remote``)."""
 
     def __post_init__(self) -> None:
         check_shards(self.format, self.shard_rows)
+
+    @property
+    def url(self) -> str | None:
+        """The output's URL in object storage (None: a local output)."""
+        return self.remote.url if self.remote is not None else None
+
+    @property
+    def shown(self) -> str:
+        """The output as messages name it: its URL, or its path."""
+        return shown(self.remote.url) if self.remote is not None else str(self.path)
 
     @property
     def paths(self) -> OutputPaths:
@@ -86,10 +103,19 @@ class FileOutput:
         path: str | Path,
         format: str | None = None,
         shard_rows: int | None = None,
-        **rerun: bool,
+        *,
+        retry_errors: bool = False,
+        force: bool = False,
     ) -> FileOutput:
-        """The output at ``path``, in ``format`` or the one its name implies."""
-        return cls(Path(path), output_format(path, format), shard_rows=shard_rows, **rerun)
+        """The output at ``path`` (a local path, or a URL in object storage), in ``format``
+        or the one its name implies."""
+        fmt = output_format(path, format)
+        if not is_storage_url(str(path)):
+            return cls(Path(path), fmt, retry_errors, force, shard_rows)
+        url = str(path).rstrip("/")
+        mirror = staging(url)
+        remote = RemoteOutput(url, mirror)
+        return cls(mirror, fmt, retry_errors, force, shard_rows, remote=remote)
 
     def ready(self, job: JobFacts, log: Path | None = None) -> ResumePlan:
         """Make the output ready for ``job`` before anything starts (decode workers, engines,
@@ -97,25 +123,49 @@ class FileOutput:
         (``log``: vLLM's, appended to), a killed run's temporary files go, and the rows
         already there are checked and kept (``mmbatch.output.resume``), which is said. The
         job record is written apart (``record``), once the job is sure to start."""
-        paths = self.paths
+        try:
+            plan = self._ready(job, log)
+        except MmbatchError as exc:
+            raise translated(self.remote, exc) from exc.__cause__
+        note = plan.describe(self.shown)
+        if note:
+            print(f"mmbatch: {note}", file=sys.stderr)
+        return plan
+
+    def _ready(self, job: JobFacts, log: Path | None) -> ResumePlan:
+        paths, remote = self.paths, self.remote
+        if remote is not None:
+            remote.fetch(paths, job.shape)
         check_writable(paths.rows, [paths.progress, log])
         _remove_orphans(paths)
         _restore_spool(paths, job.shape)
+        if remote is not None:
+            remote.remember_ids(paths.progress, job.shape)
         plan = prepare(paths, job, force=self.force, retry_errors=self.retry_errors)
-        note = plan.describe(self.path)
-        if note:
-            print(f"mmbatch: {note}", file=sys.stderr)
+        if remote is not None:
+            remote.commit_resume(paths, job.shape, bool(plan.pending))
         return plan
 
     def record(self, job: JobFacts) -> None:
         """Write whose rows these are (``job``'s fingerprint), for the next run's resume."""
         write_record(self.paths.record, job.fingerprint)
+        if self.remote is not None:
+            self.remote.upload_beside([self.paths.record])
 
     def open(self, job: JobFacts) -> Sink:
         """The sink for ``job``'s rows, appending to those already there; it leaves the rows
         in the job's order when it closes."""
         order = RowOrder([r.row_id for r in job.requests], job.shape.row_id)
-        return open_sink(self.path, self.format, True, order, self.shard_rows)
+        sink = open_sink(self.path, self.format, True, order, self.shard_rows)
+        if self.remote is not None:
+            return PartSink(sink, self.remote, self.paths)
+        return sink
+
+    def refresh(self) -> None:
+        """Read a row folder in storage again, once Ray's writers have added to it (a local
+        folder is read in place)."""
+        if self.remote is not None and self.row_folder:
+            self.remote.refresh_folder(self.paths)
 
     def count(self, job: OutputJob, settled: bool = True) -> OutputTally:
         """Every row of ``job``'s items in the output, earlier runs' too, counted, and the
@@ -148,12 +198,21 @@ class FileOutput:
         ``run``'s stats, what ``info`` says of the job, and ``startup``: seconds from the
         process's start to its engine ready), and return the report a face prints."""
         try:
-            return self._summarise(job, plan, run, info, startup)
+            report = self._summarise(job, plan, run, info, startup)
         except OutputError as exc:
             raise OutputError(
-                f"{exc}; every row is in {self.path}: free space and run the same command "
+                f"{exc}; every row is in {self.shown}: free space and run the same command "
                 "again to write the summary"
             ) from exc
+        if self.remote is not None:
+            paths = self.paths
+            self.remote.upload_beside([paths.vllm_log, paths.quarantine, paths.summary])
+            report.out, report.summary_path = self.shown, self.remote.remote(paths.summary)
+            if report.output.quarantine is not None:
+                report.output.quarantine = self.remote.remote(paths.quarantine)
+            if not self.row_folder:
+                self.remote.clear()  # all it held is in the store now
+        return report
 
     def _summarise(
         self,
@@ -181,7 +240,7 @@ class FileOutput:
             whole = with_last_measured(self.paths, whole)
         # The folder the job ran in: relative sources in its rows are relative to it.
         info = {**info, "output_format": self.format, "cwd": os.getcwd()}
-        summary = write_summary(self.paths, whole, info)
+        summary = write_summary(self.paths, whole, info, self.shown)
         report = JobReport(self.path, len(job.item_ids), kept, run, tally, summary, job.notes)
         report.startup_seconds, report.process_seconds = startup, seconds
         return report

@@ -26,10 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from mmbatch.errors import SourceError
+from mmbatch.errors import MediaError, SourceError
 from mmbatch.jsonl import encode_line, read_objects
 from mmbatch.output.order import RowOrder
 from mmbatch.output.tables import SpooledSink, typed
+from mmbatch.storage.objects import local_copy
+from mmbatch.storage.urls import is_storage_url
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -112,9 +114,15 @@ def _write_tar_shards(spool: Path, folder: Path, size: int) -> None:
 
 
 def _media_file(row: dict[str, Any]) -> Path | None:
-    """The file holding a row's media: its saved frame, else its source file."""
+    """The file holding a row's media: its saved frame, else its source file (a local copy
+    of an object in storage; one that cannot be read leaves the row without its media)."""
     for field in ("frame_path", "source"):
         value = row.get(field)
+        if isinstance(value, str) and is_storage_url(value):
+            try:
+                return Path(local_copy(value))
+            except MediaError:
+                return None
         if isinstance(value, str) and value and Path(value).is_file():
             return Path(value)
     return None

@@ -204,7 +204,7 @@ class OutputTally(Tally):
     """The rows of a whole output that belong to a job's items, counted; ``quarantine`` is
     the file listing the failed ones (None when nothing failed)."""
 
-    quarantine: Path | None = None
+    quarantine: Path | str | None = None
 
 
 def count_output(

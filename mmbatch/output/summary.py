@@ -16,11 +16,14 @@ from mmbatch.output.paths import OutputPaths
 from mmbatch.output.stats import JobStats, OutputTally, format_counts
 
 
-def write_summary(paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str, Any]) -> Path:
-    """Write the job's summary (``stats``, plus ``job``: what was run) beside the output."""
+def write_summary(
+    paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str, Any], shown: str | None = None
+) -> Path:
+    """Write the job's summary (``stats``, plus ``job``: what was run) beside the output,
+    named as ``shown`` (its URL in storage) or by its path."""
     target = paths.summary
     document = {
-        "output": str(paths.rows),
+        "output": shown or str(paths.rows),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "job": dict(job),
         "stats": dict(stats),
@@ -78,7 +81,8 @@ def read_summary(paths: OutputPaths) -> dict[str, Any] | None:
 class JobReport:
     """What a run did, and what the whole output now holds."""
 
-    out: Path
+    out: Path | str
+    """The output, by its path or its URL."""
     total: int
     """The job's items."""
     kept: int
@@ -87,7 +91,7 @@ class JobReport:
     """This run's rows (nothing, when every item already had one)."""
     output: OutputTally
     """Every row of the job's items in the output, this run's and earlier ones'."""
-    summary_path: Path
+    summary_path: Path | str
     notes: Sequence[str] = ()
     """What listing the inputs passed over or changed (``Job.notes``)."""
     startup_seconds: float | None = None
