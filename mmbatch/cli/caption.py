@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig
     from mmbatch.media.options import MediaOptions
     from mmbatch.sources.clips import ClipSplit
+    from mmbatch.sources.local_datasets import DatasetInput
     from mmbatch.sources.log import ListingLog
     from mmbatch.types import Request
 
@@ -104,6 +105,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         file_output_from(args)  # a bad --out is said before the inputs are read
     log = ListingLog()
     requests, info = _inputs(args, config, media, clips, log)
+    ray_rows = info.pop("ray_rows", None)  # how Ray reads a dataset's rows: not a record
     sampling = sampling_from(args)
     # Only a job that cuts clips records how: the outputs of earlier jobs resume as they were.
     cutting = {"clips": asdict(clips)} if clips is not None else {}
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     )
     print(f"mmbatch: {len(job.item_ids)} items, model {args.model}", file=sys.stderr)
     if args.ray is not None:
-        return ray.run(args, job, config)
+        return ray.run(args, job, config, dataset=ray_rows)
     return run_to_file(job, engine or config, args)
 
 
@@ -162,9 +164,34 @@ def _inputs(
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
     spec = DatasetInput(args.inputs[0], fmt, args.image_column, args.split, args.id_column)
+    if args.ray is not None:
+        return _ray_dataset(spec, args)
     keep = keep_columns_from(args, "all")
     requests = dataset_requests(spec, args.prompt, args.system, keep, local_paths_from(args))
     return requests, {"inputs": list(args.inputs), "dataset": asdict(spec)}
+
+
+def _ray_dataset(
+    spec: DatasetInput, args: argparse.Namespace
+) -> tuple[list[Request], dict[str, Any]]:
+    """The requests of a dataset that Ray's tasks read (Parquet files, local or in storage):
+    the driver learns the rows from the files' footers and ids; ``ray_rows`` in the info is
+    how the Ray job reads them (``mmbatch.integrations.ray_data.parquet_rows``)."""
+    from dataclasses import asdict
+
+    from mmbatch.errors import ConfigError
+    from mmbatch.sources.local_datasets import parquet_layout
+
+    if spec.format != "parquet":
+        raise ConfigError(
+            f"on Ray a dataset is read from Parquet files (local or in storage), not a "
+            f"{spec.format} dataset; run it without --ray"
+        )
+    if args.split is not None:
+        raise ConfigError("on Ray a Parquet dataset is one split: drop --split")
+    layout = parquet_layout(spec)
+    requests = layout.requests(spec, args.prompt, args.system)
+    return requests, {"inputs": list(args.inputs), "dataset": asdict(spec), "ray_rows": layout}
 
 
 def _file_requests(

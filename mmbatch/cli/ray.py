@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig
     from mmbatch.jobs import Job
     from mmbatch.recipe.spec import Recipe
+    from mmbatch.sources.local_datasets import ParquetLayout
     from mmbatch.types import Request
 
 
@@ -53,10 +54,15 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run(
-    args: argparse.Namespace, job: Job, engine: EngineConfig, recipe: Recipe | None = None
+    args: argparse.Namespace,
+    job: Job,
+    engine: EngineConfig,
+    recipe: Recipe | None = None,
+    dataset: ParquetLayout | None = None,
 ) -> int:
     """Run ``job`` on Ray into the folder ``args.out`` (resuming there), one input row per
-    item: a picture to caption, or a recipe's item, whose questions its replica asks."""
+    item: a picture to caption, or a recipe's item, whose questions its replica asks; or a
+    row of the Parquet ``dataset``, which Ray's tasks read."""
     from mmbatch.engine.builder import check_engine_without_devices
     from mmbatch.engine.invariance import recorded
     from mmbatch.errors import ConfigError
@@ -76,7 +82,8 @@ def run(
     if getattr(args, "shard_rows", None) is not None:
         raise ConfigError("on Ray the output folder's files are Ray's blocks: drop --shard-rows")
     items = _one_row_per_item(job.requests)
-    _check_items(items)
+    if dataset is None:
+        _check_items(items)
     out_format = getattr(args, "out_format", None) or "jsonl"
     if out_format not in FOLDER_FORMATS:
         raise ConfigError(f"on Ray, --out-format is one of {FOLDER_FORMATS}")
@@ -102,7 +109,14 @@ def run(
     )
     out = FileOutput.at(args.out, out_format, retry_errors=args.retry_errors, force=args.force)
     with ray_data.connected(args.ray):
-        report = ray_data.run_on_ray(ray_data.requests_dataset(items), ray_job, resources, out)
+        if dataset is None:
+            rows = ray_data.requests_dataset(items)
+        else:
+            image, ids = dataset.image_column, dataset.id_column
+            first = job.requests[0]
+            rows = ray_data.parquet_rows(dataset.files, image, ids, first.prompt, first.system)
+        known = items if dataset is not None else None
+        report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
     for line in [*report.lines(), *(f"note: {note}" for note in job.notes)]:
         print(line, file=sys.stderr)
     return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED
@@ -131,5 +145,5 @@ def _check_items(items: list[Request]) -> None:
         ref = item.media[0]
         if ref.data is not None or ref.image is not None or ref.modality != "image" or ref.part:
             raise ConfigError(
-                "--ray runs image files only; run local datasets, video and audio without --ray"
+                "--ray runs image files and Parquet datasets; run video and audio without --ray"
             )

@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,9 @@ INSTALL_HINT = "pip install 'mmbatch[ray]'"
 INPUT_COLUMNS = ("id", "path", "prompt", "system")
 """Columns of an input row; ``id`` and ``path`` are required, ``prompt`` falls back to the
 job's prompt, ``system`` to the model's default."""
+DATA_COLUMN = "data"
+"""An input row's picture, held in the row (a dataset's bytes, ``parquet_rows``): ``path``
+then only names it."""
 
 GROUP_COLUMN = "media_group"
 ROWS_PER_INPUT_BLOCK = 512
@@ -271,17 +274,22 @@ def media_groups(ds: Dataset, options: ImageOptions, partitions: int) -> Dataset
 
 
 def run_on_ray(
-    ds: Dataset, job: RayJob, resources: RayResources, out: FileOutput | str | Path
+    ds: Dataset,
+    job: RayJob,
+    resources: RayResources,
+    out: FileOutput | str | Path,
+    items: Sequence[Request] | None = None,
 ) -> JobReport:
     """Caption the rows of ``ds`` into the folder ``out`` (of JSON-lines or Parquet files),
     resuming there with the local runner's rules, and check that every input id ends with
-    exactly one row."""
+    exactly one row. ``items``: the input rows as requests, where the driver knows them
+    without reading ``ds`` (a dataset's rows, from its ids alone)."""
     ray = import_ray()
-    out = replace(out if isinstance(out, FileOutput) else FileOutput(Path(out)), row_folder=True)
+    out = replace(out if isinstance(out, FileOutput) else FileOutput.at(out), row_folder=True)
     _check_output(out, job)
     _check_resources(ray, resources.num_gpus(job.engine), resources.replicas)
     check_engine_without_devices(job.engine)
-    whole = _whole_job(ds, job)
+    whole = _whole_job(ds, job) if items is None else _whole(items, job)
     plan = out.ready(whole)
     out.record(whole)
     started = time.perf_counter()
@@ -291,10 +299,7 @@ def run_on_ray(
         tally = start_tally(ray)
         try:
             rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
-            if out.format == "parquet":
-                rows.write_parquet(str(out.path))
-            else:
-                rows.write_json(str(out.path), force_ascii=False)
+            _write(rows, out)
             figures = ray.get(tally.total.remote())
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
@@ -303,13 +308,31 @@ def run_on_ray(
             # not have yet: a writer may still add its file after this count, which is
             # therefore said as the least that is saved. A rerun counts again, and keeps
             # every row.
+            with suppress(MmbatchError):
+                out.refresh()
             say_interrupted(whole, out)
             raise
         finally:
             ray.kill(tally)
+    out.refresh()
     run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
     return out.summarise(whole, plan, run, whole.info)
+
+
+def _write(rows: Dataset, out: FileOutput) -> None:
+    """Ray's writers put ``rows`` into the folder ``out``: on each node's own disk for a
+    local folder (a file system every node shares), straight into the store for one in
+    object storage, each file one PUT."""
+    where, filesystem = str(out.path), None
+    if out.url is not None:
+        from mmbatch.storage.objects import arrow_file_system
+
+        filesystem, where = arrow_file_system(out.url)
+    if out.format == "parquet":
+        rows.write_parquet(where, filesystem=filesystem)
+    else:
+        rows.write_json(where, filesystem=filesystem, force_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -373,9 +396,15 @@ def _check_output(out: FileOutput, job: RayJob) -> None:
         raise ConfigError(
             "on Ray a recipe's rows are written as jsonl (their shape follows the recipe)"
         )
-    if out.path.exists() and not out.path.is_dir():
+    if out.url is not None:
+        from mmbatch.storage.objects import kind_of
+
+        is_file = kind_of(out.url) == "object"
+    else:
+        is_file = out.path.exists() and not out.path.is_dir()
+    if is_file:
         raise ConfigError(
-            f"--out {out.path} is a file; on Ray the output is a folder of {out.format} files"
+            f"--out {out.shown} is a file; on Ray the output is a folder of {out.format} files"
         )
 
 
@@ -384,6 +413,8 @@ def _stopped(exc: Exception, whole: Job, out: FileOutput) -> MmbatchError:
     its wording (a setting its engine refused, an engine that did not start), else Ray's;
     either way with what the folder holds and how to go on."""
     cause = getattr(exc, "cause", None)
+    with suppress(MmbatchError):
+        out.refresh()  # what Ray's writers put in the store before it stopped
     if isinstance(cause, ConfigError):
         return ConfigError(_without_ray_note(cause))
     if isinstance(cause, FatalEngineError):
@@ -494,8 +525,12 @@ def _add_media_group(batch: pa.Table, options: ImageOptions) -> pa.Table:
     token = options.cache_token()
     keys: dict[str, str] = {}
     groups = []
-    for path in batch["path"].to_pylist():
+    held = _data(batch)
+    for path, data in zip(batch["path"].to_pylist(), held, strict=True):
         source = str(path)
+        if data is not None:
+            groups.append(media_key("image", data, token))
+            continue
         if source not in keys:
             try:  # regular files only, bounded: a FIFO must not hang the task
                 keys[source] = media_key("image", read_source(source, None), token)
@@ -513,15 +548,22 @@ def _pack_group(group: pa.Table) -> pa.Table:
     packed: dict[str, Any] = {GROUP_COLUMN: [group[GROUP_COLUMN][0].as_py()]}
     for name in INPUT_COLUMNS:
         packed[name] = [_column(group, name)]
+    if DATA_COLUMN in group.column_names:
+        packed[DATA_COLUMN] = pa.array([_data(group)], pa.list_(pa.large_binary()))
     return pa.table(packed)
 
 
 def _unpack_groups(batch: pa.Table, default_prompt: str | None) -> list[Request]:
     requests = []
     columns = {name: batch[name].to_pylist() for name in INPUT_COLUMNS}
+    held = batch[DATA_COLUMN].to_pylist() if DATA_COLUMN in batch.column_names else None
     for g in range(batch.num_rows):
         rows = zip(*(columns[name][g] for name in INPUT_COLUMNS), strict=True)
-        requests += [_input_request(*row, default_prompt=default_prompt) for row in rows]
+        data = held[g] if held is not None else [None] * len(columns["id"][g])
+        requests += [
+            _input_request(*row, default_prompt=default_prompt, data=bytes_)
+            for row, bytes_ in zip(rows, data, strict=True)
+        ]
     return requests
 
 
@@ -532,14 +574,15 @@ def _input_request(
     system: str | None,
     *,
     default_prompt: str | None,
+    data: bytes | None = None,
 ) -> Request:
     """The request of one input row, the same on the driver (``_whole_job``) and in the
-    actor that runs it."""
+    actor that runs it (which has the picture's ``data`` when the row holds it)."""
     text = prompt if prompt is not None else default_prompt or ""
     return Request(
         id=item_id,
         prompt=text,
-        media=(MediaRef("image", path or ""),),
+        media=(MediaRef("image", path or "", data=data),),
         system=system,
         error=None if text else ItemError("source", "the row has no prompt"),
     )
@@ -550,6 +593,63 @@ def _column(batch: pa.Table, name: str) -> list[str | None]:
     if name not in batch.column_names:
         return [None] * batch.num_rows
     return [None if v is None else str(v) for v in batch[name].to_pylist()]
+
+
+def _data(batch: pa.Table) -> list[bytes | None]:
+    """The pictures the rows hold (None for each row that names a file)."""
+    if DATA_COLUMN not in batch.column_names:
+        return [None] * batch.num_rows
+    return list(batch[DATA_COLUMN].to_pylist())
+
+
+def parquet_rows(
+    files: Sequence[tuple[str, int]],
+    image: str,
+    id_column: str | None,
+    prompt: str,
+    system: str | None = None,
+) -> Dataset:
+    """Input rows for a dataset of Parquet files (``files``: each local path or storage URL
+    with the index of its first row in the dataset), read by Ray's tasks (never by the
+    driver), one file per task: the picture's bytes in ``data``, named by its row as a
+    local run names it (``FILE#INDEX (NAME)``); the id the row's ``id_column`` or its
+    index."""
+    ray = import_ray()
+    items = [{"file": file, "offset": offset} for file, offset in files]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    kwargs = {"image": image, "id_column": id_column, "prompt": prompt, "system": system}
+    return ds.map_batches(_read_parquet_rows, fn_kwargs=kwargs, batch_size=1)
+
+
+def _read_parquet_rows(
+    batch: dict[str, Any], image: str, id_column: str | None, prompt: str, system: str | None
+) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mmbatch.storage.objects import arrow_file_system
+    from mmbatch.storage.urls import is_storage_url
+
+    file, offset = str(batch["file"][0]), int(batch["offset"][0])
+    columns = [image] + ([id_column] if id_column else [])
+    if is_storage_url(file):
+        filesystem, where = arrow_file_system(file)
+        table = pq.read_table(where, columns=columns, filesystem=filesystem)
+    else:
+        table = pq.read_table(file, columns=columns)
+    cells = table[image].to_pylist()
+    ids = table[id_column].to_pylist() if id_column else range(offset, offset + len(cells))
+    rows: dict[str, list[Any]] = {"id": [], "path": [], "prompt": [], "system": [], DATA_COLUMN: []}
+    for index, (row_id, cell) in enumerate(zip(ids, cells, strict=True), start=offset):
+        cell = cell if isinstance(cell, dict) else {"bytes": cell}
+        named = cell.get("path")
+        rows["id"].append(str(row_id))
+        rows["path"].append(f"{file}#{index}" + (f" ({named})" if named else ""))
+        rows["prompt"].append(prompt)
+        rows["system"].append(system)
+        rows[DATA_COLUMN].append(cell.get("bytes"))
+    types = {DATA_COLUMN: pa.large_binary()}
+    return pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in rows.items()})
 
 
 def _strings(values: list[str]) -> pa.Array:
@@ -580,6 +680,10 @@ def _whole_job(ds: Dataset, job: RayJob) -> Job:
         items += batch_items
         if len(seen) != len(items):
             raise ConfigError("input ids must be unique; an id names one output row")
+    return _whole(items, job)
+
+
+def _whole(items: Sequence[Request], job: RayJob) -> Job:
     return replace(job.batch_job(items), fingerprint=job.fingerprint, info=job.info)
 
 

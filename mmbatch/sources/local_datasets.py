@@ -33,7 +33,7 @@ from mmbatch.sources.cells import ROWS_PER_READ, column_cells, media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.storage.objects import kind_of, list_objects, read_whole
-from mmbatch.storage.urls import is_storage_url, parent
+from mmbatch.storage.urls import is_storage_url, parent, redact
 from mmbatch.storage.urls import name as object_name
 from mmbatch.types import ItemError, MediaRef, Request
 
@@ -312,3 +312,64 @@ def _pick_image_column(path: str, features: datasets.Features) -> str:
         + (f"several image columns ({', '.join(images)})" if images else "no image column")
         + f"; name one with --image-column (columns: {', '.join(features)})"
     )
+
+
+@dataclass(frozen=True)
+class ParquetLayout:
+    """A dataset of Parquet files as a Ray job reads it: the files, each with the index of
+    its first row, its image column and its ids, learnt from the files' footers and the id
+    column alone (no picture is read here: Ray's tasks read them)."""
+
+    files: tuple[tuple[str, int], ...]
+    image_column: str
+    id_column: str | None
+    ids: tuple[str, ...]
+
+    def requests(self, spec: DatasetInput, prompt: str, system: str | None) -> list[Request]:
+        """One request per row, named as a local run names it (``PATH#INDEX``)."""
+        return [
+            Request(row_id, prompt, (MediaRef("image", f"{spec.path}#{index}"),), system)
+            for index, row_id in enumerate(self.ids)
+        ]
+
+
+def parquet_layout(spec: DatasetInput) -> ParquetLayout:
+    """``ParquetLayout`` of the Parquet dataset ``spec`` (local, or kept in storage)."""
+    import datasets
+    import pyarrow.parquet as pq
+
+    files = _files(spec.path, "*.parquet")
+    if not files:
+        raise SourceError(f"{spec.path}: no *.parquet files for the parquet format")
+    layout: list[tuple[str, int]] = []
+    ids: list[str] = []
+    column = spec.image_column
+    for file in files:
+        try:
+            parquet = pq.ParquetFile(_opened(file))
+        except (OSError, ValueError) as exc:
+            raise SourceError(f"cannot read {file} as Parquet: {redact(str(exc))}") from None
+        with parquet:
+            if column is None:
+                features = datasets.Features.from_arrow_schema(parquet.schema_arrow)
+                column = _pick_image_column(spec.path, features)
+            layout.append((file, len(ids)))
+            count = parquet.metadata.num_rows
+            if spec.id_column is None:
+                ids += [str(i) for i in range(len(ids), len(ids) + count)]
+            else:
+                ids += [str(v) for v in parquet.read(columns=[spec.id_column])[0].to_pylist()]
+    if len(set(ids)) != len(ids):
+        raise SourceError(f"{spec.path}: duplicate ids in {spec.id_column or 'the rows'!r}")
+    assert column is not None
+    return ParquetLayout(tuple(layout), column, spec.id_column, tuple(ids))
+
+
+def _opened(file: str) -> Any:
+    """``file`` opened for reading, in storage (through its file system) or local."""
+    if is_storage_url(file):
+        from mmbatch.storage.objects import file_system
+
+        fs, path = file_system(file)
+        return fs.open(path, "rb")
+    return open(file, "rb")

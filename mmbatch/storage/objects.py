@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mmbatch.errors import MediaError, StorageError, StorageUnavailable
 from mmbatch.storage.urls import protocol_of, redact, shown
@@ -401,3 +401,14 @@ def _copy_folder() -> str:
             atexit.register(shutil.rmtree, folder, ignore_errors=True)
             _COPY_FOLDER.append(folder)
         return _COPY_FOLDER[0]
+
+
+def arrow_file_system(url: str) -> tuple[Any, str]:
+    """The file system holding ``url`` as pyarrow takes one (for Ray Data's readers and
+    writers), and the path it knows ``url`` by: the same fsspec file system, so that every
+    process finds its credentials and endpoint as this one does. It pickles as its
+    settings (no credential), and each Ray worker that unpickles it makes its own."""
+    import pyarrow.fs
+
+    fs, path = file_system(url)
+    return pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs)), path
