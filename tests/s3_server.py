@@ -88,6 +88,8 @@ class FaultyProxy:
         self.upstream = urlsplit(upstream)
         self.deny: set[str] = set()
         self.cut: set[str] = set()
+        self.denied_message = "Access Denied"
+        """What a denial says (a store may quote what it was sent in it)."""
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -119,7 +121,8 @@ class FaultyProxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         if path in self.deny and handler.command in ("GET", "HEAD"):
-            self._reply(handler, 403, {"Content-Type": "application/xml"}, DENIED_BODY)
+            body = DENIED_BODY.replace(b"Access Denied", self.denied_message.encode())
+            self._reply(handler, 403, {"Content-Type": "application/xml"}, body)
             return
         upstream = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port)
         try:
