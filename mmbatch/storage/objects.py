@@ -177,6 +177,7 @@ def _make(protocol: str, url: str) -> AbstractFileSystem:
         raise StorageError(
             f"{shown(url)}: {protocol}:// is no storage protocol fsspec knows"
         ) from None
+    _quiet_lost_connections(fsspec)
     # A file system of this module's own (fsspec's cache would hand back one made for an
     # earlier environment).
     options: dict[str, object] = {"skip_instance_cache": True}
@@ -192,6 +193,23 @@ def _make(protocol: str, url: str) -> AbstractFileSystem:
     elif protocol == "gs":
         options |= {"use_listings_cache": False}
     return cls(**options)
+
+
+def _quiet_lost_connections(fsspec: Any) -> None:
+    """Keep fsspec's event loop from printing a traceback for a connection the store
+    dropped under a request body being sent: the request itself fails, is retried and said
+    (``attempt``); the body's own task, whose failure nobody awaits, would otherwise be
+    logged by asyncio as "Task exception was never retrieved" on the job's terminal."""
+    from fsspec.asyn import get_loop
+
+    loop = get_loop()
+
+    def handler(loop: Any, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), (OSError, ConnectionError)):
+            return
+        loop.default_exception_handler(context)
+
+    loop.call_soon_threadsafe(loop.set_exception_handler, handler)
 
 
 def attempt(url: str, call: Callable[[], T], attempts: int = READ_ATTEMPTS) -> T:
