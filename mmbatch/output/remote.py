@@ -59,6 +59,7 @@ from mmbatch.storage.objects import (
     delete_objects,
     download,
     kind_of,
+    list_beside,
     list_objects,
     put_file,
     put_object,
@@ -121,45 +122,44 @@ class RemoteOutput:
         self.parts, self.ids, self.folder, self.written = [], set(), {}, False
         self.clear()
         self.local.parent.mkdir(parents=True)
-        self._probe()
-        if kind_of(self.url) == "object" and paths.row_folder:
+        # A write first: a store that refuses one says so now. The one listing that follows
+        # finds everything the output holds (and this probe, and any a killed run left).
+        put_object(f"{self.parts_url}/probe-{self.token}", b"")
+        found = set(list_beside(self.url))
+        delete_objects(sorted(u for u in found if name(u).startswith("probe-")))
+        if self.url in found and paths.row_folder:
             return  # a file where a folder is wanted: the folder's check says so
-        self._finish_cleanup()
+        self._finish_cleanup(found)
         for side in (paths.record, paths.summary):
-            self._download(side)
+            if self.remote(side) in found:
+                download(self.remote(side), side)
+        held = sorted(u for u in found if u.startswith(self.url + "/"))
         if paths.row_folder:
-            self._fetch_folder(paths)
+            self._fetch_folder(paths, held)
             return
-        self.parts = self._list_parts()
+        self.parts = self._list_parts(found)
         if self.parts:
             _write_rows(paths.progress, self._fold(shape).values())
-        elif kind_of(self.url) is not None:
-            self._download_output(paths)
+        elif self.url in found or held:
+            self._download_output(paths, held)
 
     def clear(self) -> None:
         """Remove the local mirror (what it held is in the store)."""
         shutil.rmtree(self.local.parent, ignore_errors=True)
 
-    def _probe(self) -> None:
-        """Write and remove an empty object beside the parts: a store that refuses writes
-        says so now. A killed run's probe is removed with this one's."""
-        put_object(f"{self.parts_url}/probe-{self.token}", b"")
-        found = list_objects(self.parts_url)
-        delete_objects([url for url in found if name(url).startswith("probe-")])
-
-    def _finish_cleanup(self) -> None:
+    def _finish_cleanup(self, found: set[str]) -> None:
         marker = f"{self.parts_url}/{MARKER}"
-        if kind_of(marker) != "object":
+        if marker not in found:
             return
         listed = json.loads(read_whole(marker)).get("parts", [])
-        delete_objects([f"{self.parts_url}/{part}" for part in listed])
+        gone = [f"{self.parts_url}/{part}" for part in listed]
+        delete_objects(gone)
         delete_objects([marker])
+        found -= {marker, *gone}
 
-    def _list_parts(self) -> list[str]:
-        if kind_of(self.parts_url) != "folder":
-            return []
-        found = [name(u) for u in list_objects(self.parts_url)]
-        return sorted(n for n in found if n[:8].isdigit() and n.endswith((".jsonl", ".json")))
+    def _list_parts(self, found: set[str]) -> list[str]:
+        names = [name(u) for u in found if u.startswith(self.parts_url + "/")]
+        return sorted(n for n in names if n[:8].isdigit() and n.endswith((".jsonl", ".json")))
 
     def _fold(self, shape: RowShape) -> dict[str, dict[str, Any]]:
         """The parts' rows by id: read in sequence order, a later row of an id replacing an
@@ -176,22 +176,19 @@ class RemoteOutput:
                 rows[shape.row_id(row)] = row
         return rows
 
-    def _download(self, local: Path) -> None:
-        url = self.remote(local)
-        if kind_of(url) == "object":
-            download(url, local)
-
-    def _download_output(self, paths: OutputPaths) -> None:
-        if kind_of(self.url) == "object":
+    def _download_output(self, paths: OutputPaths, held: list[str]) -> None:
+        """The output's object, or the objects of its folder (``held``), into the mirror."""
+        if not held:
             download(self.url, paths.rows)
             return
-        for url in list_objects(self.url):
+        for url in held:
             target = paths.rows / url[len(self.url) + 1 :]
             target.parent.mkdir(parents=True, exist_ok=True)
             download(url, target)
 
-    def _fetch_folder(self, paths: OutputPaths) -> None:
-        self._download_output(paths)
+    def _fetch_folder(self, paths: OutputPaths, held: list[str]) -> None:
+        if held:
+            self._download_output(paths, held)
         self.folder = _digests(paths.rows)
 
     # -- after resume ---------------------------------------------------------------------
@@ -242,7 +239,8 @@ class RemoteOutput:
     def refresh_folder(self, paths: OutputPaths) -> None:
         """Download a row folder again, once another process (Ray's writers) added to it."""
         shutil.rmtree(paths.rows, ignore_errors=True)
-        self._fetch_folder(paths)
+        held = list_objects(self.url) if kind_of(self.url) == "folder" else []
+        self._fetch_folder(paths, held)
 
     # -- closing ---------------------------------------------------------------------------
 

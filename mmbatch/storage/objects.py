@@ -256,6 +256,33 @@ def read_object(url: str, max_bytes: int) -> bytes:
     return data
 
 
+def read_many(urls: list[str], max_bytes: int) -> dict[str, bytes | MediaError]:
+    """The bytes of several items' objects of one store, read at once (their GETs in
+    flight together on the file system's event loop, where it has one), each bounded as
+    ``read_object``; one that fails in that pass is read again on its own, with retries,
+    and is its item's ``MediaError`` if it still fails. ``StorageUnavailable`` for the
+    job."""
+    if not urls:
+        return {}
+    fs, _ = file_system(urls[0])
+    paths = [fs._strip_protocol(url) for url in urls]
+    ends = [max_bytes + 1] * len(paths)
+    try:
+        found = fs.cat_ranges(paths, [0] * len(paths), ends, on_error="return")
+    except Exception:  # the batch as a whole failed: each object on its own says why
+        found = [None] * len(paths)
+    read: dict[str, bytes | MediaError] = {}
+    for url, data in zip(urls, found, strict=True):
+        if isinstance(data, (bytes, bytearray)) and len(data) <= max_bytes:
+            read[url] = bytes(data)
+            continue
+        try:
+            read[url] = read_object(url, max_bytes)
+        except MediaError as exc:
+            read[url] = exc
+    return read
+
+
 def read_whole(url: str, doing: str = "read") -> bytes:
     """The bytes of an object the job names as a whole (a manifest, a batch file, a row
     file): ``StorageError`` or ``StorageUnavailable`` when it cannot be read."""
@@ -310,6 +337,25 @@ def list_objects(url: str) -> list[str]:
     return sorted(fs.unstrip_protocol(p) for p in found if p != path)
 
 
+def list_beside(url: str) -> list[str]:
+    """The URLs of every object whose name begins with ``url``'s (``OUT``, ``OUT.job.json``,
+    ``OUT.parts/...``, ``OUT/...``), sorted: what an output holds, in one listing."""
+    fs, path = file_system(url)
+    folder, _, stem = path.rpartition("/")
+
+    def find() -> list[str]:
+        try:
+            return list(fs.find(folder, prefix=stem, detail=False))
+        except TypeError:  # a file system whose listing takes no prefix
+            return [p for p in fs.find(folder, detail=False) if p.startswith(path)]
+
+    try:
+        found = attempt(url, find)
+    except Failure as failure:
+        raise failure.job_error("list") from None
+    return sorted(fs.unstrip_protocol(p) for p in found if p.startswith(path))
+
+
 def glob_objects(pattern: str) -> list[str]:
     """The URLs of the objects matching ``pattern`` (``*``, ``**``, ``?``), sorted."""
     fs, path = file_system(pattern)
@@ -345,18 +391,25 @@ def put_file(url: str, local: str | Path) -> None:
 
 
 def delete_objects(urls: list[str]) -> None:
-    """Remove the objects ``urls`` (one missing already is no failure)."""
-    for url in urls:
-        fs, path = file_system(url)
-        try:
-            attempt(url, lambda fs=fs, path=path: _remove(fs, path))  # type: ignore[misc]
-        except Failure as failure:
-            raise failure.job_error("remove") from None
+    """Remove the objects ``urls`` of one store (one missing already is no failure), in as
+    few requests as the store takes (S3: a thousand a request)."""
+    if not urls:
+        return
+    fs, _ = file_system(urls[0])
+    paths = [fs._strip_protocol(url) for url in urls]
+    try:
+        attempt(urls[0], lambda: _remove(fs, paths))
+    except Failure as failure:
+        raise failure.job_error("remove") from None
 
 
-def _remove(fs: AbstractFileSystem, path: str) -> None:
-    with suppress(FileNotFoundError):
-        fs.rm_file(path)
+def _remove(fs: AbstractFileSystem, paths: list[str]) -> None:
+    try:
+        fs.rm(paths)
+    except FileNotFoundError:  # a file system that says so of one gone already
+        for path in paths:
+            with suppress(FileNotFoundError):
+                fs.rm_file(path)
 
 
 def download(url: str, local: str | Path, doing: str = "read") -> None:

