@@ -136,12 +136,14 @@ def versions() -> dict[str, str]:
 
 
 def machine() -> dict[str, Any]:
+    """The host, its CPUs and its load (other work on it slows both sides, not alike)."""
     model = ""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         names = [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
         model = names[0].split(":", 1)[1].strip() if names else ""
-    return {"host": platform.node(), "cpus": os.cpu_count(), "cpu": model}
+    load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    return {"host": platform.node(), "cpus": os.cpu_count(), "cpu": model, "load_average": load}
 
 
 def commit() -> str | None:
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mmbatch-storage-bench-"))
+    before = machine()
     figures = measure(args, work)
     engine = (
         f"model {args.model}"
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             "s3": "the same photos in moto's S3 server over HTTP on 127.0.0.1 (its own "
             "process) -> a JSONL in that store (parts, then the assembly)",
         },
-        "machine": machine(),
+        "machine": before | {"load_average_after": machine()["load_average"]},
         "versions": versions(),
         **figures,
     }

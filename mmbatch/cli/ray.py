@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.cli.options import EXIT_ITEMS_FAILED, EXIT_OK
 
@@ -68,7 +68,6 @@ def run(
     from mmbatch.errors import ConfigError
     from mmbatch.integrations import ray_data
     from mmbatch.output.file_output import FileOutput
-    from mmbatch.output.folders import FOLDER_FORMATS
 
     try:
         ray_data.import_ray()
@@ -77,16 +76,10 @@ def run(
     # The driver checks the engine settings before any actor starts (``run_on_ray``); here
     # too, before Ray starts (and prints its own lines): a mistake is then one line.
     check_engine_without_devices(engine)
-    if getattr(args, "keep_columns", None) not in (None, "none"):
-        raise ConfigError("--keep-columns is not supported with --ray yet")
-    if getattr(args, "shard_rows", None) is not None:
-        raise ConfigError("on Ray the output folder's files are Ray's blocks: drop --shard-rows")
+    out_format = _out_format(args)
     items = _one_row_per_item(job.requests)
     if dataset is None:
         _check_items(items)
-    out_format = getattr(args, "out_format", None) or "jsonl"
-    if out_format not in FOLDER_FORMATS:
-        raise ConfigError(f"on Ray, --out-format is one of {FOLDER_FORMATS}")
     ray_job = ray_data.RayJob(
         engine,
         job.sampling,
@@ -109,17 +102,40 @@ def run(
     )
     out = FileOutput.at(args.out, out_format, retry_errors=args.retry_errors, force=args.force)
     with ray_data.connected(args.ray):
-        if dataset is None:
-            rows = ray_data.requests_dataset(items)
-        else:
-            image, ids = dataset.image_column, dataset.id_column
-            first = job.requests[0]
-            rows = ray_data.parquet_rows(dataset.files, image, ids, first.prompt, first.system)
+        rows = _input_rows(items, dataset)
         known = items if dataset is not None else None
         report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
     for line in [*report.lines(), *(f"note: {note}" for note in job.notes)]:
         print(line, file=sys.stderr)
     return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED
+
+
+def _out_format(args: argparse.Namespace) -> str:
+    """The format of the output folder's files; ``ConfigError`` for output options Ray's
+    writers do not take."""
+    from mmbatch.errors import ConfigError
+    from mmbatch.output.folders import FOLDER_FORMATS
+
+    if getattr(args, "keep_columns", None) not in (None, "none"):
+        raise ConfigError("--keep-columns is not supported with --ray yet")
+    if getattr(args, "shard_rows", None) is not None:
+        raise ConfigError("on Ray the output folder's files are Ray's blocks: drop --shard-rows")
+    out_format: str = getattr(args, "out_format", None) or "jsonl"
+    if out_format not in FOLDER_FORMATS:
+        raise ConfigError(f"on Ray, --out-format is one of {FOLDER_FORMATS}")
+    return out_format
+
+
+def _input_rows(items: list[Request], dataset: ParquetLayout | None) -> Any:
+    """The Ray Dataset of input rows: built from ``items`` on the driver (their paths or
+    URLs), or read from the Parquet ``dataset`` by Ray's tasks."""
+    from mmbatch.integrations import ray_data
+
+    if dataset is None:
+        return ray_data.requests_dataset(items)
+    first = items[0]
+    image, ids = dataset.image_column, dataset.id_column
+    return ray_data.parquet_rows(dataset.files, image, ids, first.prompt, first.system)
 
 
 def _one_row_per_item(requests: Sequence[Request]) -> list[Request]:
