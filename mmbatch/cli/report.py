@@ -36,13 +36,20 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mmbatch.errors import ConfigError
     from mmbatch.jsonl import printable
     from mmbatch.output.formats import read_output
     from mmbatch.output.paths import OutputPaths
     from mmbatch.output.summary import read_summary
     from mmbatch.review.gallery import render
     from mmbatch.review.views import card_rows, job_folder
+    from mmbatch.storage.urls import is_storage_url
 
+    if is_storage_url(args.out):
+        raise ConfigError(
+            f"{args.out}: mmbatch report reads an output on this machine's disk; copy it "
+            "and its OUT.summary.json down first"
+        )
     summary = read_summary(OutputPaths(Path(args.out)))
     rows, media = card_rows(list(read_output(args.out)), summary)
     shown = _select(rows, args.max_items)

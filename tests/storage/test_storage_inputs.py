@@ -135,16 +135,18 @@ def test_a_local_manifest_reaches_storage_only_where_the_command_line_allows(
     assert row["error"] is None
 
 
-def test_frames_of_videos_in_storage_are_the_local_frames(s3: Bucket, tmp_path: Path) -> None:
+def test_frames_of_videos_in_storage_are_the_local_frames_and_go_to_storage(
+    s3: Bucket, tmp_path: Path
+) -> None:
     videos = tmp_path / "videos"
     videos.mkdir()
     for n in range(2):
         cfr_video(videos / f"v{n}.mp4", frames=20, fps=10)
     prefix = s3.upload(videos, "videos")
-    for where, out in ((str(videos), "local.jsonl"), (prefix, "s3.jsonl")):
-        assert run("frames", where, "--fps", "2", "--out", str(tmp_path / out)) == EXIT_OK
+    assert run("frames", str(videos), "--fps", "2", "--out", str(tmp_path / "local.jsonl")) == 0
+    assert run("frames", prefix, "--fps", "2", "--out", s3.url("frames.jsonl")) == EXIT_OK
     local = read_rows(tmp_path / "local.jsonl")
-    remote = read_rows(tmp_path / "s3.jsonl")
+    remote = [json.loads(line) for line in s3.get("frames.jsonl").splitlines()]
     assert len(remote) == len(local) == 8
     for mine, theirs in zip(remote, local, strict=True):
         assert mine["id"].replace(prefix, str(videos)) == theirs["id"]
@@ -161,9 +163,10 @@ def test_an_openai_batch_file_in_storage_reads_its_pictures_beside_it(
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": 4}
         lines.append({"custom_id": custom_id, "url": "/v1/chat/completions", "body": body})
     batch = s3.put("batch/requests.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode())
-    out = tmp_path / "out.jsonl"
-    assert run("run-openai-batch", batch, "--out", str(out)) == EXIT_ITEMS_FAILED
-    rows = by_name(read_rows(out), "custom_id")
+    assert run("run-openai-batch", batch, "--out", s3.url("batch/out.jsonl")) == 1
+    rows = by_name(
+        [json.loads(line) for line in s3.get("batch/out.jsonl").splitlines()], "custom_id"
+    )
     assert rows["near"]["response"]["status_code"] == 200
     assert rows["far"]["response"]["status_code"] == 400
     assert "not_allowed" in json.dumps(rows["far"]["response"]["body"])
@@ -207,6 +210,15 @@ def test_a_local_dataset_kept_in_storage_gives_the_local_rows(
     assert [row["id"] for row in remote] == [row["id"] for row in local_rows]
     for mine, theirs in zip(remote, local_rows, strict=True):
         same_answers(mine, theirs)
+
+
+def test_report_over_an_output_in_storage_says_to_copy_it_down(
+    s3: Bucket, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mmbatch.cli import main as real_main
+
+    assert real_main(["report", s3.url("out.jsonl"), "--html", "r.html"]) == EXIT_JOB_FAILED
+    assert "copy it and its OUT.summary.json down first" in capsys.readouterr().err
 
 
 def test_what_storage_cannot_give_is_one_line_and_exit_2_before_any_engine(
