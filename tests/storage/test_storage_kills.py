@@ -32,7 +32,7 @@ from repo_paths import FAKE_CLI
 from s3_server import Bucket
 from test_kill_resume import make_inputs
 
-KILLS = 24
+KILLS = 20
 
 
 def start(inputs: str, out: str, **env: str) -> subprocess.Popen[bytes]:
