@@ -1,11 +1,12 @@
-"""SIGKILL a job (and its engine process) at random moments, resume each time, and check
+"""SIGKILL a job (and its engine process) at many moments, resume each time, and check
 the output holds every input exactly once, in input order, with the text an uninterrupted
 run gives, and that no process of a killed job is left two seconds later.
 
 The kills run the real command (sources, loader, pipeline, resumable sink) in a subprocess
 with fake engines, each in an engine process of its own with a child standing in for vLLM's
 engine core, as the real command runs vLLM, so that they cost seconds, not engine starts.
-They land at random moments (start-up, mid-job, between steps, writing), half-way through
+They land at moments drawn from a fixed seed (start-up, mid-job, between steps, writing;
+``tests/manual/test_kill_sweep.py`` draws fifty at a random seed), half-way through
 writing a row (the torn write a kill during ``write`` can leave), on the engine process
 alone (the job starts another, and the dead one's engine core must go at once), and around
 the final reordering of the rows. ``test_end_to_end.py`` kills the real vLLM command a few

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from budgets import budget_for
+from conftest import TINY_ENGINE_KWARGS
 from media_files import cfr_video, scene_video, write_audio
 
 from mmbatch.media.options import MediaOptions, VideoOptions, scaled_size
@@ -76,24 +77,37 @@ def read_rows(path: Path) -> dict[str, dict]:  # type: ignore[type-arg]
 
 
 def test_frames_cli_rows_and_saved_frames(
-    tiny_vl_model: Path, samples: Path, tmp_path: Path
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """``mmbatch frames`` in this process, with the session engine's settings: the command
+    gets that engine from the registry rather than starting one."""
+    from mmbatch.cli import main
+
     clip = str(samples / "clip.mp4")
     no_video = write_audio(tmp_path / "speech.mp4", codec="aac", rate=16000, layout="mono")
     out = tmp_path / "frames.jsonl"
-    proc = cli(
-        "frames", clip, str(no_video), "--model", str(tiny_vl_model), "--out", str(out),
-        "--num-frames", "3", "--save-frames", str(tmp_path / "jpg"),
-        "--engine-arg", "max_model_len=512", cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 1, proc.stderr[-3000:]  # the audio-only file failed
+    argv = ["frames", clip, str(no_video), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += ["--num-frames", "3", "--save-frames", str(tmp_path / "jpg"), "--max-tokens", "6"]
+    argv += ["--no-progress", *tiny_engine_args()]
+    assert main(argv) == 1  # the audio-only file failed
+    stderr = capsys.readouterr().err
+    assert "kept from an earlier job in this process" in stderr  # the session's engine
     rows = read_rows(out)
     assert rows[str(no_video)]["error"]["message"] == "no video stream (streams: audio)"
     frames = [r for r in rows.values() if r["error"] is None]
     assert [(r["frame_index"], r["pts"]) for r in frames] == [(8, 0.32), (25, 1.0), (41, 1.64)]
     assert all(r["video"] == clip and r["output_tokens"] > 0 for r in frames)
     assert len(list((tmp_path / "jpg").iterdir())) == 3
-    assert "4 of 4 items: 3 ok, 1 failed" in proc.stderr
+    assert "4 of 4 items: 3 ok, 1 failed" in stderr
+
+
+def tiny_engine_args() -> list[str]:
+    """``--engine-arg`` for each of the session engine's settings."""
+    return [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
 
 
 def test_clip_cli_counts_shrinks_and_refuses_by_the_budget(
