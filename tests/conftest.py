@@ -13,7 +13,7 @@ from repo_paths import SAMPLES
 # The manual tier (tests/manual) runs checks of the default tier's modules at full size and
 # imports them by name, as pytest imports a test module (its folder on ``sys.path``),
 # whichever folders a run collects.
-for _folder in ("bench", "integrations", "testing"):
+for _folder in ("bench", "integrations", "media", "testing"):
     if str(Path(__file__).parent / _folder) not in sys.path:
         sys.path.append(str(Path(__file__).parent / _folder))
 
