@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,13 @@ from pathlib import Path
 import pytest
 from repo_paths import SAMPLES
 from s3_server import Bucket, S3Server
+
+# The manual tier (tests/manual) runs checks of the default tier's modules at full size and
+# imports them by name, as pytest imports a test module (its folder on ``sys.path``),
+# whichever folders a run collects.
+for _folder in ("bench", "integrations", "media", "testing"):
+    if str(Path(__file__).parent / _folder) not in sys.path:
+        sys.path.append(str(Path(__file__).parent / _folder))
 
 
 @pytest.fixture(scope="session")

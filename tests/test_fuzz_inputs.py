@@ -83,6 +83,10 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 @pytest.fixture
 def folder(tmp_path: Path, samples: Path) -> Path:
+    return input_folder(tmp_path, samples)
+
+
+def input_folder(tmp_path: Path, samples: Path) -> Path:
     """An input folder: a picture, a folder, a link out of it, a secret beside it."""
     data = tmp_path / "data"
     (data / "sub").mkdir(parents=True)
@@ -127,11 +131,7 @@ manifest_rows = st.one_of(
 manifest_lines = st.lists(st.one_of(manifest_rows.map(as_line), raw_lines), min_size=1, max_size=6)
 
 
-@fuzz(1500)
-@given(lines=manifest_lines, allow_urls=st.booleans(), anywhere=st.booleans())
-def test_any_manifest_ends_as_rows_or_one_error(
-    folder: Path, lines: list[str], allow_urls: bool, anywhere: bool
-) -> None:
+def check_manifest(folder: Path, lines: list[str], allow_urls: bool, anywhere: bool) -> None:
     from mmbatch.sources.paths import LocalPaths
 
     manifest = write_lines(folder / "items.jsonl", lines)
@@ -153,9 +153,10 @@ def test_any_manifest_ends_as_rows_or_one_error(
         )
 
 
-@fuzz(500)
-@given(body=st.lists(st.one_of(texts, st.sampled_from(["path,id", "\ufeffpath", "a,b,c"]))))
-def test_any_csv_manifest_ends_as_rows_or_one_error(folder: Path, body: list[str]) -> None:
+csv_bodies = st.lists(st.one_of(texts, st.sampled_from(["path,id", "\ufeffpath", "a,b,c"])))
+
+
+def check_csv_manifest(folder: Path, body: list[str]) -> None:
     manifest = write_lines(folder / "items.csv", ["path,id,prompt", *body])
     try:
         requests = image_requests([str(manifest)], "p", log=ListingLog())
@@ -227,9 +228,7 @@ batch_lines = st.lists(
 )
 
 
-@fuzz(1500)
-@given(lines=batch_lines)
-def test_any_batch_file_ends_as_lines_or_one_error(folder: Path, lines: list[str]) -> None:
+def check_batch_file(folder: Path, lines: list[str]) -> None:
     requests_file = write_lines(folder / "requests.jsonl", lines)
     try:
         batch = read_batch(requests_file)
@@ -299,9 +298,7 @@ recipes = st.fixed_dictionaries(
 )
 
 
-@fuzz(1500)
-@given(data=recipes)
-def test_any_recipe_is_read_or_refused_in_the_commands_words(data: dict[str, Any]) -> None:
+def check_recipe(data: dict[str, Any]) -> None:
     try:
         recipe = parse_recipe(data, "r.toml")
     except MmbatchError as exc:
@@ -328,9 +325,7 @@ toml_text = st.lists(
 )  # fmt: skip
 
 
-@fuzz(400)
-@given(lines=toml_text)
-def test_the_check_command_says_every_recipe_in_one_place(
+def check_command(
     tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], lines: list[str]
 ) -> None:
     """Through ``mmbatch check``, in-process: exit 0 with the recipe described, or exit 2
@@ -346,3 +341,40 @@ def test_the_check_command_says_every_recipe_in_one_place(
         assert all(line.startswith("  ") for line in rest), err
     else:
         load_recipe(recipe)  # what check read, the run reads
+
+
+# The tests: a share of each sweep (``tests/manual/test_fuzz_sweep.py`` runs 5,400 cases).
+
+
+@fuzz(300)
+@given(lines=manifest_lines, allow_urls=st.booleans(), anywhere=st.booleans())
+def test_any_manifest_ends_as_rows_or_one_error(
+    folder: Path, lines: list[str], allow_urls: bool, anywhere: bool
+) -> None:
+    check_manifest(folder, lines, allow_urls, anywhere)
+
+
+@fuzz(100)
+@given(body=csv_bodies)
+def test_any_csv_manifest_ends_as_rows_or_one_error(folder: Path, body: list[str]) -> None:
+    check_csv_manifest(folder, body)
+
+
+@fuzz(300)
+@given(lines=batch_lines)
+def test_any_batch_file_ends_as_lines_or_one_error(folder: Path, lines: list[str]) -> None:
+    check_batch_file(folder, lines)
+
+
+@fuzz(300)
+@given(data=recipes)
+def test_any_recipe_is_read_or_refused_in_the_commands_words(data: dict[str, Any]) -> None:
+    check_recipe(data)
+
+
+@fuzz(40)
+@given(lines=toml_text)
+def test_the_check_command_says_every_recipe_in_one_place(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], lines: list[str]
+) -> None:
+    check_command(tmp_path_factory, capsys, lines)

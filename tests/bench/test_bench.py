@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,40 +76,63 @@ def test_flops_model_matches_the_gemma3_4b_parameter_count() -> None:
     assert 5.3e12 < vision_flops_per_image(config, 448, 448) < 5.7e12
 
 
+def bench_argv(model: Path, tmp_path: Path, modes: str) -> list[str]:
+    """``mmbatch bench``'s arguments for every workload, small, on the tiny model."""
+    argv = ["bench", "--model", str(model), "--modes", modes, "--images", "4"]
+    argv += ["--w1-images", "5", "--videos", "2", "--video-seconds", "3", "--size", "56"]
+    argv += ["--max-tokens", "3", "--out", str(tmp_path / "report.json")]
+    argv += ["--work-dir", str(tmp_path / "work")]
+    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
+        argv += ["--engine-arg", arg]
+    return argv
+
+
+def check_workloads(report: dict[str, Any], sides: tuple[str, ...], stdout: str) -> None:
+    """The report of ``bench_argv``'s run: every workload on each of ``sides``, their
+    counts, ratios and CPU seconds."""
+    assert report["command"].startswith("mmbatch bench --model")
+    assert report["machine"]["gpus"] == ["none (CPU)"]
+    assert set(report["workloads"]) == {"W1", "W2", "W3", "W4"}
+    w2 = report["workloads"]["W2"]
+    for side in sides:
+        assert w2[side]["requests"] == 16
+        assert w2[side]["images"] == 4
+        assert w2[side]["output_tokens"] == 16 * 3  # ignore_eos: every request runs to 3
+        assert w2[side]["mm_hit_rate"] == pytest.approx(0.75)  # 4 distinct of 16
+        assert 0 < w2[side]["share_of_compute_bound"] < 1
+    for base in (side for side in sides if side != "mmbatch"):
+        assert w2[f"ratio_mmbatch_over_{base}"] == pytest.approx(
+            w2["mmbatch"]["requests_per_s"] / w2[base]["requests_per_s"]
+        )
+        assert f"mmbatch / {base}" in stdout
+    w4 = report["workloads"]["W4"]["mmbatch"]
+    assert (w4["requests"], w4["distinct_images"]) == (5, 4)  # W1's count of rows, 70% distinct
+    # Where the CPU went, by kind of process: vLLM's engine core and its scheduler loop on
+    # every side; mmbatch's engine in a process of its own, naive's in the driving one.
+    for side in sides:
+        cpu = w2[side]["cpu_seconds"]
+        assert cpu["engine_core_main_thread"] > 0, (side, cpu)
+        assert cpu["engine_core"] + 0.02 >= cpu["engine_core_main_thread"]  # 10 ms ticks
+        assert cpu["driver"] > 0
+    assert w2["mmbatch"]["cpu_seconds"]["replicas"] > 0
+    assert "replicas" not in w2["naive"]["cpu_seconds"]
+    assert isinstance(w2["mmbatch"]["engine_timeline"], list)  # a sample a second: none here
+    assert "core loop" in stdout
+    w3 = report["workloads"]["W3"]
+    for side in sides:
+        assert w3[side]["requests"] == 2 * 3  # two videos of 3 s at 1 frame per second
+        assert w3[side]["output_tokens"] == 6 * 3
+    assert w3["mmbatch"]["decodes"] == 6
+
+
 @pytest.mark.slow
 def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "report.json"
+    """The command as a user runs it, every workload on the naive side and mmbatch's
+    (``tests/manual/test_bench_sweep.py`` adds the prebuilt side). A process of its own:
+    the bench samples its sides' CPU from its own process, which the tests' coverage
+    tracing would slow."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mmbatch",
-            "bench",
-            "--model",
-            str(tiny_vl_model),
-            "--images",
-            "4",
-            "--w1-images",
-            "5",
-            "--videos",
-            "2",
-            "--video-seconds",
-            "3",
-            "--size",
-            "56",
-            "--max-tokens",
-            "3",
-            "--out",
-            str(out),
-            "--work-dir",
-            str(tmp_path / "work"),
-            "--engine-arg",
-            "dtype=float32",
-            "--engine-arg",
-            "max_model_len=1024",
-            "--engine-arg",
-            "enforce_eager=true",
-        ],
+        [sys.executable, "-m", "mmbatch", *bench_argv(tiny_vl_model, tmp_path, "naive,mmbatch")],
         capture_output=True,
         text=True,
         # vLLM's engine core in a process of its own, as on a GPU host (the tests' default
@@ -117,43 +141,8 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert report["command"].startswith("mmbatch bench --model")
-    assert report["machine"]["gpus"] == ["none (CPU)"]
-    assert set(report["workloads"]) == {"W1", "W2", "W3", "W4"}
-    w2 = report["workloads"]["W2"]
-    for side in ("naive", "prebuilt", "mmbatch"):
-        assert w2[side]["requests"] == 16
-        assert w2[side]["images"] == 4
-        assert w2[side]["output_tokens"] == 16 * 3  # ignore_eos: every request runs to 3
-        assert w2[side]["mm_hit_rate"] == pytest.approx(0.75)  # 4 distinct of 16
-        assert 0 < w2[side]["share_of_compute_bound"] < 1
-    assert w2["ratio_mmbatch_over_naive"] == pytest.approx(
-        w2["mmbatch"]["requests_per_s"] / w2["naive"]["requests_per_s"]
-    )
-    assert w2["ratio_mmbatch_over_prebuilt"] == pytest.approx(
-        w2["mmbatch"]["requests_per_s"] / w2["prebuilt"]["requests_per_s"]
-    )
-    w4 = report["workloads"]["W4"]["mmbatch"]
-    assert (w4["requests"], w4["distinct_images"]) == (5, 4)  # W1's count of rows, 70% distinct
-    # Where the CPU went, by kind of process: vLLM's engine core and its scheduler loop on
-    # every side; mmbatch's engine in a process of its own, naive's in the driving one.
-    for side in ("naive", "prebuilt", "mmbatch"):
-        cpu = w2[side]["cpu_seconds"]
-        assert cpu["engine_core_main_thread"] > 0, (side, cpu)
-        assert cpu["engine_core"] + 0.02 >= cpu["engine_core_main_thread"]  # 10 ms ticks
-        assert cpu["driver"] > 0
-    assert w2["mmbatch"]["cpu_seconds"]["replicas"] > 0
-    assert "replicas" not in w2["naive"]["cpu_seconds"]
-    assert isinstance(w2["mmbatch"]["engine_timeline"], list)  # a sample a second: none here
-    assert "core loop" in proc.stdout
-    w3 = report["workloads"]["W3"]
-    for side in ("naive", "prebuilt", "mmbatch"):
-        assert w3[side]["requests"] == 2 * 3  # two videos of 3 s at 1 frame per second
-        assert w3[side]["output_tokens"] == 6 * 3
-    assert w3["mmbatch"]["decodes"] == 6
-    assert "mmbatch / naive" in proc.stdout
-    assert "mmbatch / prebuilt" in proc.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    check_workloads(report, ("naive", "mmbatch"), proc.stdout)
 
 
 @pytest.mark.slow
@@ -205,38 +194,40 @@ def test_whole_processes_are_timed_from_the_command_to_its_exit(
     assert "whole k2_over_naive_3 =" in stdout
 
 
-@pytest.mark.slow
-def test_the_datasets_sides_are_whole_processes_over_one_imagefolder(
-    tiny_vl_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``--modes ds-naive,ds-map,ds-whole``: a naive ``Dataset.map`` calling ``LLM.chat``,
-    ``ds.map(DatasetMap(...))`` and ``run_dataset`` over the same pictures as an
-    ``imagefolder``, each a process of its own, timed and compared with the naive map."""
+def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
+    """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
+    process of its own, timed and compared with the naive map (the first of ``modes``)."""
     from mmbatch.cli import main
 
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     out = tmp_path / "report.json"
-    argv = ["bench", "--model", str(tiny_vl_model), "--workloads", ""]
-    argv += ["--modes", "ds-naive,ds-map,ds-whole", "--whole", "2", "--whole-repeats", "1"]
+    argv = ["bench", "--model", str(model), "--workloads", ""]
+    argv += ["--modes", ",".join(modes), "--whole", "2", "--whole-repeats", "1"]
     argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
     argv += ["--work-dir", str(tmp_path / "work")]
     for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
         argv += ["--engine-arg", arg]
     assert main(argv) == 0
     whole = json.loads(out.read_text())["whole_process"]
-    assert [r["mode"] for r in whole["runs"]] == ["ds-naive", "ds-map", "ds-whole"]
+    assert [r["mode"] for r in whole["runs"]] == modes
     for run in whole["runs"]:
         assert (run["rows"], run["failed"]) == (2, 0), run
         assert run["startup_s"] > 0, run
         assert run["work_s"] > 0, run
-    assert set(whole) == {
-        "runs",
-        "ratio_ds-map_over_ds-naive_2",
-        "ratio_ds-whole_over_ds-naive_2",
-    }
+    assert set(whole) == {"runs", *(f"ratio_{mode}_over_ds-naive_2" for mode in modes[1:])}
     # The whole-dataset face ran the rows as one job, with its summary beside them.
     [summary] = list((tmp_path / "work").rglob("rows.jsonl.summary.json"))
     assert json.loads(summary.read_text())["stats"]["total"] == 2
+
+
+@pytest.mark.slow
+def test_the_datasets_sides_are_whole_processes_over_one_imagefolder(
+    tiny_vl_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--modes ds-naive,ds-whole``: a naive ``Dataset.map`` calling ``LLM.chat`` and
+    ``run_dataset`` over the same pictures (``tests/manual/test_bench_sweep.py`` adds
+    ``ds.map(DatasetMap(...))``, ``ds-map``)."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    run_datasets_sides(tiny_vl_model, tmp_path, ["ds-naive", "ds-whole"])
 
 
 def test_cpu_monitor_counts_this_process_and_its_children() -> None:

@@ -119,7 +119,12 @@ def test_a_model_that_is_not_there_is_one_line(
     model: str,
     message: str,
 ) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the machine has no network: answer at once
+    import huggingface_hub.constants
+
+    # No network here: answer at once, not after the hub's retries. The library reads the
+    # variable once, when first imported (an earlier test may have imported it).
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     out = tmp_path / "out" / "c.jsonl"
     assert caption(samples, out, "--model", model) == EXIT_JOB_FAILED
     assert message in one_error(capsys)

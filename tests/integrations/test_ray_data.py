@@ -276,17 +276,30 @@ def complete_rows(folder: Path) -> list[str]:
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ctrl_c_and_sigterm_stop_a_ray_job_like_a_local_one_and_it_resumes_exactly(
+def test_ctrl_c_stops_a_ray_job_like_a_local_one_and_it_resumes_exactly(
     local_ray,  # type: ignore[no-untyped-def]
     tiny_vl_model: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``--ray`` stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it),
-    then resumed and stopped by SIGTERM (to the job alone, as a scheduler sends it), once
-    rows are in the folder: 130 then 143, the local runner's lines, no traceback, nothing
-    the job started left running (the local Ray it started, its actor and engine), and a
-    last run that resumes to every id exactly once."""
+    """``--ray`` stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it)
+    once rows are in the folder: 130, the local runner's lines, no traceback, nothing the
+    job started left running (the local Ray it started, its actor and engine), and a last
+    run that resumes to every id exactly once. ``tests/manual/test_ray_stop_sweep.py`` also
+    resumes it and stops it again by SIGTERM."""
+    stop_a_ray_job_then_resume(tiny_vl_model, tmp_path, capsys, (signal.SIGINT,))
+
+
+def stop_a_ray_job_then_resume(
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    signals: tuple[signal.Signals, ...],
+) -> None:
+    """The job started, once rows are in the folder stopped by each of ``signals`` in
+    turn (SIGINT to its process group, as a terminal sends it; SIGTERM to the job alone, as
+    a scheduler sends it), each time resumed from what the last saved; then run to its end
+    on the tests' Ray."""
     pictures = tmp_path / "pictures"
     pictures.mkdir()
     for i in range(12):
@@ -303,7 +316,7 @@ def test_ctrl_c_and_sigterm_stop_a_ray_job_like_a_local_one_and_it_resumes_exact
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
     saved: list[str] = []
-    for how in (signal.SIGINT, signal.SIGTERM):
+    for how in signals:
         job = subprocess.Popen(
             [sys.executable, "-c", RAY_CLI, *argv],
             env=env,

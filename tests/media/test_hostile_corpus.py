@@ -6,9 +6,6 @@ what media the model takes); the slow ones vLLM with the tiny model."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -147,33 +144,6 @@ def test_hostile_corpus_on_vllm_gives_rows_and_the_engine_survives(
     # Measured before it reached vLLM (the pre-flight budget), with the numbers.
     assert "over max_model_len 1024" in by_id["too_long"]["error"]["message"]
     assert stats.failed_by_kind["too_long"] == 1
-
-
-@pytest.mark.slow
-def test_the_hostile_corpus_through_the_command_on_vllm(
-    hostile: tuple[Path, dict[str, object]], tmp_path: Path, tiny_vl_model: Path
-) -> None:
-    """The whole command on the real engine, budget and all: one row per input, each with its
-    outcome (the strips refused by the model's resize rules), exit 1, no traceback."""
-    folder, corpus = hostile
-    out = tmp_path / "o.jsonl"
-    argv = ["caption", str(folder), "--model", str(tiny_vl_model), "--out", str(out)]
-    argv += [*CORPUS_ARGS, "--no-progress", "--max-tokens", "4"]
-    for arg in ("dtype=float32", "enforce_eager=true", "max_model_len=1024"):
-        argv += ["--engine-arg", arg]
-    proc = subprocess.run(
-        [sys.executable, "-m", "mmbatch", *argv],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    assert proc.returncode == EXIT_ITEMS_FAILED, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
-    expected = {**corpus, **{k: v for k, v in ENGINE_DEPENDENT.items() if k in corpus}}
-    for row in check_corpus_rows(out, expected):
-        if row["error"] is None:
-            assert row["output_tokens"], row
 
 
 @pytest.mark.slow

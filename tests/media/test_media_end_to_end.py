@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 from budgets import budget_for
+from conftest import TINY_ENGINE_KWARGS
 from media_files import cfr_video, scene_video, write_audio
 
-from mmbatch.media.options import MediaOptions, VideoOptions, scaled_size
+from mmbatch.media.options import MediaOptions, VideoOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.timeline import frame_requests
@@ -76,24 +77,37 @@ def read_rows(path: Path) -> dict[str, dict]:  # type: ignore[type-arg]
 
 
 def test_frames_cli_rows_and_saved_frames(
-    tiny_vl_model: Path, samples: Path, tmp_path: Path
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """``mmbatch frames`` in this process, with the session engine's settings: the command
+    gets that engine from the registry rather than starting one."""
+    from mmbatch.cli import main
+
     clip = str(samples / "clip.mp4")
     no_video = write_audio(tmp_path / "speech.mp4", codec="aac", rate=16000, layout="mono")
     out = tmp_path / "frames.jsonl"
-    proc = cli(
-        "frames", clip, str(no_video), "--model", str(tiny_vl_model), "--out", str(out),
-        "--num-frames", "3", "--save-frames", str(tmp_path / "jpg"),
-        "--engine-arg", "max_model_len=512", cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 1, proc.stderr[-3000:]  # the audio-only file failed
+    argv = ["frames", clip, str(no_video), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += ["--num-frames", "3", "--save-frames", str(tmp_path / "jpg"), "--max-tokens", "6"]
+    argv += ["--no-progress", *tiny_engine_args()]
+    assert main(argv) == 1  # the audio-only file failed
+    stderr = capsys.readouterr().err
+    assert "kept from an earlier job in this process" in stderr  # the session's engine
     rows = read_rows(out)
     assert rows[str(no_video)]["error"]["message"] == "no video stream (streams: audio)"
     frames = [r for r in rows.values() if r["error"] is None]
     assert [(r["frame_index"], r["pts"]) for r in frames] == [(8, 0.32), (25, 1.0), (41, 1.64)]
     assert all(r["video"] == clip and r["output_tokens"] > 0 for r in frames)
     assert len(list((tmp_path / "jpg").iterdir())) == 3
-    assert "4 of 4 items: 3 ok, 1 failed" in proc.stderr
+    assert "4 of 4 items: 3 ok, 1 failed" in stderr
+
+
+def tiny_engine_args() -> list[str]:
+    """``--engine-arg`` for each of the session engine's settings."""
+    return [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
 
 
 def test_clip_cli_counts_shrinks_and_refuses_by_the_budget(
@@ -148,33 +162,8 @@ def test_audio_caption_cli_end_to_end(tiny_audio_model: Path, tmp_path: Path) ->
     assert all(r["error"] is None and r["output_tokens"] > 0 for r in rows)
 
 
-def test_a_clip_on_qwen2_5_vl_with_its_metadata(
-    tmp_path_factory: pytest.TempPathFactory, samples: Path, tmp_path: Path
-) -> None:
-    # In a subprocess like the other CLI tests: a second in-process engine, once collected,
-    # would tear down the distributed state the session's engines share.
-    from mmbatch.testing.tiny_models import build_tiny_model
-
-    model = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2_5-vl"), family="qwen2_5_vl")
-    out = tmp_path / "clip.jsonl"
-    proc = cli(
-        "caption", str(samples / "clip.mp4"), "--as-clip", "--num-frames", "8",
-        "--model", str(model), "--out", str(out), "--prompt", "Describe.",
-        "--engine-arg", "max_model_len=512", cwd=tmp_path,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    [row] = read_rows(out).values()
-    budget = budget_for(model, 512)
-    text = budget.text_tokens(None, "Describe.", ("video",))
-    # Frames are decoded no larger than the video processor keeps them (its max_pixels).
-    width, height = scaled_size(96, 64, budget.max_pixels("video"))
-    assert (width, height) == (68, 45)
-    assert row["prompt_tokens"] == text + budget.counts.video(width, height, 8).tokens
-    assert row["output_tokens"] > 0
-
-
 def test_scene_clips_reach_the_model_as_videos_and_resume(
-    tiny_vl_model: Path, tmp_path: Path
+    tiny_vl_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--scenes`` end to end: a row per scene, each its own clip of 4 frames as vLLM
     counts them, and a rerun that finds every clip done."""
@@ -201,6 +190,9 @@ def test_scene_clips_reach_the_model_as_videos_and_resume(
         assert row["prompt_tokens"] == text + clip.tokens
         assert row["output_tokens"] > 0
     assert len({r["media_hash"] for r in rows.values()}) == 3
-    again = cli(*argv, cwd=tmp_path)  # nothing left: no engine is started
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "3 items already have a row; 0 items to do" in again.stderr
+    # Again, in this process: nothing is left, so no engine is started.
+    from mmbatch.cli import main
+
+    capsys.readouterr()
+    assert main([*argv, "--max-tokens", "6", "--no-progress", *TINY_ARGS]) == 0
+    assert "3 items already have a row; 0 items to do" in capsys.readouterr().err

@@ -3,8 +3,9 @@
 Fast tests check the files (same seed, same bytes), the tokenizer layout, the processors and
 the real-shape directories (vLLM's configuration accepts each, without weights). The ``slow``
 tests start vLLM's CPU engine on the Qwen families, one engine at a time, and check that
-greedy generation works and repeats itself exactly; tests/testing/test_families.py runs every
-other family through ``mmbatch caption``.
+greedy generation works and repeats itself exactly; tests/testing/test_families.py (two
+families) and tests/manual/test_family_sweep.py (the rest) run every other family through
+``mmbatch caption``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,24 @@
+"""A Ray job stopped by Ctrl-C, resumed, stopped by SIGTERM, and resumed to its end
+(``tests/integrations/test_ray_data.py`` stops it by Ctrl-C alone)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+from test_ray_data import local_ray, stop_a_ray_job_then_resume
+
+__all__ = ["local_ray"]  # the module's Ray, as the default tier's tests have it
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ctrl_c_and_sigterm_stop_a_ray_job_like_a_local_one_and_it_resumes_exactly(
+    local_ray,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    signals = (signal.SIGINT, signal.SIGTERM)
+    stop_a_ray_job_then_resume(tiny_vl_model, tmp_path, capsys, signals)
