@@ -100,7 +100,7 @@ def s3_server() -> Iterator[S3Server]:
     """The tests' S3 API server (moto's server mode over HTTP), started once."""
     server = S3Server()
     yield server
-    server.stop()
+    server.close()
 
 
 @pytest.fixture

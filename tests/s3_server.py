@@ -1,10 +1,16 @@
 """An S3 API server of the tests' own, reached over HTTP exactly as a user reaches MinIO or R2.
 
-``S3Server`` is moto's server mode (``ThreadedMotoServer``) on 127.0.0.1 and a free port; a
-job finds it through the standard AWS environment (``environment``: ``AWS_ENDPOINT_URL``,
-dummy credentials whose secret is ``SECRET_MARKER``, so a test can look for it wherever it
-must never be). It can be stopped and started again on the same port, its objects kept (a
-store that went away mid-job and came back).
+``S3Server`` is moto's server mode (``python -m moto.server``) in a process of its own, behind
+a gate on 127.0.0.1 and a free port; a job finds it through the standard AWS environment
+(``environment``: ``AWS_ENDPOINT_URL``, dummy credentials whose secret is ``SECRET_MARKER``,
+so a test can look for it wherever it must never be). It can be stopped and started again on
+the same port, its objects kept (a store that went away mid-job and came back): stopping
+closes the gate, so connections are refused and those open are cut, as when a server dies,
+while moto's process keeps the objects.
+
+moto's server is Flask, and it runs in a process of its own so that Flask is never imported
+in the tests' process: vLLM's CPU build, as it starts an engine, looks through every loaded
+module's globals, and Flask's context proxies raise on that look outside a request.
 
 ``FaultyProxy`` stands between a job and the server and forwards every request as it is,
 except for the objects it is told to spoil: ``deny`` answers 403 AccessDenied (S3's own
@@ -14,9 +20,13 @@ closes the connection (an object cut short mid-read).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,11 +45,18 @@ def free_port() -> int:
 
 
 class S3Server:
-    """moto's S3 server in a thread of this process."""
+    """moto's S3 server in a process of its own, reached through a gate that can close."""
 
     def __init__(self) -> None:
         self.port = free_port()
-        self._server: Any = None
+        self._moto_port = free_port()
+        self._moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self._moto_port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_for_port(self._moto_port, self._moto)
+        self._gate: Gate | None = None
         self.start()
 
     @property
@@ -47,15 +64,18 @@ class S3Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
+        self._gate = Gate(self.port, self._moto_port)
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
+
+    def close(self) -> None:
+        """The gate closed and moto's process ended."""
+        self.stop()
+        self._moto.terminate()
+        self._moto.wait(timeout=30)
 
     def environment(self, endpoint: str | None = None) -> dict[str, str]:
         """The standard AWS environment that points a job at this server (or at
@@ -70,6 +90,75 @@ class S3Server:
             "AWS_CONFIG_FILE": "/nonexistent/config",
             "AWS_EC2_METADATA_DISABLED": "true",
         }
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("moto's S3 server did not start") from None
+            time.sleep(0.1)
+
+
+class Gate:
+    """A TCP relay from ``port`` to ``upstream``, byte for byte, until ``close``: then the
+    port refuses connections and every relayed one is cut, as a dead server's would be."""
+
+    def __init__(self, port: int, upstream: int) -> None:
+        self._upstream = upstream
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", port))
+        self._listener.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self._upstream))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._open.update((client, server))
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            for end in (source, sink):
+                if end in self._open:
+                    self._open.discard(end)
+                    end.close()
+
+    def close(self) -> None:
+        # shutdown first: it wakes the accepting thread and stops the listening at once,
+        # which a bare close does not while that thread waits in accept.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        with self._lock:
+            for end in self._open:
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
 
 
 _HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection"})

@@ -120,4 +120,4 @@ def test_a_store_stopped_mid_job_stops_it_loudly_and_the_same_command_resumes_ex
         assert len(ids) == len(set(ids)) == total
         assert not bucket.keys("out.jsonl.parts")
     finally:
-        server.stop()
+        server.close()
