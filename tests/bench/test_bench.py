@@ -145,55 +145,6 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     check_workloads(report, ("naive", "mmbatch"), proc.stdout)
 
 
-@pytest.mark.slow
-def test_whole_processes_are_timed_from_the_command_to_its_exit(
-    tiny_vl_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from mmbatch.cli import main
-
-    out = tmp_path / "report.json"
-    argv = ["bench", "--model", str(tiny_vl_model)]
-    argv += ["--workloads", "", "--modes", "naive,prebuilt,k2", "--whole", "3"]
-    argv += ["--whole-repeats", "1", "--variant", 'k2={"engines_per_gpu": 2}']
-    argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
-    argv += ["--work-dir", str(tmp_path / "work")]
-    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
-        argv += ["--engine-arg", arg]
-    # The bench drives here (each timed process is one of its own, as on the GPU host).
-    assert main(argv) == 0
-    stdout = capsys.readouterr().out
-    whole = json.loads(out.read_text())["whole_process"]
-    assert [(r["mode"], r["side"], r["images"]) for r in whole["runs"]] == [
-        ("naive", "naive", 3),  # prebuilt has no whole-process form
-        ("k2", "mmbatch", 3),
-    ]
-    for run in whole["runs"]:
-        assert (run["rows"], run["failed"]) == (3, 0), run
-        assert run["startup_s"] > 0, run
-        assert run["work_s"] > 0, run
-        assert run["exit_s"] > -0.1, run  # the last row, then the exit
-        assert run["startup_s"] + run["work_s"] + run["exit_s"] == pytest.approx(
-            run["wall_s"], abs=0.05
-        )
-    # Where start-up went: the naive script's import of vLLM, mmbatch's phases in order.
-    assert 0 < whole["runs"][0]["startup_phases"]["vllm_imported"] < whole["runs"][0]["startup_s"]
-    phases = whole["runs"][1]["startup_phases"]
-    order = ["inputs_listed", "engine_processes_spawned", "engines_ready", "first_row"]
-    assert [phases[name] for name in order] == sorted(phases[name] for name in order)
-    assert {"settings_checked", "engine_0_ready", "engine_1_ready"} <= phases.keys()
-    # Each engine process's own start-up, on the job's clock.
-    for engine in ("engine_0", "engine_1"):
-        steps = [f"{engine}_{step}" for step in ("started", "vllm_imported", "llm_built", "ready")]
-        assert phases["inputs_listed"] <= phases[steps[0]], phases
-        assert [phases[s] for s in steps] == sorted(phases[s] for s in steps), phases
-    naive, k2 = (r["wall_s"] for r in whole["runs"])
-    assert whole["ratio_k2_over_naive_3"] == pytest.approx(naive / k2)
-    # Two engines on this machine (no GPU), as the variant asked.
-    log = Path(whole["runs"][1]["log"]).read_text()
-    assert "2 engines on this machine" in log
-    assert "whole k2_over_naive_3 =" in stdout
-
-
 def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
     """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
     process of its own, timed and compared with the naive map (the first of ``modes``)."""

@@ -431,7 +431,9 @@ def test_the_readme_datasets_example_runs_as_written(
 ) -> None:
     """The README's datasets example is an imagefolder mapped by ``DatasetMap``:
     that code, run as it is in a folder holding ``photos/`` and the tiny model as
-    ``.tiny``, captions every picture (the corrupt one is its row's error)."""
+    ``.tiny``, captions every picture (the corrupt one is its row's error), and prints none
+    of vLLM's log (about 120 lines once): it goes to a file of its own, as the command's
+    goes to ``OUT.vllm.log``, and stderr says where."""
     section = README.read_text(encoding="utf-8").split("**Hugging Face datasets:**", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
@@ -443,10 +445,17 @@ def test_the_readme_datasets_example_runs_as_written(
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        env=os.environ | {"HF_DATASETS_CACHE": str(tmp_path / "hf-cache")},
+        env=os.environ
+        | {"HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "MMBATCH_CACHE_DIR": str(tmp_path)},
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     errors = ast.literal_eval(proc.stdout.strip().splitlines()[-1])  # the printed column
     assert len(errors) == len(GOOD) + 2
     assert sorted(bool(e) for e in errors) == [False] * (len(GOOD) + 1) + [True]
+    vllm_line = re.compile(r"\b(INFO|WARNING|DEBUG) (\d{4}-)?\d\d-\d\d \d\d:\d\d")
+    assert not vllm_line.search(proc.stderr), proc.stderr[-3000:]
+    [said] = [line for line in proc.stderr.splitlines() if "its log goes to" in line]
+    [log] = list((tmp_path / "logs").iterdir())
+    assert str(log) in said
+    assert len(vllm_line.findall(log.read_text())) > 20

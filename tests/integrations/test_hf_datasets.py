@@ -8,10 +8,8 @@ picture captioned from its file.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import pickle
-import re
 import subprocess
 import sys
 import time
@@ -358,43 +356,3 @@ def test_usage_columns_and_several_answers_per_row(
     failed = out[len(GOOD)]
     assert (failed["text"], failed["finish_reason"], failed["output_tokens"]) == ([], [], 0)
     assert failed["error"].startswith("source:")
-
-
-@pytest.mark.slow
-def test_a_dataset_map_prints_no_vllm_log(
-    tiny_vl_model: Path, samples: Path, tmp_path: Path
-) -> None:
-    """A script mapping a ``DatasetMap`` printed about 120 lines of vLLM's log: they now go
-    to a file of their own, as the command's go to ``OUT.vllm.log``."""
-    script = tmp_path / "job.py"
-    script.write_text(
-        "import json, sys\nimport datasets\nfrom mmbatch import DatasetMap, Sampling\n"
-        'if __name__ == "__main__":\n'
-        "    model, samples, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])\n"
-        "    ds = datasets.Dataset.from_dict({'image': [samples + '/sunset.jpg']})\n"
-        "    fn = DatasetMap(model, 'Describe.', engine_kwargs=kwargs, allowed_paths=[samples],\n"
-        "                    sampling=Sampling(max_tokens=4))\n"
-        "    out = ds.map(fn, batched=True)\n"
-        "    print(list(out['error']))\n"
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            str(tiny_vl_model),
-            str(samples),
-            json.dumps(TINY_ENGINE_KWARGS),
-        ],
-        capture_output=True,
-        text=True,
-        env=os.environ | {"MMBATCH_CACHE_DIR": str(tmp_path / "cache")},
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["['']"]
-    vllm_line = re.compile(r"\b(INFO|WARNING|DEBUG) (\d{4}-)?\d\d-\d\d \d\d:\d\d")
-    assert not vllm_line.search(proc.stderr), proc.stderr[-3000:]
-    [said] = [line for line in proc.stderr.splitlines() if "its log goes to" in line]
-    [log] = list((tmp_path / "cache" / "logs").iterdir())
-    assert str(log) in said
-    assert len(vllm_line.findall(log.read_text())) > 20

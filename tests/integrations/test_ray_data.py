@@ -274,29 +274,14 @@ def complete_rows(folder: Path) -> list[str]:
     return ids
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_ctrl_c_stops_a_ray_job_like_a_local_one_and_it_resumes_exactly(
-    local_ray,  # type: ignore[no-untyped-def]
-    tiny_vl_model: Path,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """``--ray`` stopped by Ctrl-C (SIGINT to its process group, as a terminal sends it)
-    once rows are in the folder: 130, the local runner's lines, no traceback, nothing the
-    job started left running (the local Ray it started, its actor and engine), and a last
-    run that resumes to every id exactly once. ``tests/manual/test_ray_stop_sweep.py`` also
-    resumes it and stops it again by SIGTERM."""
-    stop_a_ray_job_then_resume(tiny_vl_model, tmp_path, capsys, (signal.SIGINT,))
-
-
 def stop_a_ray_job_then_resume(
     tiny_vl_model: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     signals: tuple[signal.Signals, ...],
 ) -> None:
-    """The job started, once rows are in the folder stopped by each of ``signals`` in
+    """``--ray`` stopped as a local job is (``tests/manual/test_ray_stop_sweep.py``): the
+    job started, once rows are in the folder stopped by each of ``signals`` in
     turn (SIGINT to its process group, as a terminal sends it; SIGTERM to the job alone, as
     a scheduler sends it), each time resumed from what the last saved; then run to its end
     on the tests' Ray."""

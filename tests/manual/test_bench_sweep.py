@@ -1,6 +1,7 @@
 """The benchmark on the tiny model as a user runs it: ``python -m mmbatch bench`` with every
 side of every workload, and every datasets side (``tests/bench/test_bench.py`` drives fewer
-sides in its own process)."""
+sides in its own process), and the whole processes of mmbatch's command and the naive
+script timed from the command to its exit (the default tier times the datasets sides')."""
 
 from __future__ import annotations
 
@@ -38,3 +39,51 @@ def test_every_datasets_side_is_a_whole_process_over_one_imagefolder(
 ) -> None:
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
     run_datasets_sides(tiny_vl_model, tmp_path, ["ds-naive", "ds-map", "ds-whole"])
+
+
+def test_whole_processes_are_timed_from_the_command_to_its_exit(
+    tiny_vl_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mmbatch.cli import main
+
+    out = tmp_path / "report.json"
+    argv = ["bench", "--model", str(tiny_vl_model)]
+    argv += ["--workloads", "", "--modes", "naive,prebuilt,k2", "--whole", "3"]
+    argv += ["--whole-repeats", "1", "--variant", 'k2={"engines_per_gpu": 2}']
+    argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
+    argv += ["--work-dir", str(tmp_path / "work")]
+    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
+        argv += ["--engine-arg", arg]
+    # The bench drives here (each timed process is one of its own, as on the GPU host).
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    whole = json.loads(out.read_text())["whole_process"]
+    assert [(r["mode"], r["side"], r["images"]) for r in whole["runs"]] == [
+        ("naive", "naive", 3),  # prebuilt has no whole-process form
+        ("k2", "mmbatch", 3),
+    ]
+    for run in whole["runs"]:
+        assert (run["rows"], run["failed"]) == (3, 0), run
+        assert run["startup_s"] > 0, run
+        assert run["work_s"] > 0, run
+        assert run["exit_s"] > -0.1, run  # the last row, then the exit
+        assert run["startup_s"] + run["work_s"] + run["exit_s"] == pytest.approx(
+            run["wall_s"], abs=0.05
+        )
+    # Where start-up went: the naive script's import of vLLM, mmbatch's phases in order.
+    assert 0 < whole["runs"][0]["startup_phases"]["vllm_imported"] < whole["runs"][0]["startup_s"]
+    phases = whole["runs"][1]["startup_phases"]
+    order = ["inputs_listed", "engine_processes_spawned", "engines_ready", "first_row"]
+    assert [phases[name] for name in order] == sorted(phases[name] for name in order)
+    assert {"settings_checked", "engine_0_ready", "engine_1_ready"} <= phases.keys()
+    # Each engine process's own start-up, on the job's clock.
+    for engine in ("engine_0", "engine_1"):
+        steps = [f"{engine}_{step}" for step in ("started", "vllm_imported", "llm_built", "ready")]
+        assert phases["inputs_listed"] <= phases[steps[0]], phases
+        assert [phases[s] for s in steps] == sorted(phases[s] for s in steps), phases
+    naive, k2 = (r["wall_s"] for r in whole["runs"])
+    assert whole["ratio_k2_over_naive_3"] == pytest.approx(naive / k2)
+    # Two engines on this machine (no GPU), as the variant asked.
+    log = Path(whole["runs"][1]["log"]).read_text()
+    assert "2 engines on this machine" in log
+    assert "whole k2_over_naive_3 =" in stdout

@@ -1,5 +1,8 @@
-"""A Ray job stopped by Ctrl-C, resumed, stopped by SIGTERM, and resumed to its end
-(``tests/integrations/test_ray_data.py`` stops it by Ctrl-C alone)."""
+"""A Ray job stopped by Ctrl-C, resumed, stopped by SIGTERM, and resumed to its end: 130
+then 143, the local runner's lines, no traceback, nothing the job started left running (the
+local Ray it started, its actor and engine), and every id exactly once at the end. The
+default tier stops local jobs (``tests/test_interrupt.py``); a Ray job's stop is Ray's
+start and end around the same runner, tested here because each run starts a Ray of its own."""
 
 from __future__ import annotations
 
