@@ -547,8 +547,8 @@ def test_gemma3_4b_real_shape_has_the_published_size(model_dirs: ModelDirs) -> N
 
 
 def test_gemma3_4b_real_shape_tokenizer_processor_and_vllm_config(model_dirs: ModelDirs) -> None:
+    from budgets import budget_for
     from PIL import Image
-    from test_budget import budget_for
     from transformers import AutoProcessor
 
     from mmbatch.engine.budget import ItemCount
