@@ -131,8 +131,13 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     (``tests/manual/test_bench_sweep.py`` adds the prebuilt side). A process of its own:
     the bench samples its sides' CPU from its own process, which the tests' coverage
     tracing would slow."""
+    run_bench_command(tiny_vl_model, tmp_path, ("naive", "mmbatch"))
+
+
+def run_bench_command(model: Path, tmp_path: Path, sides: tuple[str, ...]) -> None:
+    """``python -m mmbatch bench`` on every workload with ``sides``, and its report checked."""
     proc = subprocess.run(
-        [sys.executable, "-m", "mmbatch", *bench_argv(tiny_vl_model, tmp_path, "naive,mmbatch")],
+        [sys.executable, "-m", "mmbatch", *bench_argv(model, tmp_path, ",".join(sides))],
         capture_output=True,
         text=True,
         # vLLM's engine core in a process of its own, as on a GPU host (the tests' default
@@ -142,7 +147,7 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    check_workloads(report, ("naive", "mmbatch"), proc.stdout)
+    check_workloads(report, sides, proc.stdout)
 
 
 def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:

@@ -6,13 +6,10 @@ script timed from the command to its exit (the default tier times the datasets s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_bench import bench_argv, check_workloads, run_datasets_sides
+from test_bench import run_bench_command, run_datasets_sides
 
 pytestmark = pytest.mark.slow
 
@@ -20,18 +17,7 @@ pytestmark = pytest.mark.slow
 def test_the_bench_command_runs_every_side_on_the_tiny_model(
     tiny_vl_model: Path, tmp_path: Path
 ) -> None:
-    argv = bench_argv(tiny_vl_model, tmp_path, "naive,prebuilt,mmbatch")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mmbatch", *argv],
-        capture_output=True,
-        text=True,
-        # vLLM's engine core in a process of its own, as on a GPU host.
-        env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads((tmp_path / "report.json").read_text())
-    check_workloads(report, ("naive", "prebuilt", "mmbatch"), proc.stdout)
+    run_bench_command(tiny_vl_model, tmp_path, ("naive", "prebuilt", "mmbatch"))
 
 
 def test_every_datasets_side_is_a_whole_process_over_one_imagefolder(
