@@ -13,11 +13,13 @@ with ``load_engine`` in a ``with`` block, which closes it on the way out.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.layout import in_process_layout, visible_gpus
 from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.engine.vllm import VLLMEngine
 from mmbatch.errors import ConfigError
@@ -84,6 +86,9 @@ def caption(
     assert model is not None
     from mmbatch.engine.builder import start_engine
 
+    # Laid out for this job, as a command's engines are: a short one starts uncompiled.
+    layout = in_process_layout(model, visible_gpus(), len(requests))
+    model = replace(model, engine_kwargs=layout.engine_kwargs(model.engine_kwargs))
     with start_engine(model, media_per_prompt(requests)) as own:
         return run_in_memory(job, own, run)[0]
 

@@ -126,3 +126,6 @@ def test_the_manuals_notebook_example_runs(tiny_vl_model: Path, tmp_path: Path) 
     logs = list((tmp_path / "cache" / "logs").iterdir())
     assert all(str(log) in proc.stderr for log in logs)
     assert len(VLLM_LINE.findall("".join(log.read_text() for log in logs))) > 20
+    # The one-call caption's engine, laid out for its two pictures, started uncompiled.
+    first = min(logs).read_text()
+    assert "enforce_eager=True" in first, first[-3000:]

@@ -137,6 +137,14 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | Non
     return _uncompiled_if_short(_engines(config, gpus, requests), config, requests)
 
 
+def in_process_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int) -> Layout:
+    """The layout of one engine in this process (a notebook's one-call caption) for a job of
+    ``requests``: the first of ``gpus`` (none: the CPU), uncompiled if the job is short, as
+    a command's engines are (``choose_layout``)."""
+    device = ((gpus[0].name,),) if gpus else ((),)
+    return _uncompiled_if_short(Layout(1, device, "one engine in this process"), config, requests)
+
+
 def short_job_compilation(layout: Layout) -> dict[str, Any]:
     """The engine settings of a short job's engines: CUDA graphs for its decode steps, without
     torch.compile, where one engine has a GPU to itself; eager where engines share a GPU, and

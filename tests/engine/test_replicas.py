@@ -168,6 +168,21 @@ def test_a_short_job_runs_uncompiled_unless_the_user_decides(seven_b: Path) -> N
         assert asked.engine_kwargs(setting) == setting
 
 
+def test_one_engine_in_process_is_laid_out_for_its_job_as_a_commands_are(seven_b: Path) -> None:
+    from mmbatch.engine.layout import SHORT_JOB_REQUESTS, in_process_layout
+
+    config = EngineConfig(str(seven_b))
+    # On a GPU (the first), a short job's decode graphs; on the CPU, eager.
+    on_gpu = in_process_layout(config, gpus(2), 32)
+    assert on_gpu.devices() == ["0"]
+    assert on_gpu.engine_kwargs({})["compilation_config"]["max_cudagraph_capture_size"] == 32
+    assert in_process_layout(config, [], 2).engine_kwargs({}) == {"enforce_eager": True}
+    # A long job compiles, and the user's own choice stands.
+    assert in_process_layout(config, gpus(1), SHORT_JOB_REQUESTS + 1).engine_kwargs({}) == {}
+    asked = {"enforce_eager": False}
+    assert in_process_layout(EngineConfig(str(seven_b), asked), [], 2).engine_kwargs(asked) == asked
+
+
 def test_a_users_memory_share_is_the_gpus_and_their_kv_cache_is_kept(seven_b: Path) -> None:
     config = EngineConfig(
         str(seven_b),
