@@ -1,6 +1,7 @@
 """The exhaustive kills (``tests/test_kill_resume.py`` runs a smaller set at fixed seeds):
-fifty SIGKILLs of a job and of its engine process at random moments, and six of
-``frames`` and of ``run-openai-batch`` each, at a random seed that a failure names."""
+fifty SIGKILLs of a job and of its engine process at random moments, six of ``frames`` and
+of ``run-openai-batch`` each, at a random seed that a failure names, and a SIGKILL of the
+real command on vLLM while it generates (``tests/test_end_to_end.py`` interrupts it)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from test_end_to_end import stop_while_decoding_then_resume
 from test_kill_resume import kill_and_rerun, kill_cycles
 
 
@@ -28,3 +30,13 @@ def test_frames_and_batch_files_killed_six_times_end_with_every_row_once(
     tmp_path: Path, command: str
 ) -> None:
     kill_and_rerun(tmp_path, command, rounds=6, seed=random.randrange(1 << 30))
+
+
+@pytest.mark.slow
+def test_the_real_command_killed_while_decoding_resumes_to_the_uninterrupted_texts(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    tmp_path: Path,
+) -> None:
+    stop_while_decoding_then_resume(vl_engine, tiny_vl_model, samples, tmp_path, "SIGKILL")

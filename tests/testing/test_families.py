@@ -44,10 +44,11 @@ NEW_FAMILIES = (
     "mistral3",
     "audioflamingo3",
 )
-FAMILIES_HERE = ("internvl", "idefics3")
-"""The default tier's families: one counted exactly where it can be (to the token, pictures)
-and let through where it cannot (InternVL's video), one whose pictures the budget can only
-count the fewest tokens of (Idefics3). ``tests/manual/test_family_sweep.py`` runs the rest."""
+FAMILIES_HERE = ("internvl",)
+"""The default tier's family beside the session's Qwen2-VL: counted exactly where it can be
+(to the token, pictures) and let through where it cannot (InternVL's video).
+``tests/manual/test_family_sweep.py`` runs the rest, among them Idefics3, whose pictures the
+budget can only count the fewest tokens of."""
 FEWEST = {"idefics3", "mistral3"}
 """Families whose pictures' wrapper grows with their grid: the budget counts the fewest."""
 UNCOUNTED = {("internvl", "video")}
