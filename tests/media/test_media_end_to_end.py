@@ -9,10 +9,7 @@ decoded and resampled by PyAV is accepted by the tiny Qwen2-Audio at 25 tokens a
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -61,15 +58,13 @@ def test_each_frame_row_has_the_text_that_frame_gets_alone(
         assert row["prompt_tokens"] == text + budget.counts.image(width, height).tokens
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mmbatch", *args, "--max-tokens", "6", "--no-progress", *TINY_ARGS],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env=os.environ.copy(),
-    )
+def cli(*args: str) -> int:
+    """The command in this process: an engine with the settings of one an earlier test
+    started is that engine (``mmbatch.engine.registry``), and one it starts is kept for the
+    next (an in-process engine that closed would take vLLM's global state along)."""
+    from mmbatch.cli import main
+
+    return main([*args, "--max-tokens", "6", "--no-progress"])
 
 
 def read_rows(path: Path) -> dict[str, dict]:  # type: ignore[type-arg]
@@ -111,7 +106,7 @@ def tiny_engine_args() -> list[str]:
 
 
 def test_clip_cli_counts_shrinks_and_refuses_by_the_budget(
-    tiny_vl_model: Path, samples: Path, tmp_path: Path
+    tiny_vl_model: Path, samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     shutil.copy(samples / "clip.mp4", tmp_path / "clip.mp4")  # inside the manifest's root
     clip = "clip.mp4"  # 96x64: 2 video tokens per 2 frames
@@ -127,12 +122,12 @@ def test_clip_cli_counts_shrinks_and_refuses_by_the_budget(
     text = budget.text_tokens(None, "Describe.", ("video",))
     max_model_len = text + 1 + 12  # room for 12 video tokens: 12 frames of this clip
     out = tmp_path / "clips.jsonl.out"
-    proc = cli(
+    code = cli(
         "caption", str(manifest), "--as-clip", "--fps", "25", "--min-frames", "4",
-        "--model", str(tiny_vl_model), "--out", str(out),
-        "--engine-arg", f"max_model_len={max_model_len}", cwd=tmp_path,
+        "--model", str(tiny_vl_model), "--out", str(out), *TINY_ARGS,
+        "--engine-arg", f"max_model_len={max_model_len}",
     )  # fmt: skip
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert code == 1, capsys.readouterr().err[-3000:]
     rows = read_rows(out)
     # 50 frames would be 50 tokens: shrunk to the 12 frames that fit, and vLLM agrees.
     assert rows["fits"]["error"] is None, rows["fits"]
@@ -144,19 +139,24 @@ def test_clip_cli_counts_shrinks_and_refuses_by_the_budget(
     assert f"over max_model_len {max_model_len}" in error["message"]
 
 
-def test_audio_caption_cli_end_to_end(tiny_audio_model: Path, tmp_path: Path) -> None:
+def test_audio_caption_cli_end_to_end(
+    tiny_audio_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # 8 kHz stereo, 2.5 s, in 1 s windows overlapping by 0.25 s: PyAV makes it 16 kHz mono.
     talk = write_audio(tmp_path / "talk.wav", rate=8000, seconds=2.5, layout="stereo")
     out = tmp_path / "audio.jsonl"
-    proc = cli(
+    code = cli(
         "caption", str(talk), "--model", str(tiny_audio_model), "--out", str(out),
         "--prompt", "What is this sound?", "--audio-window", "1", "--audio-overlap", "0.25",
-        "--engine-arg", "max_model_len=512", cwd=tmp_path,
+        *tiny_engine_args(),
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert code == 0, capsys.readouterr().err[-3000:]
     rows = sorted(read_rows(out).values(), key=lambda r: r["start"])
     assert [(r["start"], r["end"]) for r in rows] == [(0.0, 1.0), (0.75, 1.75), (1.5, 2.5)]
-    text = budget_for(tiny_audio_model, 512).text_tokens(None, "What is this sound?", ("audio",))
+    max_model_len = TINY_ENGINE_KWARGS["max_model_len"]
+    text = budget_for(tiny_audio_model, max_model_len).text_tokens(
+        None, "What is this sound?", ("audio",)
+    )
     # 1 s at 16 kHz is 25 audio tokens on the tiny Qwen2-Audio.
     assert [r["prompt_tokens"] for r in rows] == [text + 25] * 3
     assert all(r["error"] is None and r["output_tokens"] > 0 for r in rows)
@@ -171,16 +171,15 @@ def test_scene_clips_reach_the_model_as_videos_and_resume(
     video = scene_video(tmp_path / "scenes.mp4", [(30, red), (20, green), (40, blue)])
     out = tmp_path / "clips.jsonl"
     argv = ["caption", str(video), "--scenes", "--num-frames", "4", "--prompt", "Describe."]
-    argv += ["--model", str(tiny_vl_model), "--out", str(out), "--engine-arg", "max_model_len=512"]
-    proc = cli(*argv, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    argv += ["--model", str(tiny_vl_model), "--out", str(out), *tiny_engine_args()]
+    assert cli(*argv) == 0, capsys.readouterr().err[-3000:]
     rows = read_rows(out)
     assert [(r["id"], r["start"], r["end"]) for r in rows.values()] == [
         (f"{video}@0.000", 0.0, 1.2),
         (f"{video}@1.200", 1.2, 2.0),
         (f"{video}@2.000", 2.0, 3.6),
     ]
-    budget = budget_for(tiny_vl_model, 512)
+    budget = budget_for(tiny_vl_model, TINY_ENGINE_KWARGS["max_model_len"])
     assert budget.counts is not None
     clip = budget.counts.video(64, 48, 4)
     assert clip is not None
@@ -190,9 +189,7 @@ def test_scene_clips_reach_the_model_as_videos_and_resume(
         assert row["prompt_tokens"] == text + clip.tokens
         assert row["output_tokens"] > 0
     assert len({r["media_hash"] for r in rows.values()}) == 3
-    # Again, in this process: nothing is left, so no engine is started.
-    from mmbatch.cli import main
-
+    # Again: nothing is left, so no engine is asked for.
     capsys.readouterr()
-    assert main([*argv, "--max-tokens", "6", "--no-progress", *TINY_ARGS]) == 0
+    assert cli(*argv) == 0
     assert "3 items already have a row; 0 items to do" in capsys.readouterr().err
