@@ -267,6 +267,14 @@ def test_cli_captions_the_samples_with_a_hub_model_name(
     # 6 files, 5 decodable, 4 distinct pictures: each decoded once.
     assert "6 of 6 items: 5 ok, 1 failed (1 at decode)" in proc.stderr
     assert "media: 4 decoded" in proc.stderr
+    # Quiet by default: vLLM's start-up log went to a file beside the output, named here.
+    log = tmp_path / "captions.jsonl.vllm.log"
+    assert f"its log goes to {log}" in proc.stderr
+    assert "INFO" not in proc.stderr + proc.stdout
+    assert "Loading safetensors checkpoint shards" not in proc.stderr
+    logged = log.read_text()
+    assert "Resolved architecture" in logged
+    assert "Loading safetensors checkpoint shards" in logged
 
 
 TINY_ENGINE_ARGS = [

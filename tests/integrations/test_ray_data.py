@@ -183,16 +183,8 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     texts = {row["text"] for row in ray_rows.values() if row["error"] is None}
     assert len(texts) >= 4  # distinct pictures and prompts do not collapse to one caption
 
-    # --retry-errors redoes only the error rows (they fail again: the files are still bad).
-    assert main([*argv, "--retry-errors"]) == EXIT_ITEMS_FAILED
-    assert "6 error rows removed to be retried" in capsys.readouterr().err
     assert (tmp_path / "ray-out.vllm.log").stat().st_size > 0  # the replica's engine log
-    again = rows_on_disk(out)
-    assert sorted(again) == sorted(ray_rows)
-    assert {k: v for k, v in again.items() if v["error"] is None} == {
-        k: v for k, v in ray_rows.items() if v["error"] is None
-    }
-    # Ray ended the first run's actor, killing the actor's children as it went (vLLM's engine
+    # Ray ended the run's actor, killing the actor's children as it went (vLLM's engine
     # core, with the shared memory it made): none of it is left behind (160 MB), once the
     # last of their processes has exited (the engine's workers take seconds).
     leaked = leaked_shared_memory(shared_before, 60.0)
