@@ -124,12 +124,12 @@ def test_version_names_the_package(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"mmbatch {mmbatch.__version__}"
 
 
-def test_check_shows_vllm_log_only_with_v(tiny_vl_model: Path) -> None:
-    """In a process of its own each: vLLM's logging is configured once per process."""
+def test_check_shows_vllm_log_with_v(tiny_vl_model: Path) -> None:
+    """In a process of its own: vLLM's logging is configured once per process. (Without
+    ``-v`` its log goes to ``os.devnull`` through ``engine_log``, which sends a command's
+    vLLM log to its file: the hub-name caption's test shows that quiet.)"""
     recipe = str(RECIPES / "short_caption.toml")
     argv = [sys.executable, "-m", "mmbatch", "check", recipe, "--model", str(tiny_vl_model)]
     shown = subprocess.run([*argv, "-v"], capture_output=True, text=True, check=True)
     assert "Resolved architecture" in shown.stdout + shown.stderr
-    quiet = subprocess.run(argv, capture_output=True, text=True, check=True)
-    assert "Resolved architecture" not in quiet.stdout + quiet.stderr
-    assert "can run it" in quiet.stdout
+    assert "can run it" in shown.stdout
