@@ -37,6 +37,50 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # the user's ~/.cache/mmbatch.
 os.environ.setdefault("MMBATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mmbatch-test-cache-"))
 
+ENGINES_IN_PROCESS = frozenset(
+    {
+        "tests/engine/test_engine_settings.py",
+        "tests/engine/test_replicas.py",
+        "tests/engine/test_same_as_vllm.py",
+        "tests/integrations/test_dataset_runs.py",
+        "tests/integrations/test_hf_datasets.py",
+        "tests/integrations/test_ray_data.py",
+        "tests/media/test_hostile_corpus.py",
+        "tests/media/test_media_end_to_end.py",
+        "tests/recipe/test_fit.py",
+        "tests/recipe/test_recipes_e2e.py",
+        "tests/sources/test_dataset_jobs.py",
+        "tests/storage/test_storage_ray.py",
+        "tests/test_end_to_end.py",
+        "tests/test_sampling.py",
+        "tests/testing/test_tiny_models.py",
+    }
+)
+"""The modules whose tests hold vLLM engines in the test process: the session's, the
+registry's (a command run in-process finds the engine kept with its settings), or vLLM's own
+``LLM``. Run in parallel (pytest-xdist, ``-n``), they go to one worker, in order, as they run
+in one process without it (``pytest_xdist_make_scheduler``): the registry shares an engine
+only within a process, and engines in one process share vLLM's global state (an in-process
+engine that closes takes it along). Every other test (fake engines, engine and job
+processes, storage) goes to whichever worker is free. A new module that holds an engine in
+the test process belongs here."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """pytest-xdist's scheduling by scope, with ``ENGINES_IN_PROCESS`` one scope and every
+    other test a scope of its own. (``--dist loadgroup`` would say the same with markers, but
+    the group it writes into a test's id is lost under pytest 9.2.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EnginesOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "engines-in-process" if module in ENGINES_IN_PROCESS else nodeid
+
+    return EnginesOnOneWorker(config, log)
+
+
 TINY_ENGINE_KWARGS = {
     "dtype": "float32",
     "max_model_len": 1024,

@@ -86,33 +86,47 @@ def shared_memory() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
-def _mapped_shared_memory() -> set[str]:
-    """The names in /dev/shm that some live process maps."""
-    names = set()
+def _mapped_shared_memory() -> set[int]:
+    """The inodes of the files in /dev/shm that some live process maps. By inode, not name:
+    glibc makes a named semaphore under a temporary name, maps it, then renames it, so a
+    holder's map shows the temporary name."""
+    inodes = set()
     for pid in _pids():
         try:
             maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
             continue  # gone meanwhile, or not ours to read
         for line in maps.splitlines():
-            where = line.find("/dev/shm/")
-            if where >= 0:
-                names.add(line[where + len("/dev/shm/") :].split()[0])
-    return names
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                inodes.add(int(fields[4]))
+    return inodes
+
+
+def _unheld(names: set[str]) -> set[str]:
+    """Those of ``names`` still in /dev/shm that no live process maps."""
+    mapped = _mapped_shared_memory()
+    unheld = set()
+    for name in names:
+        try:
+            inode = os.stat(f"/dev/shm/{name}").st_ino
+        except OSError:
+            continue  # unlinked meanwhile
+        if inode not in mapped:
+            unheld.add(name)
+    return unheld
 
 
 def leaked_shared_memory(before: set[str], seconds: float) -> set[str]:
-    """The ``multiprocessing.shared_memory`` segments (``psm_*``: vLLM's message queues)
-    made since ``before`` that no process maps any more and that are still there once
-    ``seconds`` have passed (at once if none is): nothing will unlink those. A segment some
-    process still maps is not counted: it may be another job's on this host, or one whose
-    last holder is still exiting; a tracker unlinks it once its holders are gone. Named
-    semaphores are left out: glibc maps one under a temporary name, so who holds it cannot
-    be told from ``/proc/PID/maps``."""
+    """The shared memory segments (``psm_*``: vLLM's message queues) and named semaphores
+    (``sem.mp-*``: multiprocessing's locks and queues) made since ``before`` that no process
+    maps any more and that are still there once ``seconds`` have passed (at once if none
+    is): nothing will unlink those. One that some process still maps is not counted: it may
+    be another test's or job's on this host (tests run on two workers), or one whose last
+    holder is still exiting; a tracker unlinks it once its holders are gone."""
     deadline = time.monotonic() + seconds
     while True:
-        new = {name for name in shared_memory() - before if name.startswith("psm_")}
-        leaked = new - _mapped_shared_memory()
+        leaked = _unheld(shared_memory() - before)
         if not leaked or time.monotonic() >= deadline:
             return leaked
         time.sleep(0.2)

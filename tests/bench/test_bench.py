@@ -162,6 +162,42 @@ def run_bench_command(
     check_workloads(report, sides, proc.stdout, engine_processes)
 
 
+def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
+    """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
+    process of its own, timed and compared with the naive map (the first of ``modes``)."""
+    from mmbatch.cli import main
+
+    out = tmp_path / "report.json"
+    argv = ["bench", "--model", str(model), "--workloads", ""]
+    argv += ["--modes", ",".join(modes), "--whole", "2", "--whole-repeats", "1"]
+    argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
+    argv += ["--work-dir", str(tmp_path / "work")]
+    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
+        argv += ["--engine-arg", arg]
+    assert main(argv) == 0
+    whole = json.loads(out.read_text())["whole_process"]
+    assert [r["mode"] for r in whole["runs"]] == modes
+    for run in whole["runs"]:
+        assert (run["rows"], run["failed"]) == (2, 0), run
+        assert run["startup_s"] > 0, run
+        assert run["work_s"] > 0, run
+    assert set(whole) == {"runs", *(f"ratio_{mode}_over_ds-naive_2" for mode in modes[1:])}
+    # The whole-dataset face ran the rows as one job, with its summary beside them.
+    [summary] = list((tmp_path / "work").rglob("rows.jsonl.summary.json"))
+    assert json.loads(summary.read_text())["stats"]["total"] == 2
+
+
+@pytest.mark.slow
+def test_the_datasets_sides_are_whole_processes_over_one_imagefolder(
+    tiny_vl_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--modes ds-naive,ds-whole``: a naive ``Dataset.map`` calling ``LLM.chat`` and
+    ``run_dataset`` over the same pictures (``tests/manual/test_bench_sweep.py`` adds
+    ``ds.map(DatasetMap(...))``, ``ds-map``)."""
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    run_datasets_sides(tiny_vl_model, tmp_path, ["ds-naive", "ds-whole"])
+
+
 def test_cpu_monitor_counts_this_process_and_its_children() -> None:
     from mmbatch.bench.monitor import CpuMonitor
 

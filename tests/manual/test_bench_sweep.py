@@ -1,8 +1,8 @@
 """The benchmark on the tiny model as a user runs it: ``python -m mmbatch bench`` with every
 side of every workload, vLLM's engine cores in processes of their own as on a GPU host
-(``tests/bench/test_bench.py`` drives fewer sides, engine cores in-process), every datasets
-side, and the whole processes of mmbatch's command and the naive script timed from the
-command to its exit."""
+(``tests/bench/test_bench.py`` drives fewer sides, engine cores in-process, and two of the
+datasets sides), every datasets side, and the whole processes of mmbatch's command and the
+naive script timed from the command to its exit."""
 
 from __future__ import annotations
 
@@ -10,34 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from test_bench import run_bench_command
+from test_bench import run_bench_command, run_datasets_sides
 
 pytestmark = pytest.mark.slow
-
-
-def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
-    """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
-    process of its own, timed and compared with the naive map (the first of ``modes``)."""
-    from mmbatch.cli import main
-
-    out = tmp_path / "report.json"
-    argv = ["bench", "--model", str(model), "--workloads", ""]
-    argv += ["--modes", ",".join(modes), "--whole", "2", "--whole-repeats", "1"]
-    argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
-    argv += ["--work-dir", str(tmp_path / "work")]
-    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
-        argv += ["--engine-arg", arg]
-    assert main(argv) == 0
-    whole = json.loads(out.read_text())["whole_process"]
-    assert [r["mode"] for r in whole["runs"]] == modes
-    for run in whole["runs"]:
-        assert (run["rows"], run["failed"]) == (2, 0), run
-        assert run["startup_s"] > 0, run
-        assert run["work_s"] > 0, run
-    assert set(whole) == {"runs", *(f"ratio_{mode}_over_ds-naive_2" for mode in modes[1:])}
-    # The whole-dataset face ran the rows as one job, with its summary beside them.
-    [summary] = list((tmp_path / "work").rglob("rows.jsonl.summary.json"))
-    assert json.loads(summary.read_text())["stats"]["total"] == 2
 
 
 def test_the_bench_command_runs_every_side_on_the_tiny_model(
