@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -89,6 +90,9 @@ TINY_ENGINE_KWARGS = {
     # prefix cache has something to hit (CPU's default block is larger than the prompts).
     "block_size": 32,
 }
+TINY_ENGINE_FLAGS = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
+"""``TINY_ENGINE_KWARGS`` as a command's ``--engine-arg`` flags: a command run in this process
+with them finds the session's engine in the registry."""
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_ENGINE_KWARGS
+from conftest import TINY_ENGINE_FLAGS
 from PIL import Image
 from processes import in_session, leaked_shared_memory, left_after, shared_memory
 
@@ -116,7 +116,6 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     )
     (out / "earlier_000001.json").write_text('{"id": "1-sunset.jpg", "text": "cut sh')
 
-    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
     argv = [
         "caption",
         str(manifest),
@@ -128,7 +127,7 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
         str(out),
         "--max-tokens",
         str(SAMPLING.max_tokens),
-        *engine_args,
+        *TINY_ENGINE_FLAGS,
         "--ray",
         "--replicas",
         "1",
@@ -222,9 +221,8 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
     names = ["sunset.jpg", "sunset_copy.jpg", "truncated.jpg", "checkerboard.png"]
     inputs = [str(samples / name) for name in names]
     out = tmp_path / "recipe-out"
-    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
     argv = ["run", str(recipe_file), "--input", *inputs, "--model", str(tiny_vl_model)]
-    argv += ["--out", str(out), *engine_args, "--ray", "--gpus-per-replica", "0"]
+    argv += ["--out", str(out), *TINY_ENGINE_FLAGS, "--ray", "--gpus-per-replica", "0"]
     code = main(argv)
     assert code == EXIT_ITEMS_FAILED  # truncated.jpg
     ray_rows = rows_on_disk(out)
@@ -284,9 +282,8 @@ def stop_a_ray_job_then_resume(
         Image.new("RGB", (32, 32), colour).save(pictures / f"{i:02d}.png")
     ids = sorted(str(path) for path in pictures.iterdir())
     out = tmp_path / "rows"
-    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
     argv = ["caption", str(pictures), "--model", str(tiny_vl_model), "--out", str(out)]
-    argv += ["--max-tokens", "8", *engine_args, "--gpus-per-replica", "0", "--ray-batch", "1"]
+    argv += ["--max-tokens", "8", *TINY_ENGINE_FLAGS, "--gpus-per-replica", "0", "--ray-batch", "1"]
     # "local": a Ray of the job's own, whatever cluster this machine has; its processes stay
     # in the job's session, where they are looked for after it.
     argv += ["--ray", "local"]
@@ -681,9 +678,8 @@ def test_an_engine_that_does_not_start_on_ray_says_why_as_the_local_runner_does(
     for weights in broken.glob("*.safetensors"):
         weights.write_bytes(weights.read_bytes()[:64])
     out = tmp_path / "rows"
-    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
     argv = ["caption", str(samples / "sunset.jpg"), "--model", str(broken), "--out", str(out)]
-    argv += [*engine_args, "--ray", "--gpus-per-replica", "0"]
+    argv += [*TINY_ENGINE_FLAGS, "--ray", "--gpus-per-replica", "0"]
     assert main(argv) == EXIT_JOB_FAILED
     err = capsys.readouterr().err
     log = tmp_path / "rows.vllm.log"

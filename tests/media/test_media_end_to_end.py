@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from budgets import budget_for
-from conftest import TINY_ENGINE_KWARGS
+from conftest import TINY_ENGINE_FLAGS, TINY_ENGINE_KWARGS
 from media_files import cfr_video, scene_video, write_audio
 
 from mmbatch.media.options import MediaOptions, VideoOptions
@@ -87,7 +87,7 @@ def test_frames_cli_rows_and_saved_frames(
     out = tmp_path / "frames.jsonl"
     argv = ["frames", clip, str(no_video), "--model", str(tiny_vl_model), "--out", str(out)]
     argv += ["--num-frames", "3", "--save-frames", str(tmp_path / "jpg"), "--max-tokens", "6"]
-    argv += ["--no-progress", *tiny_engine_args()]
+    argv += ["--no-progress", *TINY_ENGINE_FLAGS]
     assert main(argv) == 1  # the audio-only file failed
     stderr = capsys.readouterr().err
     assert "kept from an earlier job in this process" in stderr  # the session's engine
@@ -98,11 +98,6 @@ def test_frames_cli_rows_and_saved_frames(
     assert all(r["video"] == clip and r["output_tokens"] > 0 for r in frames)
     assert len(list((tmp_path / "jpg").iterdir())) == 3
     assert "4 of 4 items: 3 ok, 1 failed" in stderr
-
-
-def tiny_engine_args() -> list[str]:
-    """``--engine-arg`` for each of the session engine's settings."""
-    return [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
 
 
 def test_clip_cli_counts_shrinks_and_refuses_by_the_budget(
@@ -148,7 +143,7 @@ def test_audio_caption_cli_end_to_end(
     code = cli(
         "caption", str(talk), "--model", str(tiny_audio_model), "--out", str(out),
         "--prompt", "What is this sound?", "--audio-window", "1", "--audio-overlap", "0.25",
-        *tiny_engine_args(),
+        *TINY_ENGINE_FLAGS,
     )  # fmt: skip
     assert code == 0, capsys.readouterr().err[-3000:]
     rows = sorted(read_rows(out).values(), key=lambda r: r["start"])
@@ -171,7 +166,7 @@ def test_scene_clips_reach_the_model_as_videos_and_resume(
     video = scene_video(tmp_path / "scenes.mp4", [(30, red), (20, green), (40, blue)])
     out = tmp_path / "clips.jsonl"
     argv = ["caption", str(video), "--scenes", "--num-frames", "4", "--prompt", "Describe."]
-    argv += ["--model", str(tiny_vl_model), "--out", str(out), *tiny_engine_args()]
+    argv += ["--model", str(tiny_vl_model), "--out", str(out), *TINY_ENGINE_FLAGS]
     assert cli(*argv) == 0, capsys.readouterr().err[-3000:]
     rows = read_rows(out)
     assert [(r["id"], r["start"], r["end"]) for r in rows.values()] == [

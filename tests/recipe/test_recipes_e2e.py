@@ -18,7 +18,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import TINY_ENGINE_KWARGS
+from conftest import TINY_ENGINE_FLAGS, TINY_ENGINE_KWARGS
 from repo_paths import RECIPES
 
 from mmbatch.cli.run import recipe_job
@@ -230,14 +230,6 @@ def test_a_request_vllm_fails_alone_is_an_error_row_not_an_empty_answer(
     assert stats.failed == 1
 
 
-def tiny_engine_args() -> list[str]:
-    return [
-        arg
-        for k, v in TINY_ENGINE_KWARGS.items()
-        for arg in ("--engine-arg", f"{k}={json.dumps(v)}")
-    ]
-
-
 def mmbatch(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     """The command in this process, with the tiny settings over the recipe's: its engine is
     the one an earlier test kept with the same settings (``mmbatch.engine.registry``: the
@@ -245,7 +237,7 @@ def mmbatch(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     from mmbatch.cli import main
 
     capsys.readouterr()
-    code = main([*args, "--no-progress", *tiny_engine_args()])
+    code = main([*args, "--no-progress", *TINY_ENGINE_FLAGS])
     return code, capsys.readouterr().err
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TINY_ENGINE_KWARGS
+from conftest import TINY_ENGINE_FLAGS
 from s3_server import Bucket, S3Server
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, main
@@ -50,7 +50,6 @@ def ray_reaching_s3(s3_server: S3Server) -> Iterator[Any]:
 
 
 def ray_argv(inputs: str, out: str, model: Path) -> list[str]:
-    engine_args = [f"--engine-arg={k}={json.dumps(v)}" for k, v in TINY_ENGINE_KWARGS.items()]
     return [
         "caption",
         inputs,
@@ -62,7 +61,7 @@ def ray_argv(inputs: str, out: str, model: Path) -> list[str]:
         PROMPT,
         "--max-tokens",
         "8",
-        *engine_args,
+        *TINY_ENGINE_FLAGS,
         "--ray",
         "--gpus-per-replica",
         "0",
