@@ -127,7 +127,7 @@ def test_videos_and_audio_outside_a_manifests_folder_are_not_opened(
 def test_a_batch_file_path_outside_its_folder_is_its_lines_error(
     tmp_path: Path, samples: Path, outside: Path, how: str
 ) -> None:
-    from mmbatch.sources.openai_batch import read_batch
+    from mmbatch.openai_batch.reader import read_batch
 
     data = tmp_path / "data"
     named = escape(data, outside, how)

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from mmbatch.clock import milestone
 from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
-from mmbatch.output.clock import milestone
 from mmbatch.types import (
     MODALITIES,
     CacheStats,

@@ -26,6 +26,7 @@ from mmbatch.integrations.hf_datasets import CellRows, DatasetMap
 from mmbatch.jobs import FileOutput, Job, JobReport, fingerprint, run_job
 from mmbatch.output.formats import read_output
 from mmbatch.pipeline import RunConfig
+from mmbatch.row_schema import TOKEN_COLUMNS
 from mmbatch.sources.cells import ROWS_PER_READ, column_cells
 from mmbatch.types import Request
 
@@ -151,7 +152,7 @@ def _check_columns(task: DatasetMap, names: Sequence[str]) -> None:
             raise ConfigError(f"the dataset has no column {name!r} (it has {', '.join(names)})")
     written = [task.text_column, task.error_column]
     if task.with_usage:
-        written += ["finish_reason", "prompt_tokens", "output_tokens", "cached_tokens"]
+        written += ["finish_reason", *TOKEN_COLUMNS]
     clash = [name for name in written if name in names]
     if clash:
         raise ConfigError(

@@ -66,7 +66,8 @@ from mmbatch.integrations.dataset_origin import (
 )
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import MediaOptions
-from mmbatch.output.rows import TOKEN_COLUMNS, output_row
+from mmbatch.output.rows import output_row
+from mmbatch.row_schema import TOKEN_COLUMNS
 from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import ItemError, Modality, Request, Result, Sampling

@@ -29,9 +29,9 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
 
+from mmbatch.clock import milestones, process_seconds
 from mmbatch.errors import ConfigError, MmbatchError, OutputError, SourceError
 from mmbatch.jsonl import remove_orphans, write_atomic
-from mmbatch.output.clock import milestones, process_seconds
 from mmbatch.output.formats import check_shards, open_sink, output_format, read_output
 from mmbatch.output.order import RowOrder
 from mmbatch.output.paths import FileFormat, OutputPaths

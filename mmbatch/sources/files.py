@@ -52,7 +52,7 @@ from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
 from mmbatch.errors import ItemFailure, MediaError, SourceError
 from mmbatch.jsonl import JsonlError, objects_in, printable, read_objects
 from mmbatch.media.fetch import is_url, unreadable
-from mmbatch.output.rows import COLUMN_NAMES
+from mmbatch.row_schema import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.paths import LocalPaths, PathNotAllowed
 from mmbatch.storage.objects import (

@@ -12,9 +12,9 @@ import pytest
 
 from mmbatch.errors import SourceError
 from mmbatch.jobs import Job, run_in_memory
-from mmbatch.output.openai_batch import OpenAIBatchShape
+from mmbatch.openai_batch.reader import read_batch
+from mmbatch.openai_batch.writer import OpenAIBatchShape
 from mmbatch.pipeline import RunConfig
-from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import Request, Result, Sampling, TokenLogprob, Turn, Usage

@@ -16,10 +16,10 @@ from mmbatch.errors import MediaError, SourceError
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import decode_frames, index_video
+from mmbatch.openai_batch.reader import read_batch
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import LINKED_OUT, SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths, file_id
 from mmbatch.sources.timeline import frame_requests
 from mmbatch.testing.fake_engine import FakeEngine

@@ -1,9 +1,9 @@
 """OpenAI batch input files read as requests, so a job written for a hosted batch API, or for
-``vllm run-batch``, runs here unchanged (the output lines are ``mmbatch.output.openai_batch``'s).
+``vllm run-batch``, runs here unchanged (the output lines are ``openai_batch.writer``'s).
 
 Input: one JSON object per line, ``{"custom_id", "method": "POST", "url":
 "/v1/chat/completions", "body": {"messages": [...], ...}}``. The body is read by vLLM's own
-``ChatCompletionRequest`` (``mmbatch.output.vllm_protocol``), so its parameters have the types,
+``ChatCompletionRequest`` (``openai_batch.vllm_protocol``), so its parameters have the types,
 defaults and rules ``vllm run-batch`` gives them; those served are the token limit
 (``max_tokens`` or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``n``,
 ``stop``, the penalties, vLLM's sampling extras ``top_k``, ``min_p``,
@@ -274,7 +274,7 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:
     """The line's sampling, its parameters read by vLLM's ``ChatCompletionRequest``; what it
     leaves out is the model's (``None``), as in vLLM's ``run-batch``, except the token limit
     (``default_max_tokens``)."""
-    from mmbatch.output.vllm_protocol import InvalidBody, check_chat_body
+    from mmbatch.openai_batch.vllm_protocol import InvalidBody, check_chat_body
 
     schema = _json_schema(body.get("response_format"))  # its own words for a bad schema
     try:
