@@ -50,6 +50,7 @@ from mmbatch.sources.paths import LocalPaths
 from mmbatch.storage.objects import read_whole
 from mmbatch.storage.urls import is_storage_url, parent, shown
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
+from mmbatch.validation import listed
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 DEFAULT_MAX_TOKENS = 1024
@@ -284,8 +285,8 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:
         raise InvalidLine("streaming is not supported in a batch")
     unsupported = (checked.changed - SERVED) | (set(checked.unknown) - UNUSED_KEYS)
     if unsupported:
-        listed = ", ".join(map(repr, sorted(unsupported)))
-        raise InvalidLine(f"unsupported parameter(s): {listed}")
+        names = ", ".join(listed([repr(k) for k in sorted(unsupported)]))
+        raise InvalidLine(f"unsupported parameter(s): {names}")
     values = checked.values
     max_tokens = values["max_completion_tokens"]
     if max_tokens is None:
