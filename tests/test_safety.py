@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK, build_parser
 from mmbatch.cli.options import engine_config_from
@@ -22,7 +23,6 @@ from mmbatch.errors import ConfigError, MediaError, SourceError
 from mmbatch.media.fetch import UrlPolicy, read_source
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.paths import LocalPaths, is_inside
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import ItemError
 
 

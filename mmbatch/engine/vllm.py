@@ -216,8 +216,8 @@ class VLLMEngine:
         seen so far): requests of equal length finish together, a whole batch at one step,
         and rendering their successors (the HF processor, milliseconds each on one thread)
         takes seconds; those must be rendered and waiting by then, as a prebuilt
-        ``LLM.generate`` has them, or the engine runs near empty meanwhile (measured on an
-        H200: max_num_seqs plus one prefill left the waiting queue empty 40-55% of the time)."""
+        ``LLM.generate`` has them, or the engine runs near empty meanwhile (as it did on a GPU
+        with only max_num_seqs plus one prefill handed over)."""
         scheduler = self._engine.vllm_config.scheduler_config
         total, count = self._prompt_tokens
         mean = total / count if count else PROMPT_TOKENS_GUESS

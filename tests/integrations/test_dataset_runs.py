@@ -26,6 +26,7 @@ from typing import Any
 import datasets
 import pytest
 from conftest import TINY_ENGINE_KWARGS
+from fake_engine import FakeEngine
 from processes import in_session
 from repo_paths import README, SCRIPTS
 
@@ -36,7 +37,6 @@ from mmbatch.integrations.dataset_origin import mapped_dataset, origin_of
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import close_pipeline, run_requests
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import MediaRef, Request, Sampling
 
 PROMPT = "Describe this image."

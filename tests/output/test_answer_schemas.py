@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from error_line import one_error
 from fake_cli import main as fake_main
+from fake_engine import FakeEngine
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, main
 from mmbatch.errors import ConfigError
 from mmbatch.output.answers import JsonParser, SchemaFailed, canonical_schema
-from mmbatch.testing.fake_engine import FakeEngine
 
 DRAFT_03 = "http://json-schema.org/draft-03/schema#"
 ELSEWHERE = "http://127.0.0.1:9/s.json"

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine, expected_text
 from media_files import cfr_video
 
 from mmbatch import cli
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
 from mmbatch.jsonl import printable
 from mmbatch.output.formats import read_output
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
 GOOD = os.fsdecode(b"x_\xff.jpg")  # the str Python hands over for that name: "x_\udcff.jpg"
 BAD = os.fsdecode(b"bad_\xfe.jpg")

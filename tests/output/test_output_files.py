@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from repo_paths import RECIPES
 
 from mmbatch import cli
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture

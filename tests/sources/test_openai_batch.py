@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import FakeEngine, expected_text
 
 from mmbatch.errors import SourceError
 from mmbatch.jobs import Job, run_in_memory
@@ -16,7 +17,6 @@ from mmbatch.openai_batch.reader import read_batch
 from mmbatch.openai_batch.writer import OpenAIBatchShape
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.paths import LocalPaths
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import Request, Result, Sampling, TokenLogprob, Turn, Usage
 
 

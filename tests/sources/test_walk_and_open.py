@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 
 from mmbatch.cli import EXIT_OK
 from mmbatch.errors import MediaError, SourceError
@@ -22,7 +23,6 @@ from mmbatch.sources.files import LINKED_OUT, SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.paths import LocalPaths, file_id
 from mmbatch.sources.timeline import frame_requests
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from media_files import cfr_video
 from s3_server import Bucket
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
-from mmbatch.testing.fake_engine import FakeEngine
 
 PICTURES = ("sunset.jpg", "checkerboard.png", "shapes_alpha.png", "truncated.jpg")
 
