@@ -314,6 +314,86 @@ def test_a_finished_job_is_loaded_from_the_cache_and_load_from_cache_file_false_
     assert ran == [1, 1]
 
 
+def pictures(count: int) -> list[dict[str, Any]]:
+    """``count`` distinct small PNGs as undecoded cells: the fake engine's text names each."""
+    import io
+
+    from PIL import Image
+
+    cells = []
+    for index in range(count):
+        data = io.BytesIO()
+        Image.new("RGB", (8, 8), (index * 40, 0, 0)).save(data, format="PNG")
+        cells.append({"bytes": data.getvalue(), "path": f"p{index}.png"})
+    return cells
+
+
+@pytest.mark.parametrize("position", ["saved", "not savable"])
+def test_a_stream_stopped_mid_window_resumes_with_every_row_once(
+    tmp_path: Path,
+    builds: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    position: str,
+) -> None:
+    """Stopped while writing the second of three windows, then run again: the first window
+    is not read or run again, and every row of the stream is in the result once, in order.
+    A stream whose position cannot be saved is read past the windows already written."""
+    monkeypatch.setattr(dataset_streams, "WINDOW_ROWS", 2)
+    if position == "not savable":
+
+        def no_state(self: Any) -> Any:
+            raise NotImplementedError("no state for this stream")
+
+        monkeypatch.setattr(datasets.IterableDataset, "state_dict", no_state)
+    cells = pictures(6)
+    table = datasets.Dataset.from_dict({"image": cells})
+    table = table.cast_column("image", datasets.Image(decode=False))
+    task = DatasetMap("fake", PROMPT)
+    whole = run_dataset(table.to_iterable_dataset(), task, cache_dir=tmp_path / "w", run=QUIET)
+    assert whole["error"] == [""] * 6
+    assert len(set(whole["text"])) == 6
+    real_write = dataset_streams._write_window
+    writes: list[str] = []
+
+    def stop_in_the_second(rows: Any, raw: Any, path: Path) -> int:
+        writes.append(path.name)
+        if len(writes) == 2:
+            next(rows)  # one row of the window read, then the job is stopped
+            raise KeyboardInterrupt
+        return real_write(rows, raw, path)
+
+    monkeypatch.setattr(dataset_streams, "_write_window", stop_in_the_second)
+    cache = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        run_dataset(table.to_iterable_dataset(), task, cache_dir=cache, run=QUIET)
+    monkeypatch.setattr(dataset_streams, "_write_window", real_write)
+    [folder] = [p.parent for p in cache.rglob("stream.json")]
+    saved = json.loads((folder / "stream.json").read_text())
+    assert (saved["windows"], saved["ended"]) == (1, False)
+    assert (saved["position"] is None) == (position == "not savable")
+    [first] = list(folder.glob("jobs/*/columns.arrow"))
+    done = first.stat().st_mtime_ns
+    real_resumed = dataset_streams._resumed
+    read: list[str] = []
+
+    def recorded(*args: Any) -> Iterator[dict[str, Any]]:
+        for row in real_resumed(*args):
+            read.append(row["image"]["path"])
+            yield row
+
+    monkeypatch.setattr(dataset_streams, "_resumed", recorded)
+    out = run_dataset(table.to_iterable_dataset(), task, cache_dir=cache, run=QUIET)
+    assert [c["path"] for c in out["image"]] == [c["path"] for c in cells]
+    assert out["text"] == whole["text"]
+    assert out["error"] == [""] * 6
+    assert first.stat().st_mtime_ns == done  # the first window's job was not run again
+    # Read on from where the stream stood; a stream that cannot say where reads past the
+    # rows of the windows written (they are not in what is yielded).
+    assert read == [c["path"] for c in cells[2:]]
+    jobs = sorted(folder.glob("jobs/*/rows.jsonl"))
+    assert [len(f.read_text().splitlines()) for f in jobs] == [2, 2, 2]
+
+
 # -- the tiny model ----------------------------------------------------------------------
 
 
