@@ -314,6 +314,58 @@ def test_a_finished_job_is_loaded_from_the_cache_and_load_from_cache_file_false_
     assert ran == [1, 1]
 
 
+def test_a_finished_jobs_columns_that_are_not_its_own_are_named_with_the_fix(
+    tmp_path: Path, builds: list[str]
+) -> None:
+    """A ``columns.arrow`` cut short, another job's, an Arrow file of other columns and rows,
+    or bytes that are no Arrow: one line naming the folder and how to run again, never
+    pyarrow's or datasets' own exception; ``load_from_cache_file=False`` then runs it."""
+    import pyarrow as pa
+
+    ds = datasets.Dataset.from_dict({"image": pictures(3)})
+    task = DatasetMap("fake", PROMPT)
+    texts = list(run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)["text"])
+    assert len(set(texts)) == 3
+    [columns] = list((tmp_path / "jobs").rglob("columns.arrow"))
+    good = columns.read_bytes()
+    other = datasets.Dataset.from_dict({"image": pictures(2)})
+    run_dataset(other, task, cache_dir=tmp_path / "other", run=QUIET)
+    [others] = list((tmp_path / "other").rglob("columns.arrow"))
+    foreign = tmp_path / "foreign.arrow"
+    table = pa.table({"label": [1, 2, 3, 4, 5]})
+    with pa.OSFile(str(foreign), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    corruptions = {
+        "truncated": (good[: len(good) // 2], "it cannot be read"),
+        "another job's": (others.read_bytes(), "it holds 2 rows, the dataset 3"),
+        "foreign": (foreign.read_bytes(), "its columns are label, not text, error"),
+        "garbage": (b"\x00garbage, not Arrow" * 50, "it cannot be read"),
+    }
+    for name, (data, why) in corruptions.items():
+        columns.write_bytes(data)
+        with pytest.raises(ConfigError) as refused:
+            run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)
+        message = str(refused.value)
+        assert "\n" not in message, name
+        assert f"the finished job's columns {columns} are not this job's ({why}" in message, name
+        assert "run_dataset(..., load_from_cache_file=False)" in message, name
+        assert str(columns.parent) in message, name
+    # The record beside them says whose job the folder holds.
+    columns.write_bytes(good)
+    record = columns.parent / "rows.jsonl.job.json"
+    kept = record.read_text()
+    record.write_text(kept.replace(ds._fingerprint, "another dataset"))
+    with pytest.raises(ConfigError, match=r"its job record rows.jsonl.job.json is another job's"):
+        run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)
+    record.write_text(kept)
+    assert run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)["text"] == texts
+    columns.write_bytes(b"garbage")
+    again = run_dataset(
+        ds, task, cache_dir=tmp_path / "jobs", load_from_cache_file=False, run=QUIET
+    )
+    assert list(again["text"]) == texts
+
+
 def pictures(count: int) -> list[dict[str, Any]]:
     """``count`` distinct small PNGs as undecoded cells: the fake engine's text names each."""
     import io
