@@ -26,6 +26,7 @@ from typing import Any
 import datasets
 import pytest
 from conftest import TINY_ENGINE_KWARGS
+from fake_cli import main
 from processes import in_session
 from repo_paths import README, SCRIPTS
 
@@ -36,6 +37,9 @@ from mmbatch.integrations.dataset_origin import mapped_dataset, origin_of
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import close_pipeline, run_requests
+from mmbatch.sources.files import LINKED_OUT, image_requests
+from mmbatch.sources.log import ListingLog
+from mmbatch.sources.paths import LINKED_OUT_FILES
 from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import MediaRef, Request, Sampling
 
@@ -133,12 +137,12 @@ def test_each_way_of_building_a_dataset_has_the_origin_its_paths_come_from(
     }
     trust = {name: origin_of(ds).trust for name, ds in cases.items()}
     assert trust == {
-        "imagefolder": "own",
-        "imagefolder after a map": "own",
-        "imagefolder held in memory": "own",
+        "imagefolder": "listed",
+        "imagefolder after a map": "listed",
+        "imagefolder held in memory": "listed",
         "from_dict": "own",
         "from_generator": "own",
-        "streamed imagefolder": "own",
+        "streamed imagefolder": "listed",
         "from_dict, streamed": "own",
         "parquet": "files",
         "parquet, streamed": "files",
@@ -146,6 +150,12 @@ def test_each_way_of_building_a_dataset_has_the_origin_its_paths_come_from(
         "parquet streamed from its file": "files",
     }
     assert origin_of(saved).folders == (str(tmp_path / "saved"),)
+    # The folder listed, and the data files' folder, whichever way the rows are read.
+    for name in ("imagefolder", "imagefolder after a map", "streamed imagefolder"):
+        assert origin_of(cases[name]).folder == str(photos), name
+    for name in ("parquet", "parquet streamed from its file"):
+        assert origin_of(cases[name]).folders == (str(tmp_path),), name
+        assert origin_of(cases[name]).folder == str(tmp_path), name
     assert origin_of([1, 2]).trust == "unknown"
 
 
@@ -166,14 +176,14 @@ def test_the_dataset_a_map_runs_on_is_found_in_datasets_own_frames(
 
     local.map(record, batched=True, batch_size=2)
     list(local.to_iterable_dataset().map(record, batched=True, batch_size=2))
-    assert set(seen) == {"own"}
+    assert set(seen) == {"listed"}
     assert len(seen) == 3 + 3
     with_workers = local.map(
         lambda batch: {"trust": [origin_of(mapped_dataset()).trust] * len(batch["image"])},
         batched=True,
         num_proc=2,
     )
-    assert set(with_workers["trust"]) == {"own"}
+    assert set(with_workers["trust"]) == {"listed"}
     assert mapped_dataset() is None  # not inside a map
 
 
@@ -214,6 +224,121 @@ def test_a_map_over_an_imagefolder_reads_its_paths_and_files_from_elsewhere_stay
     assert f"DatasetMap(..., allowed_paths=[{str(photos)!r}])" in said
     allowed = DatasetMap("fake", PROMPT, allowed_paths=[str(photos)])
     assert shared.map(allowed, batched=True)["error"] == [""] * len(GOOD)
+
+
+def test_an_imagefolders_link_out_of_its_folder_is_not_read_by_any_face(
+    photos: Path,
+    hf_cache: Path,
+    tmp_path: Path,
+    samples: Path,
+    builds: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file symlink in an imagefolder that leads out of it: each datasets face makes its
+    row an error, for the reason a walk of the command passes it over, and opens nothing
+    there; links inside the folder (and across its subfolders) are read as the command
+    reads them."""
+    secret = tmp_path / "elsewhere" / "secret.png"
+    secret.parent.mkdir()
+    shutil.copy(samples / "checkerboard.png", secret)
+    (photos / "out.png").symlink_to(secret)
+    (photos / "sub").mkdir()
+    (photos / "sub" / "same.jpg").symlink_to(photos / "sunset.jpg")
+    opened: list[str] = []
+    real_open = os.open
+
+    def recorded(name: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.path.realpath(name))
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recorded)
+    ds = imagefolder(photos, hf_cache)
+    names = [Path(c["path"]).relative_to(photos).as_posix() for c in ds["image"]]
+    task = DatasetMap("fake", PROMPT)
+    stream = datasets.load_dataset(
+        "imagefolder", data_dir=str(photos), split="train", streaming=True
+    ).cast_column("image", datasets.Image(decode=False))
+    faces = {
+        "map": ds.map(task, batched=True, batch_size=3, with_indices=True)["error"],
+        "run_dataset": run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)["error"],
+        "stream": [row["error"] for row in stream.map(task, batched=True, with_indices=True)],
+    }
+    out = names.index("out.png")
+    for face, errors in faces.items():
+        error = errors[out]
+        assert error.startswith(f"source: row {out}: {str(photos / 'out.png')!r} leads to "), face
+        assert f"out of the folder {photos} that was listed; {LINKED_OUT_FILES}" in error, face
+        assert "allow where it leads with DatasetMap(allowed_paths=[DIR])" in error, face
+        assert errors[names.index("sub/same.jpg")] == "", face
+        assert errors[names.index("sunset.jpg")] == "", face
+    assert str(secret) not in opened
+    # The command passes the same link over, for the same reason.
+    log = ListingLog()
+    listed = image_requests([str(photos)], PROMPT, log=log)
+    assert "out.png" not in {Path(r.id).name for r in listed}
+    assert log.skipped[LINKED_OUT] == 1
+    assert LINKED_OUT.startswith(LINKED_OUT_FILES)
+    # Allowed where it leads, it is read.
+    allowed = DatasetMap("fake", PROMPT, allowed_paths=[str(secret.parent)])
+    assert ds.map(allowed, batched=True)["error"][out] == ""
+
+
+def test_a_parquet_files_relative_cells_are_relative_to_its_folder_in_both_faces(
+    tmp_path: Path,
+    samples: Path,
+    hf_cache: Path,
+    builds: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parquet loaded with ``load_dataset("parquet", data_files=...)``, its cells naming the
+    pictures beside it (relative, and absolute), read from another working directory:
+    captions, not refusals, from ``ds.map``, ``run_dataset`` and a stream, as ``mmbatch
+    caption`` reads the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    data = tmp_path / "data"
+    (data / "pics").mkdir(parents=True)
+    for name in GOOD:
+        shutil.copy(samples / name, data / "pics" / name)
+    cells = [{"bytes": None, "path": f"pics/{name}"} for name in GOOD[:-1]]
+    cells.append({"bytes": None, "path": str(data / "pics" / GOOD[-1])})
+    pq.write_table(pa.table({"image": pa.array(cells, image)}), data / "d.parquet")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    load = {"data_files": str(data / "d.parquet"), "split": "train"}
+    ds = datasets.load_dataset("parquet", cache_dir=str(hf_cache), **load)
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    stream = datasets.load_dataset("parquet", streaming=True, **load)
+    stream = stream.cast_column("image", datasets.Image(decode=False))
+    task = DatasetMap("fake", PROMPT)
+    assert ds[0]["image"] == {"bytes": None, "path": "pics/sunset.jpg"}
+    faces = {
+        "map": ds.map(task, batched=True),
+        "run_dataset": run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET),
+        "stream map": datasets.Dataset.from_list(list(stream.map(task, batched=True))),
+        "stream run_dataset": run_dataset(stream, task, cache_dir=tmp_path / "s", run=QUIET),
+    }
+    for face, out in faces.items():
+        assert out["error"] == [""] * len(GOOD), face
+        assert len(set(out["text"])) == len(GOOD), face
+    # The same texts as the command gives the file.
+    argv = ["caption", str(data / "d.parquet"), "--image-column", "image", "--model", "fake"]
+    argv += ["--prompt", PROMPT]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "o.jsonl")], FakeEngine()) == 0
+    rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == list(faces["map"]["text"])
+    # A cell that leaves the data files' folder is still refused.
+    (tmp_path / "secret.png").write_bytes((samples / "checkerboard.png").read_bytes())
+    up = pa.array([{"bytes": None, "path": "../secret.png"}], image)
+    pq.write_table(pa.table({"image": up}), data / "up.parquet")
+    refused = datasets.load_dataset(
+        "parquet", data_files=str(data / "up.parquet"), split="train", cache_dir=str(hf_cache)
+    )
+    [error] = refused.map(task, batched=True)["error"]
+    assert f"leads to {tmp_path / 'secret.png'}, outside the input's folder {data}" in error
 
 
 def test_a_call_that_cannot_see_its_dataset_stops_at_a_path_cell_with_the_fix(
