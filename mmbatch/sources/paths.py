@@ -144,8 +144,6 @@ class LocalPaths:
         walk counts as passed over and a dataset's row carries as its error."""
         try:
             return self.check(file, folder, file, where)
-        except LinkedOut:
-            raise
         except PathNotAllowed:
             real = os.path.realpath(file)
             raise LinkedOut(
