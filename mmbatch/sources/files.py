@@ -54,7 +54,7 @@ from mmbatch.jsonl import JsonlError, objects_in, printable, read_objects
 from mmbatch.media.fetch import is_url, unreadable
 from mmbatch.row_schema import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.paths import LocalPaths, PathNotAllowed
+from mmbatch.sources.paths import LINKED_OUT_FILES, LinkedOut, LocalPaths
 from mmbatch.storage.objects import (
     file_system,
     glob_objects,
@@ -374,9 +374,7 @@ def _walk(
             yield listed._replace(walked=True)
 
 
-LINKED_OUT = (
-    "linked files leading out of the folder (allow with --input-root DIR or --allow-outside-root)"
-)
+LINKED_OUT = f"{LINKED_OUT_FILES} (allow with --input-root DIR or --allow-outside-root)"
 """The reason a walk gives for a file symlink that leads where the path rule refuses."""
 
 
@@ -390,8 +388,8 @@ def _admitted(file: str, folder: str, paths: LocalPaths, log: ListingLog) -> Ite
             # Not a link, in a folder reached without following one: inside, as it is.
             yield _Listed(file, file, pinned=FileId(info.st_dev, info.st_ino))
             return
-        checked = paths.check(file, folder, file, file)
-    except PathNotAllowed:
+        checked = paths.listed(file, folder, file)
+    except LinkedOut:
         log.skip(LINKED_OUT)
         return
     except OSError as exc:
