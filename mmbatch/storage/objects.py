@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mmbatch.errors import MediaError, StorageError, StorageUnavailable
-from mmbatch.storage.urls import protocol_of, redact, shown
+from mmbatch.storage.redaction import redact
+from mmbatch.storage.urls import protocol_of, shown
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -223,10 +224,19 @@ def attempt(url: str, call: Callable[[], T], attempts: int = READ_ATTEMPTS) -> T
         except Exception as exc:
             problem = problem_of(exc)
             if problem in ("missing", "denied", "no_credentials") or n == attempts - 1:
-                detail = redact(f"{type(exc).__name__}: {exc}" if problem == "failed" else str(exc))
-                raise Failure(url, problem, detail) from None
+                said = f"{type(exc).__name__}: {exc}" if problem == "failed" else str(exc)
+                raise Failure(url, problem, redacted(said)) from None
             time.sleep(RETRY_PAUSE_S * 2**n)
     raise AssertionError("unreachable")
+
+
+def redacted(text: str) -> str:
+    """``text`` (a library's words for a failure) without the credentials of the
+    environment, those that any file system of this process resolved, and any a request
+    carries in its headers (``mmbatch.storage.redaction``)."""
+    with _LOCK:
+        made = [(key[0], fs) for key, fs in _FILE_SYSTEMS.items() if key[1] == os.getpid()]
+    return redact(text, made)
 
 
 def read_object(url: str, max_bytes: int) -> bytes:

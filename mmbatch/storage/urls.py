@@ -15,7 +15,6 @@ names nothing and is refused (``ValueError``).
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 
@@ -24,8 +23,6 @@ NOT_STORAGE = frozenset({"http", "https", "file", "data"})
 """Protocols that are not object storage: fetched with --allow-urls, or local."""
 ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 """Other names of one store, as fsspec takes them."""
-SECRET_NAMES = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY")
-"""Environment variables whose values are never said (``redact``)."""
 
 
 def scheme(text: str) -> str | None:
@@ -110,13 +107,3 @@ def shown(url: str) -> str:
     if "@" in host:
         host = host.rsplit("@", 1)[1]
     return f"{url[: len(protocol)]}://{host}{sep}{tail}"
-
-
-def redact(text: str) -> str:
-    """``text`` with the value of every secret-looking environment variable replaced by
-    ``***``: a library's error may quote what it was given, and an error becomes a row, a
-    summary or a line on the terminal."""
-    for key, value in os.environ.items():
-        if len(value) >= 6 and SECRET_NAMES.search(key.upper()) and value in text:
-            text = text.replace(value, "***")
-    return text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from mmbatch.storage.redaction import redact
 from mmbatch.storage.urls import (
     is_inside,
     is_storage_url,
@@ -12,7 +13,6 @@ from mmbatch.storage.urls import (
     name,
     normalised,
     parent,
-    redact,
     shown,
 )
 
