@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mmbatch.errors import MediaError, StorageError, StorageUnavailable
 from mmbatch.storage.redaction import redact
-from mmbatch.storage.urls import protocol_of, shown
+from mmbatch.storage.urls import LOGIN_REFUSED, protocol_of, shown, spelled
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -141,6 +141,8 @@ def file_system(url: str) -> tuple[AbstractFileSystem, str]:
     """The file system holding ``url``, and the path it knows the object by. One file
     system per protocol and process (fsspec's own instance cache keeps it); a protocol
     without one is a ``StorageError`` with the install hint."""
+    if shown(url) != spelled(url):
+        raise StorageError(f"{shown(url)} {LOGIN_REFUSED}")
     protocol = protocol_of(url)
     key = (protocol, os.getpid(), _environment_digest())
     with _LOCK:
@@ -149,7 +151,7 @@ def file_system(url: str) -> tuple[AbstractFileSystem, str]:
         fs = _make(protocol, url)
         with _LOCK:
             _FILE_SYSTEMS[key] = fs
-    return fs, fs._strip_protocol(url)
+    return fs, fs._strip_protocol(spelled(url))
 
 
 def _environment_digest() -> str:
@@ -275,7 +277,7 @@ def read_many(urls: list[str], max_bytes: int) -> dict[str, bytes | MediaError]:
     if not urls:
         return {}
     fs, _ = file_system(urls[0])
-    paths = [fs._strip_protocol(url) for url in urls]
+    paths = [fs._strip_protocol(spelled(url)) for url in urls]
     ends = [max_bytes + 1] * len(paths)
     try:
         found = fs.cat_ranges(paths, [0] * len(paths), ends, on_error="return")
@@ -406,7 +408,7 @@ def delete_objects(urls: list[str]) -> None:
     if not urls:
         return
     fs, _ = file_system(urls[0])
-    paths = [fs._strip_protocol(url) for url in urls]
+    paths = [fs._strip_protocol(spelled(url)) for url in urls]
     try:
         attempt(urls[0], lambda: _remove(fs, paths))
     except Failure as failure:
