@@ -87,6 +87,24 @@ def comparable(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["media_hash"], row["text"], row["error"])
 
 
+def check_kept(
+    s3: Bucket,
+    key: str,
+    before: list[dict[str, Any]],
+    expected: dict[str, tuple[Any, ...]],
+    where: str,
+) -> list[dict[str, Any]]:
+    """The rows the output ``key`` holds after a run ended as ``where`` says: none twice,
+    every row of ``before`` still there, each the row an uninterrupted run writes."""
+    after = truth(s3, key)
+    ids = [row["id"] for row in after]
+    assert len(ids) == len(set(ids)), f"a row held twice after {where}"
+    assert {row["id"] for row in before} <= set(ids), f"rows were lost in {where}"
+    for row in after:
+        assert comparable(row) == expected[row["id"]], where
+    return after
+
+
 def check_finished(s3: Bucket, key: str, reference: list[dict[str, Any]], seed: int) -> None:
     """The output ``key`` of a run that ended by itself: every input once, in input order,
     the rows of an uninterrupted run, the parts cleared, the quarantine beside it."""
@@ -132,12 +150,7 @@ def test_random_kills_of_a_job_in_storage_lose_nothing_and_duplicate_nothing(
                 os.killpg(job.pid, signal.SIGKILL)
             code, err = finish(job)
         assert code in (-signal.SIGKILL, 1), f"{where}: exit {code}\n{err[-2000:]}"
-        after = truth(s3, out)
-        ids = [row["id"] for row in after]
-        assert len(ids) == len(set(ids)), f"a row held twice after {where}"
-        assert {row["id"] for row in before} <= set(ids), f"rows were lost in {where}"
-        for row in after:
-            assert comparable(row) == expected[row["id"]], where
+        after = check_kept(s3, out, before, expected, where)
         if code == -signal.SIGKILL:
             kills += 1
             mid_job += len(after) < total
@@ -193,12 +206,7 @@ def test_a_resumed_job_killed_before_each_of_its_store_writes_in_turn_loses_and_
         code, err = finish(start(inputs, s3.url(out), **env))
         where = f"the resumed run killed before its store write {write}"
         assert code in (-signal.SIGKILL, 1), f"{where}: exit {code}\n{err[-2000:]}"
-        after = truth(s3, out)
-        ids = [row["id"] for row in after]
-        assert len(ids) == len(set(ids)), f"a row held twice after {where}"
-        assert {row["id"] for row in left} <= set(ids), f"rows were lost: {where}"
-        for row in after:
-            assert comparable(row) == expected[row["id"]], where
+        check_kept(s3, out, left, expected, where)
         if code == 1:  # no write left to kill it before
             check_finished(s3, out, reference, write)
             break
