@@ -143,7 +143,12 @@ def test_a_protocol_in_capitals_is_the_same_store_and_a_password_in_a_url_is_nev
     assert "user name or password" in rows[1]["error"]["message"]
     assert rows[2]["source"] == "https://127.0.0.1:9/x.jpg"
     assert "user name or password" in rows[2]["error"]["message"]
+    login_out = s3.url("out/other.jsonl").replace("s3://", "s3://user:pa55word@")
+    assert run("caption", manifest, "--out", login_out) == EXIT_JOB_FAILED
+    assert run("caption", login, "--out", s3.url("out/more.jsonl")) == EXIT_JOB_FAILED
     said = capsys.readouterr()
+    assert said.err.count("user name or password") == 2
+    assert not [key for key in s3.keys("out") if not key.startswith("out/rows.jsonl")]
     written = b"".join(s3.get(key) for key in s3.keys("out"))
     assert b"user name or password" in written  # the quarantine is in the store
     for text in (said.out, said.err, written.decode(errors="replace")):
