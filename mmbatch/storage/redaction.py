@@ -95,7 +95,7 @@ def _gs(fs: Any) -> list[Any]:
     """gcsfs's access token, and the refresh token and client secret of user credentials."""
     holder = fs.credentials
     given = holder.token
-    found = [given] if isinstance(given, str) and given not in _GCS_METHODS else []
+    found: list[Any] = [given] if isinstance(given, str) and given not in _GCS_METHODS else []
     inner = getattr(holder, "credentials", None)
     for field in ("token", "refresh_token", "client_secret", "_refresh_token", "_client_secret"):
         found.append(getattr(inner, field, None))
