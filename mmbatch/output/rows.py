@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 
 from mmbatch.errors import ItemFailure
 from mmbatch.row_schema import TOKEN_COLUMNS
+from mmbatch.storage.urls import shown
 from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
 
 OutputParser = Callable[[str], Any]
@@ -103,7 +104,7 @@ def token_counts(usage: Usage) -> dict[str, int]:
 
 def output_row(request: Request, media_keys: tuple[str, ...], result: Result) -> dict[str, Any]:
     """The flat JSON row for one request: what it was, and its text or the reason it has none."""
-    sources = [ref.source for ref in request.media]
+    sources = [shown(ref.source) for ref in request.media]
     return {
         "id": request.id,
         "source": sources[0] if len(sources) == 1 else sources,
@@ -269,7 +270,7 @@ class ItemRows:
                 failures.append((name, error))
             usage += result.usage
         error = _item_error(failures, len(item.names))
-        sources = [ref.source for ref in item.first.media]
+        sources = [shown(ref.source) for ref in item.first.media]
         keys = item.media_keys
         data = {
             "id": item_id,

@@ -63,7 +63,7 @@ from mmbatch.storage.objects import (
     local_copy,
     read_whole,
 )
-from mmbatch.storage.urls import is_storage_url, parent, shown
+from mmbatch.storage.urls import is_storage_url, parent, shown, spelled
 from mmbatch.types import (
     ClipSpan,
     FileId,
@@ -246,10 +246,10 @@ def _expand(
     for raw in inputs:
         path = Path(raw)
         if is_storage_url(raw):
-            yield from _expand_url(raw, taken, policy, log, kinds)
+            yield from _expand_url(spelled(raw), taken, policy, log, kinds)
         elif is_url(raw):
             _check_url(raw, "input", policy)
-            yield _Listed(raw, raw)
+            yield _Listed(shown(raw), raw)
         elif path.is_dir():
             yield from _walk(path, taken, log, policy.paths)
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
@@ -419,7 +419,7 @@ def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_List
         raw_path = row.get("path")
         if not isinstance(raw_path, str) or not raw_path:
             raise SourceError(f"{where}: row has no 'path' (got {row!r})")
-        item_id = row.get("id", raw_path)
+        item_id = row.get("id", shown(raw_path))
         if not isinstance(item_id, (str, int)) or isinstance(item_id, bool) or item_id == "":
             # str() would make null "None" and an object its Python repr: not an id anyone
             # wrote, and two rows could share it.
@@ -489,7 +489,7 @@ def _check_url(url: str, where: str, policy: SourcePolicy) -> None:
 def _url_refused(url: str, where: str) -> ItemError:
     return ItemError(
         "source",
-        f"{where}: {url!r} is a URL; URLs are fetched only with --allow-urls "
+        f"{where}: {shown(url)!r} is a URL; URLs are fetched only with --allow-urls "
         "(which bounds each download in size and time)",
         "not_allowed",
     )
