@@ -1,9 +1,9 @@
 """The vLLM adapter: the engine's one module that imports vllm's engine and checks settings
 as vLLM reads them. Beside it, ``engine/vllm_counts.py`` reads vLLM's per-model processing
-info (the budget's token counts), ``openai_batch/vllm_protocol.py`` imports vLLM's models of chat
-completions alone (the OpenAI batch format), and the benchmark (``mmbatch/bench``) records
-vLLM's version and, for its naive sides, builds ``vllm.LLM`` itself, as a user's script
-would. Each imports vllm when first used, never at its own import.
+info (the budget's token counts), ``openai_batch/vllm_protocol.py`` imports vLLM's models of
+chat completions alone (the OpenAI batch format), and the benchmark (``mmbatch/bench``)
+records vLLM's version and, for its naive sides, builds ``vllm.LLM`` itself, as a user's
+script would. Each imports vllm when first used, never at its own import.
 
 It drives vLLM's offline engine through its request-level API (``LLMEngine.add_request`` and
 ``step``) rather than one blocking ``LLM.generate`` call, for three reasons:
