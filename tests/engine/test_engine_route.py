@@ -19,7 +19,7 @@ import mmbatch
 from mmbatch.cli import EXIT_OK, main
 from mmbatch.engine import builder, config, invariance, layout, registry
 from mmbatch.engine.config import EngineConfig
-from mmbatch.engine.layout import Gpu, Layout
+from mmbatch.engine.layout import Gpu, Layout, choose_layout, in_process_layout
 from mmbatch.jobs import Job, run_job
 from mmbatch.output.file_output import FileOutput
 from mmbatch.pipeline import RunConfig, close_pipeline
@@ -49,6 +49,7 @@ class Route:
     GPUs, each check of a model's name."""
 
     starts: list[tuple[builder.Host, dict[str, int], Layout]] = field(default_factory=list)
+    engines: list[FakeEngine] = field(default_factory=list)
     gpu_reads: int = 0
     name_checks: list[str] = field(default_factory=list)
 
@@ -92,7 +93,8 @@ def route(counted: Route, monkeypatch: pytest.MonkeyPatch) -> Iterator[Route]:
 
     def start(host: builder.Host, media: dict[str, int], laid_out: Layout) -> HeldEngine:
         counted.starts.append((host, media, laid_out))
-        return HeldEngine()
+        counted.engines.append(HeldEngine())
+        return counted.engines[-1]
 
     monkeypatch.setattr(builder, "start_engine", start)
     # Set already: batch invariance's switch then has nothing to do in this process (which
@@ -101,9 +103,10 @@ def route(counted: Route, monkeypatch: pytest.MonkeyPatch) -> Iterator[Route]:
     monkeypatch.setattr(invariance, "vllm_version", lambda: "0.32.0")
     yield counted
     for key, (engine, _) in list(registry._ENGINES.items()):
-        if isinstance(engine, FakeEngine):  # kept by the registry: gone with the test
+        if engine in counted.engines:  # kept by the registry: gone with the test
             del registry._ENGINES[key]
-            close_pipeline(engine)
+    for engine in counted.engines:
+        close_pipeline(engine)  # its feeder and decoders, kept for it
 
 
 @dataclass(frozen=True)
@@ -209,8 +212,8 @@ def test_every_face_starts_its_engine_through_the_builder_once_on_one_reading_of
     assert host.gpus == (H100,)
     # The layout each face has always had: one engine here (a notebook's, an actor's), or
     # the command's layout for the job's size.
-    assert host.in_process is face.in_process
-    assert laid_out == host.layout(face.requests)
+    lay_out = in_process_layout if face.in_process else choose_layout
+    assert laid_out == lay_out(host.config, [H100], face.requests)
     assert route.gpu_reads == 1  # batch invariance's check too, where it is asked for
     assert route.name_checks == [MODEL]
 
