@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import TINY_ENGINE_KWARGS
+from fake_engine import FakeEngine
 from picture_requests import caption_requests, write_pictures
 
 import mmbatch
@@ -23,7 +24,6 @@ from mmbatch.engine.layout import Gpu, Layout, choose_layout, in_process_layout
 from mmbatch.jobs import Job, run_job
 from mmbatch.output.file_output import FileOutput
 from mmbatch.pipeline import RunConfig, close_pipeline
-from mmbatch.testing.fake_engine import FakeEngine
 
 MODEL = "org/one-route"
 """A hub name: checked by its name only, never fetched (the engine is a stand-in)."""
