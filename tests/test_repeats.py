@@ -232,6 +232,38 @@ def until(condition: object, seconds: float = 20) -> None:
     assert condition(), "timed out"  # type: ignore[operator]
 
 
+def test_interleaved_repeats_of_two_pictures_each_get_their_own_pictures_answer(
+    samples: Path,
+) -> None:
+    """Two pictures asked three times each, interleaved: both leaders are in flight while
+    their followers wait, and the engine answers the newer one first. Every row is the
+    answer for its own picture, never the other leader's."""
+    pictures = {"sunset": samples / "sunset.jpg", "checker": samples / "checkerboard.png"}
+    requests = [
+        Request(f"{name}{n}", "Describe.", (MediaRef("image", str(path)),))
+        for n in range(3)
+        for name, path in pictures.items()
+    ]
+    engine = Held()
+    pipeline = Pipeline(engine, RUN)
+    try:
+        submission = pipeline.submit(requests, GREEDY)
+        until(lambda: len(engine.added) == 2 and pipeline._repeats.following == 4)
+        engine.release.set()
+        stats = submission.wait()
+    finally:
+        pipeline.close()
+    assert stats.answered_by_identical == 4
+    rows = {row["id"]: row for row in rows_of(submission)}
+    assert sorted(rows) == sorted(r.id for r in requests)
+    hashes = {name: {rows[f"{name}{n}"]["media_hash"] for n in range(3)} for name in pictures}
+    assert all(len(each) == 1 for each in hashes.values())
+    assert hashes["sunset"] != hashes["checker"]
+    for row in rows.values():
+        assert row["error"] is None
+        assert row["text"] == expected_text([row["media_hash"]], "Describe.")
+
+
 def test_a_repeat_in_another_submission_follows_the_leader_in_flight(samples: Path) -> None:
     """Followers may belong to another submission on a shared engine: each gets its row in
     its own submission, and neither submission ends before its rows are in."""
