@@ -34,13 +34,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmbatch.clock import milestone, process_seconds
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.decode_only import NoEngine
 from mmbatch.errors import FatalEngineError, OutputError, StorageError, StorageUnavailable
 from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
-from mmbatch.output.clock import milestone, process_seconds
 from mmbatch.output.file_output import FileOutput as FileOutput  # run_job's, re-exported
 from mmbatch.output.order import RowOrder
 from mmbatch.output.rows import FLAT, RowShape

@@ -45,6 +45,7 @@ from typing import Any
 from tqdm import tqdm
 
 from mmbatch import planner
+from mmbatch.clock import milestone
 from mmbatch.engine.base import Engine
 from mmbatch.errors import (
     ConfigError,
@@ -55,7 +56,6 @@ from mmbatch.errors import (
 )
 from mmbatch.media.feeder import Feeder, Ready
 from mmbatch.media.options import MediaOptions
-from mmbatch.output.clock import milestone
 from mmbatch.output.rows import FLAT, RowBuilder
 from mmbatch.output.sinks import MemorySink, Sink
 from mmbatch.output.stats import JobStats

@@ -14,10 +14,12 @@ from s3_server import Bucket, S3Server
 
 # The manual tier (tests/manual) runs checks of the default tier's modules at full size and
 # imports them by name, as pytest imports a test module (its folder on ``sys.path``),
-# whichever folders a run collects.
-for _folder in ("bench", "integrations", "media", "testing"):
-    if str(Path(__file__).parent / _folder) not in sys.path:
-        sys.path.append(str(Path(__file__).parent / _folder))
+# whichever folders a run collects. The one-off measurements (``benchmarks/``, run as
+# ``python benchmarks/NAME.py``) are imported by name the same way.
+for _folder in ("bench", "integrations", "media", "tiny_models", "../benchmarks"):
+    _path = str((Path(__file__).parent / _folder).resolve())
+    if _path not in sys.path:
+        sys.path.append(_path)
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +57,7 @@ ENGINES_IN_PROCESS = frozenset(
         "tests/storage/test_storage_ray.py",
         "tests/test_end_to_end.py",
         "tests/test_sampling.py",
-        "tests/testing/test_tiny_models.py",
+        "tests/tiny_models/test_tiny_models.py",
     }
 )
 """The modules whose tests hold vLLM engines in the test process: the session's, the
@@ -99,7 +101,7 @@ with them finds the session's engine in the registry."""
 
 @pytest.fixture(scope="session")
 def tiny_vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmbatch.testing.tiny_models import build_tiny_model
+    from mmbatch.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-vl"), family="qwen2_vl", seed=0)
 
@@ -126,7 +128,7 @@ def uncached_vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_audio_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmbatch.testing.tiny_models import build_tiny_model
+    from mmbatch.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-audio"), family="qwen2_audio")
 

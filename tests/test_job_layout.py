@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import FakeEngine
 from picture_requests import caption_requests, write_pictures
 
 from mmbatch.engine import builder, registry
@@ -17,7 +18,6 @@ from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, run_job
 from mmbatch.output.file_output import FileOutput
 from mmbatch.pipeline import RunConfig
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_engine import FakeEngine, Faults, expected_text
 
 from mmbatch.errors import FatalEngineError
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.sinks import JsonlSink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.files import image_requests
-from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 from mmbatch.types import MediaRef, Request, Result, Sampling
 
 pytestmark = pytest.mark.timeout(60)

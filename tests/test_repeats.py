@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from fake_engine import FakeEngine, Faults, expected_text
 
 from mmbatch.errors import FatalEngineError
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -20,7 +21,6 @@ from mmbatch.output.sinks import MemorySink
 from mmbatch.output.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, Submission, run_requests
 from mmbatch.repeats import Repeats, request_key
-from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 from mmbatch.types import LoadedRequest, MediaItem, MediaRef, Request, Result, Sampling, Turn
 
 pytestmark = pytest.mark.timeout(60)

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from mmbatch.clock import milestone
 from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
-from mmbatch.output.clock import milestone
 from mmbatch.types import (
     MODALITIES,
     CacheStats,
@@ -222,8 +222,8 @@ class VLLMEngine:
         seen so far): requests of equal length finish together, a whole batch at one step,
         and rendering their successors (the HF processor, milliseconds each on one thread)
         takes seconds; those must be rendered and waiting by then, as a prebuilt
-        ``LLM.generate`` has them, or the engine runs near empty meanwhile (measured on an
-        H200: max_num_seqs plus one prefill left the waiting queue empty 40-55% of the time)."""
+        ``LLM.generate`` has them, or the engine runs near empty meanwhile (as it did on a GPU
+        with only max_num_seqs plus one prefill handed over)."""
         scheduler = self._engine.vllm_config.scheduler_config
         total, count = self._prompt_tokens
         mean = total / count if count else PROMPT_TOKENS_GUESS

@@ -445,7 +445,10 @@ def _stopped(exc: Exception, whole: Job, out: FileOutput) -> MmbatchError:
         return ConfigError(_without_ray_note(cause))
     if isinstance(cause, FatalEngineError):
         return engine_stopped(FatalEngineError(_without_ray_note(cause)), whole, out)
-    return engine_stopped(FatalEngineError(f"the Ray job failed: {exc}"), whole, out)
+    from mmbatch.storage.objects import redacted
+
+    failed = FatalEngineError(f"the Ray job failed: {redacted(str(exc))}")
+    return engine_stopped(failed, whole, out)
 
 
 RAY_NOTE = "\nFailed to apply UDF transform after "

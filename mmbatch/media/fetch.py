@@ -32,7 +32,7 @@ from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
 from mmbatch.storage.objects import read_object
-from mmbatch.storage.urls import is_storage_url
+from mmbatch.storage.urls import is_storage_url, shown
 from mmbatch.types import FileId
 
 URL_SCHEMES = ("http://", "https://")
@@ -78,7 +78,7 @@ def read_source(
         return read_object(source, max_bytes)
     if urls is None:
         raise MediaError(
-            f"{source!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",
+            f"{shown(source)!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",
             stage="load",
             kind="unsupported",
         )
@@ -191,7 +191,15 @@ def fetch_url(url: str, policy: UrlPolicy) -> bytes:
 
     if not url.lower().startswith(URL_SCHEMES):
         raise MediaError(
-            f"{url!r}: only http and https URLs are fetched", stage="load", kind="unsupported"
+            f"{shown(url)!r}: only http and https URLs are fetched",
+            stage="load",
+            kind="unsupported",
+        )
+    if shown(url) != url:
+        raise MediaError(
+            f"{shown(url)!r} holds a user name or password, which is never sent",
+            stage="load",
+            kind="unsupported",
         )
     deadline = time.monotonic() + policy.timeout_s
     try:
@@ -209,7 +217,7 @@ def fetch_url(url: str, policy: UrlPolicy) -> bytes:
                     raise _too_large(url, policy)
                 if time.monotonic() > deadline:
                     raise MediaError(
-                        f"fetching {url!r} took over {policy.timeout_s:g} s",
+                        f"fetching {shown(url)!r} took over {policy.timeout_s:g} s",
                         stage="load",
                         kind="unreadable",
                     )
@@ -224,13 +232,13 @@ def fetch_url(url: str, policy: UrlPolicy) -> bytes:
         else:
             reason = getattr(exc, "reason", None) or exc
         raise MediaError(
-            f"cannot fetch {url!r}: {reason}", stage="load", kind="unreadable"
+            f"cannot fetch {shown(url)!r}: {reason}", stage="load", kind="unreadable"
         ) from None
 
 
 def _too_large(url: str, policy: UrlPolicy) -> MediaError:
     return MediaError(
-        f"{url!r} is over the URL size limit of {policy.max_bytes} bytes",
+        f"{shown(url)!r} is over the URL size limit of {policy.max_bytes} bytes",
         stage="load",
         kind="too_large",
     )

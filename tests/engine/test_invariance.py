@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from error_line import one_error
+from fake_engine import FakeEngine
 
 from mmbatch import jobs
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK, main
@@ -18,7 +19,6 @@ from mmbatch.engine import invariance
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Gpu
 from mmbatch.errors import ConfigError
-from mmbatch.testing.fake_engine import FakeEngine
 
 H200 = Gpu("0", 141 * 1024**3, (9, 0))
 A100 = Gpu("1", 80 * 1024**3, (8, 0))

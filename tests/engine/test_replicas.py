@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import TINY_ENGINE_KWARGS
+from fake_engine import FakeEngine, Faults, Lifecycle, expected_text
 from picture_requests import caption_requests, write_pictures
 from processes import alive, children, group_leaders, in_session, left_after
 
@@ -31,8 +32,7 @@ from mmbatch.errors import ConfigError, FatalEngineError
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
-from mmbatch.testing.fake_engine import FakeEngine, Faults, Lifecycle, expected_text
-from mmbatch.testing.tiny_models import write_real_shape
+from mmbatch.tiny_models import write_real_shape
 from mmbatch.types import CacheStats, LoadedRequest, MediaRef, Request, Sampling
 
 H200 = 141 * GIB
@@ -312,7 +312,7 @@ def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> 
     script = (
         "from functools import partial\n"
         "from mmbatch.engine.replicas import ReplicaEngine\n"
-        "from mmbatch.testing.fake_engine import FakeEngine, Lifecycle\n"
+        "from fake_engine import FakeEngine, Lifecycle\n"
         "if __name__ == '__main__':\n"
         "    slow = Lifecycle(engine_core=True, start_seconds=60)\n"
         "    ReplicaEngine(partial(FakeEngine, lifecycle=slow), [None, None])\n"
@@ -337,7 +337,7 @@ def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_thei
     script = (
         "from functools import partial\n"
         "from mmbatch.engine.replicas import ReplicaEngine\n"
-        "from mmbatch.testing.fake_engine import FakeEngine, Lifecycle\n"
+        "from fake_engine import FakeEngine, Lifecycle\n"
         "if __name__ == '__main__':\n"
         "    make = partial(FakeEngine, lifecycle=Lifecycle(engine_core=True, close_seconds=60))\n"
         "    ReplicaEngine(make, [None, None], end_at_exit=True)\n"

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -20,7 +21,9 @@ from PIL import Image
 
 from mmbatch import DatasetMap, RunConfig, run_dataset
 from mmbatch.engine import registry
-from mmbatch.testing.fake_engine import FakeEngine
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/, where the fake engine is
+from fake_engine import FakeEngine
 
 PROMPT = "Describe this image."
 
