@@ -1,4 +1,9 @@
-"""The vLLM adapter: the only module that imports vllm.
+"""The vLLM adapter: the engine's one module that imports vllm's engine and checks settings
+as vLLM reads them. Beside it, ``engine/vllm_counts.py`` reads vLLM's per-model processing
+info (the budget's token counts), ``openai_batch/vllm_protocol.py`` imports vLLM's models of
+chat completions alone (the OpenAI batch format), and the benchmark (``mmbatch/bench``)
+records vLLM's version and, for its naive sides, builds ``vllm.LLM`` itself, as a user's
+script would. Each imports vllm when first used, never at its own import.
 
 It drives vLLM's offline engine through its request-level API (``LLMEngine.add_request`` and
 ``step``) rather than one blocking ``LLM.generate`` call, for three reasons:
@@ -33,7 +38,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.clock import milestone
-from mmbatch.engine.config import EngineConfig, check_model_name
+from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
@@ -542,8 +547,9 @@ def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Mo
     """Check ``config`` as vLLM will read it, without starting an engine: the model can be
     found, every engine argument is one vLLM has and holds a value it takes, and the model
     fits the settings (a ``max_model_len`` within its context). A mistake is a
-    ``ConfigError`` of one line naming the bad value and what would be valid."""
-    check_model_name(config.model)
+    ``ConfigError`` of one line naming the bad value and what would be valid. A model folder
+    that is not there is said best by ``check_model_name``, which the caller runs first (an
+    engine's start: ``mmbatch.engine.builder.read_host``)."""
     check_engine_arguments(config.engine_kwargs)
     try:
         vllm_config = engine_args(config, media_per_prompt).create_engine_config()
@@ -555,8 +561,8 @@ def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Mo
 def model_config(config: EngineConfig) -> Any:
     """vLLM's ``ModelConfig`` of ``config`` (its model as vLLM reads it, with the user's
     settings), without starting an engine; a ``ConfigError`` of one line, as ``preflight``
-    gives, for a model or a setting vLLM does not take."""
-    check_model_name(config.model)
+    gives, for a model or a setting vLLM does not take (its name checked by the caller, as
+    for ``preflight``)."""
     check_engine_arguments(config.engine_kwargs)
     try:
         return engine_args(config, None).create_model_config()

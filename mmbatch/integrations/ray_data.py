@@ -26,8 +26,9 @@ ids already in the folder skipped, ``--retry-errors``, items whose prompt change
 file cut short set aside and redone, and the summary, the quarantine file and the exit code
 counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
-its engine the way every face does (``mmbatch.engine.builder.start_engine``), its start-up
-log in the engine's log file and a failure said as a ``FatalEngineError``. A job stopped by
+its engine the way every face does (``mmbatch.engine.builder``: its own host read once, then
+``start_engine``), its start-up log in the engine's log file and a failure said as a
+``FatalEngineError``. A job stopped by
 Ctrl-C (or SIGTERM) says what the folder holds, as the local runner does
 (``say_interrupted``), and the command line shuts down the Ray it started (``connected``):
 nothing the job started outlives it.
@@ -479,7 +480,7 @@ class EngineReplica:
         self.tally = tally
         self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine.builder import start_engine
+            from mmbatch.engine import builder
             from mmbatch.lifetime import orphan_resource_tracker
 
             # Ray kills this worker's direct children as it ends: the tracker, which unlinks
@@ -487,7 +488,9 @@ class EngineReplica:
             orphan_resource_tracker()
             kind = job.recipe.media.kind if job.recipe else "image"
             try:
-                engine = start_engine(job.engine, {kind: 1})
+                # The actor is itself the replica: one engine in its process, on its host.
+                host = builder.read_host(job.engine, in_process=True)
+                engine = builder.start_engine(host, {kind: 1}, host.layout())
             except MmbatchError as exc:
                 self.failed = exc
         self.engine = engine
