@@ -27,9 +27,12 @@ import itertools
 import json
 import math
 import re
+import threading
+import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -115,6 +118,9 @@ class VLLMEngine:
             self.llm: LLM = LLM(**settings.llm_kwargs)
         milestone("llm_built")
         self._engine = self.llm.llm_engine
+        if _core_in_process(self._engine):
+            with _CLOSING:
+                _IN_PROCESS.add(self)
         trust = bool(settings.llm_kwargs.get("trust_remote_code", False))
         self._template = ChatTemplate(config.model, trust)
         self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left
@@ -253,7 +259,8 @@ class VLLMEngine:
         self._pending.clear()
         shutdown = getattr(getattr(self._engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
-            shutdown(timeout=ENGINE_STOP_SECONDS)
+            with _shared_state_kept_for_others(self):
+                shutdown(timeout=ENGINE_STOP_SECONDS)
         del self.llm, self._engine
         _free_memory()
 
@@ -321,6 +328,41 @@ class VLLMEngine:
             prompt["multi_modal_data"] = data
             prompt["multi_modal_uuids"] = uuids
         return prompt
+
+
+_IN_PROCESS: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()
+"""The open engines whose vLLM engine core runs in this process (a ``Dataset.map`` worker's,
+under ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): they share vLLM's distributed state there."""
+_CLOSING = threading.Lock()
+
+
+def _core_in_process(llm_engine: Any) -> bool:
+    from vllm.v1.engine.core_client import InprocClient
+
+    return isinstance(getattr(llm_engine, "engine_core", None), InprocClient)
+
+
+@contextmanager
+def _shared_state_kept_for_others(engine: VLLMEngine) -> Iterator[None]:
+    """Shut ``engine`` down without the teardown of this process's vLLM distributed state
+    while another in-process engine is open: vLLM's in-process engine core ends with
+    ``cleanup_dist_env_and_memory``, which destroys the model-parallel groups that every
+    in-process engine of the process runs on (a notebook's held engine would fail its next
+    step: "pipeline model parallel group is not initialized"). The last one to close tears
+    it down, as vLLM does."""
+    with _CLOSING:
+        _IN_PROCESS.discard(engine)
+        import vllm.v1.engine.core as core
+
+        teardown = getattr(core, "cleanup_dist_env_and_memory", None)
+        if not _IN_PROCESS or teardown is None:
+            yield
+            return
+        core.cleanup_dist_env_and_memory = _free_memory  # what else it does, the groups kept
+        try:
+            yield
+        finally:
+            core.cleanup_dist_env_and_memory = teardown
 
 
 def _free_memory() -> None:

@@ -193,20 +193,46 @@ def connected(address: str | None) -> Iterator[None]:
     ``ray.init`` takes SIGTERM over in the process that calls it: a Python handler that
     exits with code 15, then its core worker's own, which prints a C++ stack and aborts. The
     caller's handler is put back (the command line's: SIGTERM stops the job as Ctrl-C does,
-    exit code 143), so that a job a scheduler stops says so and resumes as a local one."""
+    exit code 143), so that a job a scheduler stops says so and resumes as a local one.
+
+    A Ray that cannot be reached or started (no cluster at ``auto``, an address that does
+    not answer, a local Ray that fails to start) is a ``ConfigError`` in one line, before
+    the job writes anything: Ray's own exception would be a traceback, and exit code 1,
+    which says that some items failed."""
     ray = import_ray()
     if ray.is_initialized():
         yield
         return
     main_thread = threading.current_thread() is threading.main_thread()
     on_sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
-    ray.init(address=address or None)
     try:
+        ray.init(address=address or None)
+    except Exception as exc:
+        with suppress(Exception):
+            ray.shutdown()  # whatever it started before it failed
+        raise ConfigError(ray_unreachable(address, exc)) from exc
+    finally:
         if on_sigterm is not None:
             signal.signal(signal.SIGTERM, on_sigterm)
+    try:
         yield
     finally:
         ray.shutdown()
+
+
+def ray_unreachable(address: str | None, exc: Exception) -> str:
+    """One line saying that Ray at ``address`` could not be reached or started, in Ray's
+    words, and, for a cluster named by address, how to run on a Ray of the job's own."""
+    reason = " ".join(str(exc).split()).rstrip(".") or "no reason given"
+    said = f"{type(exc).__name__}: {reason}"
+    if not address:
+        return f"could not reach or start a local Ray: {said}"
+    if address == "local":
+        return f"could not start a local Ray: {said}"
+    return (
+        f"could not reach the Ray cluster at {address!r}: {said} (start one with "
+        "`ray start --head`, or run on a Ray of the job's own with --ray local)"
+    )
 
 
 def requests_dataset(requests: Sequence[Request]) -> Dataset:
