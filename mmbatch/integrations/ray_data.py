@@ -494,7 +494,6 @@ class EngineReplica:
         self.tally = tally
         self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine import builder
             from mmbatch.lifetime import orphan_resource_tracker
 
             # Ray kills this worker's direct children as it ends: the tracker, which unlinks
@@ -536,7 +535,9 @@ class EngineReplica:
         return pa.Table.from_pylist(rows, schema=_flat_schema())
 
 
-def _replica_engine(job: RayJob, media_per_prompt: dict[Modality, int], tally: Any | None) -> Engine:
+def _replica_engine(
+    job: RayJob, media_per_prompt: dict[Modality, int], tally: Any | None
+) -> Engine:
     """The engine(s) of one replica, laid out on the actor's GPUs for its share of the job
     as the local runner lays out a job (``Host.layout``): a job of thousands of pictures
     gets two engines on a large GPU and starts them eager, where one engine compiled for
