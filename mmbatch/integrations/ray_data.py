@@ -63,7 +63,7 @@ from mmbatch.output.folders import folder_format
 from mmbatch.output.rows import FLAT, RowShape, output_row
 from mmbatch.output.stats import JobStats
 from mmbatch.output.summary import JobReport
-from mmbatch.types import ItemError, MediaRef, Request, Result, Sampling
+from mmbatch.types import ItemError, MediaRef, Modality, Request, Result, Sampling
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -117,6 +117,9 @@ class RayJob:
     """What makes two runs the same job; kept in the folder's job record."""
     info: Mapping[str, Any] = field(default_factory=dict)
     """What the summary records about the job."""
+    requests_per_replica: int | None = None
+    """The requests each replica runs (None: unknown), which its engines are laid out for
+    as the local runner lays out a job of that size: engines per GPU, compiled or not."""
 
     @property
     def shape(self) -> RowShape:
@@ -321,13 +324,14 @@ def run_on_ray(
     out.record(whole)
     started = time.perf_counter()
     pending = {r.row_id for r in plan.pending}
-    figures = ReplicaFigures()
+    job = replace(job, requests_per_replica=-(-len(plan.pending) // resources.replicas))
+    figures, layouts = ReplicaFigures(), []
     if pending:
         tally = start_tally(ray)
         try:
             rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
             _write(rows, out)
-            figures = ray.get(tally.total.remote())
+            figures, layouts = ray.get([tally.total.remote(), tally.layouts.remote()])
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -344,7 +348,8 @@ def run_on_ray(
     out.refresh()
     run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
-    return out.summarise(whole, plan, run, whole.info)
+    laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
+    return out.summarise(whole, plan, run, {**whole.info, **(laid_out if layouts else {})})
 
 
 def _write(rows: Dataset, out: FileOutput) -> None:
@@ -404,8 +409,17 @@ class ReplicaTally:
     def __init__(self) -> None:
         self._batches: dict[str, ReplicaFigures] = {}
 
+        self._layouts: set[str] = set()
+
     def add(self, batch: str, figures: ReplicaFigures) -> None:
         self._batches[batch] = figures
+
+    def laid_out(self, layout: str) -> None:
+        """A replica's engines, as ``Layout.describe`` says them."""
+        self._layouts.add(layout)
+
+    def layouts(self) -> list[str]:
+        return sorted(self._layouts)
 
     def total(self) -> ReplicaFigures:
         return sum(self._batches.values(), ReplicaFigures())
@@ -480,7 +494,6 @@ class EngineReplica:
         self.tally = tally
         self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine import builder
             from mmbatch.lifetime import orphan_resource_tracker
 
             # Ray kills this worker's direct children as it ends: the tracker, which unlinks
@@ -488,9 +501,7 @@ class EngineReplica:
             orphan_resource_tracker()
             kind = job.recipe.media.kind if job.recipe else "image"
             try:
-                # The actor is itself the replica: one engine in its process, on its host.
-                host = builder.read_host(job.engine, in_process=True)
-                engine = builder.start_engine(host, {kind: 1}, host.layout())
+                engine = _replica_engine(job, {kind: 1}, tally)
             except MmbatchError as exc:
                 self.failed = exc
         self.engine = engine
@@ -522,6 +533,29 @@ class EngineReplica:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)
         return pa.Table.from_pylist(rows, schema=_flat_schema())
+
+
+def _replica_engine(
+    job: RayJob, media_per_prompt: dict[Modality, int], tally: Any | None
+) -> Engine:
+    """The engine(s) of one replica, laid out on the actor's GPUs for its share of the job
+    as the local runner lays out a job (``Host.layout``): a job of thousands of pictures
+    gets two engines on a large GPU and starts them eager, where one engine compiled for
+    every batch size took minutes to start and left its GPU waiting on its one thread. One
+    engine runs in the actor's process, which is itself the replica Ray restarts; more run
+    as engine processes of the actor. The layout is said as the local runner says it, here
+    and (through the tally) in the driver's summary."""
+    from mmbatch.engine import builder
+
+    host = builder.read_host(job.engine)
+    layout = host.layout(job.requests_per_replica)
+    if layout.replicas == 1 and layout.tensor_parallel == 1:
+        host = replace(host, in_process=True)
+    engine = builder.start_engine(host, media_per_prompt, layout)
+    print(f"mmbatch: {layout.describe()}", file=sys.stderr)
+    if tally is not None:
+        tally.laid_out.remote(layout.describe())
+    return engine
 
 
 def _flat_schema() -> pa.Schema:

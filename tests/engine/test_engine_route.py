@@ -182,7 +182,8 @@ def _ray_actor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
 
     # Started in the test process it would outlive the test; what it does is not tested here.
     monkeypatch.setattr(mmbatch.lifetime, "orphan_resource_tracker", lambda: None)
-    replica = EngineReplica(RayJob(EngineConfig(MODEL, batch_invariant=True)))
+    job = RayJob(EngineConfig(MODEL, batch_invariant=True), requests_per_replica=3)
+    replica = EngineReplica(job)
     assert replica.failed is None
     assert isinstance(replica.engine, HeldEngine)
     return replica
@@ -195,7 +196,7 @@ FACES = {
     "DatasetMap": Face(_dataset_map, in_process=False, requests=3),
     "run_dataset": Face(_run_dataset, in_process=False, requests=3),
     "run_job": Face(_run_job, in_process=False, requests=3),
-    "Ray's EngineReplica": Face(_ray_actor, in_process=True, requests=None),
+    "Ray's EngineReplica": Face(_ray_actor, in_process=False, requests=3),
 }
 
 
@@ -210,8 +211,8 @@ def test_every_face_starts_its_engine_through_the_builder_once_on_one_reading_of
     assert host.config.model == MODEL
     assert media == {"image": 1}
     assert host.gpus == (H100,)
-    # The layout each face has always had: one engine here (a notebook's, an actor's), or
-    # the command's layout for the job's size.
+    # The layout each face has always had: one engine here (a notebook's), or the
+    # command's layout for the job's size (a Ray actor's: for its share of the job).
     lay_out = in_process_layout if face.in_process else choose_layout
     assert laid_out == lay_out(host.config, [H100], face.requests)
     assert route.gpu_reads == 1  # batch invariance's check too, where it is asked for
@@ -246,3 +247,29 @@ def test_the_model_name_is_checked_once_per_start(
     assert isinstance(engine, FakeEngine)
     assert real_checks.name_checks == [model]
     assert real_checks.gpu_reads == 1
+
+
+@pytest.mark.parametrize(("share", "engines", "in_process"), [(2000, 2, False), (32, 1, True)])
+def test_a_ray_replica_is_laid_out_for_its_share_as_the_local_runner_lays_out_a_job(
+    route: Route,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    share: int,
+    engines: int,
+    in_process: bool,
+) -> None:
+    """A replica's engines follow its share of the job, as a command's follow the job: a
+    4B model's 2,000 requests get two engines on an H100, in processes of the actor; 32 get
+    one, uncompiled, in the actor's own process."""
+    import mmbatch.lifetime
+    from mmbatch.integrations.ray_data import EngineReplica, RayJob
+    from mmbatch.tiny_models import write_real_shape
+
+    monkeypatch.setattr(mmbatch.lifetime, "orphan_resource_tracker", lambda: None)
+    model = str(write_real_shape(tmp_path / "g4", "gemma3_4b"))
+    EngineReplica(RayJob(EngineConfig(model), requests_per_replica=share))
+    ((host, _, laid_out),) = route.starts
+    assert laid_out == choose_layout(host.config, [H100], share)
+    assert len(laid_out.groups) == engines
+    assert host.in_process is in_process
+    assert route.gpu_reads == 1
