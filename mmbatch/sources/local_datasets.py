@@ -33,7 +33,7 @@ from mmbatch.sources.cells import ROWS_PER_READ, column_cells, media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.storage.objects import kind_of, list_objects, read_whole
-from mmbatch.storage.urls import is_storage_url, parent, redact, unsupported
+from mmbatch.storage.urls import is_storage_url, parent, redact, unsupported_folder
 from mmbatch.storage.urls import name as object_name
 from mmbatch.types import ItemError, MediaRef, Request
 
@@ -56,9 +56,9 @@ class DatasetInput:
     id_column: str | None = None
 
     def __post_init__(self) -> None:
-        # datasets would hand any URL to fsspec: one of a protocol outside the allow-list
-        # is refused before it is asked.
-        refusal = unsupported(self.path)
+        # datasets hands any URL to fsspec: only a store's is read (a web URL is fetched by
+        # mmbatch alone, with --allow-urls), any other is refused before fsspec is asked.
+        refusal = unsupported_folder(self.path)
         if refusal is not None:
             raise SourceError(f"the dataset {refusal}")
 

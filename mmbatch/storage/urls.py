@@ -28,7 +28,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 UrlKind = Literal["store", "web", "local"]
 """How a URL of a supported protocol is read: through its store's file system (``store``),
 fetched with ``--allow-urls`` (``web``), or as the local path it names (``local``)."""
@@ -55,9 +54,11 @@ SECRET_NAMES = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCE
 
 
 def scheme(text: str) -> str | None:
-    """The protocol ``text`` names (lower case), or None for a plain path."""
-    found = _SCHEME.match(text)
-    return found.group(1).lower() if found else None
+    """The protocol ``text`` names (lower case), or None for a plain path. As fsspec reads
+    a URL, everything before the first ``://`` is its protocol (``arrow_hdfs``, even
+    ``simplecache::s3``), so that nothing fsspec would open as a URL passes for a path."""
+    head, sep, _ = text.partition("://")
+    return head.lower() if sep and len(head) > 1 else None
 
 
 def url_kind(text: str) -> UrlKind | None:
