@@ -127,9 +127,7 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
             "10000 by default)",
         )
     else:
-        parser.add_argument(
-            "--out", required=True, type=folder_or_store, help="the output .jsonl"
-        )
+        parser.add_argument("--out", required=True, type=folder_or_store, help="the output .jsonl")
     resume = parser.add_argument_group(
         "resuming", "rerun the same command with the same --out to continue a stopped job"
     )

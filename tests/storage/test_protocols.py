@@ -112,7 +112,8 @@ def test_a_batch_line_and_a_dataset_cell_of_any_other_protocol_are_their_rows_er
         batch = read_batch(tmp_path / "requests.jsonl", paths=paths)
         for request, protocol in zip(batch.requests, OTHERS, strict=True):
             if protocol == "data":  # read as a data: URI, refused as one that is not base64
-                assert request.error is not None and "base64" in request.error.message
+                assert request.error is not None
+                assert "base64" in request.error.message
                 continue
             assert_unsupported(request.error, protocol)
     cells = [url(p) for p in OTHERS] + [{"bytes": None, "path": url(p)} for p in OTHERS]
@@ -160,8 +161,8 @@ def test_what_the_library_is_handed_directly_is_refused_without_a_file_system(
 
 def batch_line(custom_id: str, image: str) -> dict[str, Any]:
     content = [{"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": "Q?"}]
-    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-            "body": {"messages": [{"role": "user", "content": content}], "max_tokens": 8}}  # fmt: skip
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8}
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
 @pytest.mark.parametrize("kind", ["manifest", "batch", "dataset"])
@@ -205,7 +206,8 @@ def test_the_commands_give_such_urls_error_rows_go_on_and_print_no_traceback(
             error = {"stage": error["stage"], "kind": error["code"], "message": error["message"]}
         assert_unsupported(error, protocol)
     err = capfd.readouterr().err
-    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert "Traceback" not in err, err
+    assert "Exception ignored" not in err, err
     assert made == []
 
 
@@ -243,7 +245,8 @@ def test_such_a_url_on_the_command_line_is_one_line_and_exit_2(
     gc.collect()
     err = capfd.readouterr().err
     [line] = err.splitlines()
-    assert line.startswith("mmbatch: error: ") and said in line, line
+    assert line.startswith("mmbatch: error: "), line
+    assert said in line, line
     assert not out.parent.exists()
     assert made == []
 
@@ -254,7 +257,8 @@ def test_urls_fetched_with_allow_urls_are_as_they_were(tmp_path: Path, made: lis
     manifest = tmp_path / "items.jsonl"
     manifest.write_text(json.dumps({"path": "https://example.invalid/a.jpg"}) + "\n")
     [refused] = image_requests([str(manifest)], "p")
-    assert refused.error is not None and refused.error.kind == "not_allowed"
+    assert refused.error is not None
+    assert refused.error.kind == "not_allowed"
     assert "--allow-urls" in refused.error.message
     [taken] = image_requests([str(manifest)], "p", policy=SourcePolicy(allow_urls=True))
     assert taken.error is None
