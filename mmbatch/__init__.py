@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from mmbatch import clock as _clock  # noqa: F401 (marks the interpreter's start)
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import (
@@ -21,7 +22,6 @@ from mmbatch.errors import (
     SourceError,
 )
 from mmbatch.media.options import AudioOptions, ImageOptions, MediaOptions, VideoOptions
-from mmbatch.output import clock as _clock  # noqa: F401 (marks the interpreter's start)
 from mmbatch.types import (
     CacheStats,
     ItemError,

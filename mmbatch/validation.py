@@ -53,6 +53,20 @@ class Problem:
     """What the check compared with: ``{"gt": 0}``, ``{"expected": "'text' or 'json'"}``."""
 
 
+LISTED_AT_MOST = 10
+"""How many problems (or names of one kind) a message lists before it says how many more
+there are: a recipe with a hundred thousand unknown keys is read in ten lines, not a hundred
+thousand and one, and the first ten say what went wrong."""
+
+
+def listed(items: Sequence[str], at_most: int = LISTED_AT_MOST) -> list[str]:
+    """``items``, or the first ``at_most`` of them and ``... and 99,990 more``: every list of
+    problems or names shown to a person goes through here, so all are cut alike."""
+    if len(items) <= at_most:
+        return list(items)
+    return [*items[:at_most], f"... and {len(items) - at_most:,} more"]
+
+
 def problems(errors: Sequence[Mapping[str, Any]]) -> list[Problem]:
     """``ValidationError.errors()`` as ``Problem``s, in order. Where a value may be one of
     several types, pydantic reports one error per type tried, its loc naming the type tried

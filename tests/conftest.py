@@ -14,10 +14,12 @@ from s3_server import Bucket, S3Server
 
 # The manual tier (tests/manual) runs checks of the default tier's modules at full size and
 # imports them by name, as pytest imports a test module (its folder on ``sys.path``),
-# whichever folders a run collects.
-for _folder in ("bench", "integrations", "media", "testing"):
-    if str(Path(__file__).parent / _folder) not in sys.path:
-        sys.path.append(str(Path(__file__).parent / _folder))
+# whichever folders a run collects. The one-off measurements (``benchmarks/``, run as
+# ``python benchmarks/NAME.py``) are imported by name the same way.
+for _folder in ("bench", "integrations", "media", "tiny_models", "../benchmarks"):
+    _path = str((Path(__file__).parent / _folder).resolve())
+    if _path not in sys.path:
+        sys.path.append(_path)
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +42,7 @@ os.environ.setdefault("MMBATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mmbatch-test
 
 ENGINES_IN_PROCESS = frozenset(
     {
+        "tests/cli/test_ray_connection.py",
         "tests/engine/test_engine_settings.py",
         "tests/engine/test_replicas.py",
         "tests/engine/test_same_as_vllm.py",
@@ -54,7 +57,7 @@ ENGINES_IN_PROCESS = frozenset(
         "tests/storage/test_storage_ray.py",
         "tests/test_end_to_end.py",
         "tests/test_sampling.py",
-        "tests/testing/test_tiny_models.py",
+        "tests/tiny_models/test_tiny_models.py",
     }
 )
 """The modules whose tests hold vLLM engines in the test process: the session's, the
@@ -64,7 +67,8 @@ in one process without it (``pytest_xdist_make_scheduler``): the registry shares
 only within a process, and engines in one process share vLLM's global state (an in-process
 engine that closes takes it along). Every other test (fake engines, engine and job
 processes, storage) goes to whichever worker is free. A new module that holds an engine in
-the test process belongs here."""
+the test process belongs here, as does one whose test must find no Ray cluster running on
+the machine (the Ray modules' clusters run in this scope)."""
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent without it
@@ -97,7 +101,7 @@ with them finds the session's engine in the registry."""
 
 @pytest.fixture(scope="session")
 def tiny_vl_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmbatch.testing.tiny_models import build_tiny_model
+    from mmbatch.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-vl"), family="qwen2_vl", seed=0)
 
@@ -124,7 +128,7 @@ def uncached_vl_engine(tiny_vl_model: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_audio_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mmbatch.testing.tiny_models import build_tiny_model
+    from mmbatch.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-audio"), family="qwen2_audio")
 

@@ -32,13 +32,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 from unittest import mock
 
+from fake_engine import FakeEngine, Lifecycle
+
 from mmbatch import cli
 from mmbatch.engine.base import Engine
 from mmbatch.jsonl import encode_line
 from mmbatch.output import order
 from mmbatch.output.order import RowOrder
 from mmbatch.output.sinks import JsonlSink
-from mmbatch.testing.fake_engine import FakeEngine, Lifecycle
 
 real_write_bytes_atomic = order.write_bytes_atomic
 

@@ -14,8 +14,10 @@ module's globals, and Flask's context proxies raise on that look outside a reque
 
 ``FaultyProxy`` stands between a job and the server and forwards every request as it is,
 except for the objects it is told to spoil: ``deny`` answers 403 AccessDenied (S3's own
-error document), ``cut`` sends the headers of the whole object and half its body, then
-closes the connection (an object cut short mid-read).
+error document; with ``denial_quotes_request``, its message quotes the request's headers,
+signature and session token included, as a verbose server or gateway may), ``cut`` sends
+the headers of the whole object and half its body, then closes the connection (an object
+cut short mid-read).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
+from xml.sax.saxutils import escape as xml_escape
 
 SECRET_MARKER = "MARKERsecretKEY0123456789abcdefDONOTLEAK"
 ACCESS_KEY = "AKIAMARKERTESTKEY0001"
@@ -179,6 +182,8 @@ class FaultyProxy:
         self.cut: set[str] = set()
         self.denied_message = "Access Denied"
         """What a denial says (a store may quote what it was sent in it)."""
+        self.denial_quotes_request = False
+        """Whether a denial's message ends with the request's headers, one per line."""
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -210,7 +215,10 @@ class FaultyProxy:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         if path in self.deny and handler.command in ("GET", "HEAD"):
-            body = DENIED_BODY.replace(b"Access Denied", self.denied_message.encode())
+            message = self.denied_message
+            if self.denial_quotes_request:
+                message += "".join(f"\n{k}: {v}" for k, v in handler.headers.items())
+            body = DENIED_BODY.replace(b"Access Denied", xml_escape(message).encode())
             self._reply(handler, 403, {"Content-Type": "application/xml"}, body)
             return
         upstream = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port)

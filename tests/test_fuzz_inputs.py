@@ -44,13 +44,13 @@ from hypothesis import strategies as st
 from mmbatch import cli
 from mmbatch.errors import MmbatchError
 from mmbatch.jsonl import encode_line, printable
-from mmbatch.output.openai_batch import OpenAIBatchShape
+from mmbatch.openai_batch.reader import read_batch
+from mmbatch.openai_batch.writer import OpenAIBatchShape
 from mmbatch.output.rows import output_row
 from mmbatch.recipe.engine_table import ENGINE_SETTINGS
 from mmbatch.recipe.spec import SamplingTable, load_recipe, parse_recipe
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import Request, Result, Usage
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import FakeEngine
 from picture_requests import caption_requests, write_pictures
 
 from mmbatch.engine import builder, registry
@@ -17,7 +18,6 @@ from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, run_job
 from mmbatch.output.file_output import FileOutput
 from mmbatch.pipeline import RunConfig
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_a_job_reads_the_host_once_and_lays_out_the_work_left(
 ) -> None:
     laid_out: list[Layout] = []
 
-    def engine_for(config: EngineConfig, media: Any, layout: Layout) -> tuple[FakeEngine, Layout]:
+    def engine_for(host: builder.Host, media: Any, layout: Layout) -> tuple[FakeEngine, Layout]:
         laid_out.append(layout)  # the engine is a stand-in: what matters is its layout
         return FakeEngine(), layout
 

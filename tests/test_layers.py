@@ -25,11 +25,13 @@ import pytest
 from repo_paths import PACKAGE
 
 BASE = frozenset(
-    {"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard", "storage"}
+    {"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard", "clock"}
+    | {"row_schema", "storage"}
 )
 """The leaves every stage uses: the values that flow, the exception tree, JSON lines, the
-whole-job plan, helper processes' lifetime, validation messages, the main-guard check, and
-object storage (URLs and the file systems behind them)."""
+whole-job plan, helper processes' lifetime, validation messages, the main-guard check, the
+process's clock, the columns of mmbatch's rows, and object storage (URLs and the file
+systems behind them)."""
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "types": frozenset(),
@@ -39,6 +41,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "lifetime": frozenset({"types", "errors"}),
     "validation": frozenset({"types", "errors"}),
     "mainguard": frozenset({"types", "errors"}),
+    "clock": frozenset(),
+    # The row schema is a leaf, so that every floor may name the columns it reads or writes.
+    "row_schema": frozenset({"types"}),
     # Sources and outputs ask it for every URL; it knows nothing of what they hold.
     "storage": frozenset({"types", "errors"}),
     # Stages: reading media and writing rows know nothing of each other, of where requests
@@ -46,9 +51,12 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "media": BASE,
     "output": BASE,
     # Turning inputs into requests and running an engine are two sides that never meet: a
-    # source reads no engine setting, an engine lists no input.
-    "sources": BASE | {"media", "output"},
-    "engine": BASE | {"media", "output"},
+    # source reads no engine setting, an engine lists no input. Neither writes rows: what
+    # they know of rows is the row schema's (a leaf), so output is a floor above them.
+    "sources": BASE | {"media"},
+    "engine": BASE | {"media"},
+    # One file format both ways (the reader's requests, the writer's rows), above both.
+    "openai_batch": BASE | {"output", "sources"},
     # Which requests are one question (``mmbatch.repeats``): the pipeline's to ask.
     "repeats": frozenset({"types", "errors"}),
     "pipeline": BASE | {"media", "output", "engine", "repeats"},
@@ -57,17 +65,17 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     # A recipe makes requests and engine settings; it does not know the runner.
     "recipe": BASE | {"media", "output", "sources", "engine"},
     "notebook": BASE | {"media", "output", "sources", "engine", "pipeline", "jobs"},
-    "review": BASE | {"media", "output", "sources"},
+    "review": BASE | {"media", "output", "sources", "openai_batch"},
     # Integrations take their rows from a dataset, not from listing inputs (see NARROWED).
     "integrations": BASE | {"media", "output", "engine", "pipeline", "jobs", "recipe"},
     # Tooling, apart from the runtime: nothing above imports it but the faces that run it.
-    "testing": BASE | {"media", "output", "sources", "engine", "pipeline", "jobs"},
-    "bench": BASE
-    | {"media", "output", "sources", "engine", "pipeline", "jobs", "integrations", "testing"},
+    # Tiny models are model directories written from nothing of mmbatch's but its errors.
+    "tiny_models": frozenset({"errors"}),
+    "bench": BASE | {"media", "output", "sources", "engine", "pipeline", "jobs", "integrations"},
     # Faces.
     "cli": BASE
     | {"media", "output", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
-    | {"review", "integrations", "testing", "bench", "mmbatch"},
+    | {"review", "integrations", "tiny_models", "bench", "mmbatch", "openai_batch"},
     "mmbatch": BASE
     | {"media", "output", "sources", "engine", "pipeline", "jobs", "recipe", "notebook"}
     | {"review", "integrations"},
@@ -94,7 +102,7 @@ ONLY_HERE = {
     "vllm": {
         "engine/vllm.py",
         "engine/vllm_counts.py",
-        "output/vllm_protocol.py",
+        "openai_batch/vllm_protocol.py",
         "bench/worker.py",
         "bench/naive_job.py",
         "bench/datasets_naive.py",
@@ -104,11 +112,11 @@ ONLY_HERE = {
 """Third-party packages that only these modules may import. Besides the engine adapter, vllm
 is imported by ``engine/vllm_counts.py`` (the pre-flight budget's token counts come from
 vLLM's per-model processing info, read in a module of their own beside the adapter) and by
-``output/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat completions alone (no
-engine): they describe the OpenAI batch format, whose reader (``sources``) and writer
-(``output``, a layer below the engine) both need them, and the module finds them wherever the
-installed vLLM keeps them. The benchmark's naive sides, a worker's and a whole job's, are
-what a user writes with vLLM directly, so they import vllm too."""
+``openai_batch/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat completions alone
+(no engine): they describe the OpenAI batch format, whose reader and writer both need them,
+and the module finds them wherever the installed vLLM keeps them. The benchmark's naive
+sides, a worker's and a whole job's, are what a user writes with vLLM directly, so they import
+vllm too."""
 
 
 def module_names(package: Path) -> dict[str, Path]:

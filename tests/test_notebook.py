@@ -25,9 +25,8 @@ VLLM_LINE = re.compile(r"\b(INFO|WARNING|DEBUG) (\d{4}-)?\d\d-\d\d \d\d:\d\d")
 def test_caption_takes_paths_pictures_and_bytes_and_keeps_their_order(
     samples: Path, tmp_path: Path
 ) -> None:
+    from fake_engine import FakeEngine, expected_text
     from PIL import Image
-
-    from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK, build_parser
 from mmbatch.cli.options import engine_config_from
@@ -22,7 +23,6 @@ from mmbatch.errors import ConfigError, MediaError, SourceError
 from mmbatch.media.fetch import UrlPolicy, read_source
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.paths import LocalPaths, is_inside
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import ItemError
 
 
@@ -127,7 +127,7 @@ def test_videos_and_audio_outside_a_manifests_folder_are_not_opened(
 def test_a_batch_file_path_outside_its_folder_is_its_lines_error(
     tmp_path: Path, samples: Path, outside: Path, how: str
 ) -> None:
-    from mmbatch.sources.openai_batch import read_batch
+    from mmbatch.openai_batch.reader import read_batch
 
     data = tmp_path / "data"
     named = escape(data, outside, how)

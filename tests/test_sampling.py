@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from conftest import TINY_ENGINE_KWARGS
 from fake_cli import main
+from fake_engine import FakeEngine, expected_text
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_OK
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.pipeline import RunConfig
 from mmbatch.recipe.spec import parse_recipe
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import InvalidSetting, MediaRef, Request, Sampling, Turn
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from crashing_decoder import CrashingJob
+from fake_engine import FakeEngine, expected_text
 from picture_requests import caption_requests, write_pictures
 from processes import children, in_session, left_after
 from repo_paths import REPO
@@ -29,7 +30,6 @@ from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.output.stats import JobStats
 from mmbatch.pipeline import Pipeline, RunConfig, run_requests
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import ItemError, MediaItem, Request, Result, Sampling
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,7 +6,7 @@ whole dataset to ``run_dataset``; the captions then go to a JSON lines file.
 
 ``python -m mmbatch.bench.datasets_job FACE FOLDER OUT.jsonl SETTINGS_JSON``, with
 ``SETTINGS_JSON`` as ``datasets_naive.py`` takes it. ``OUT.jsonl.times.json`` holds the
-wall-clock times of the process's start-up moments (``mmbatch.output.clock``) and of the
+wall-clock times of the process's start-up moments (``mmbatch.clock``) and of the
 last caption written.
 """
 
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmbatch.output.clock import milestones_wall
+from mmbatch.clock import milestones_wall
 
 FACES = ("map", "pipelined", "whole")
 

@@ -43,8 +43,8 @@ def register(commands: Commands) -> None:
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     from mmbatch.jobs import Job, fingerprint
-    from mmbatch.output.openai_batch import OpenAIBatchShape
-    from mmbatch.sources.openai_batch import DEFAULT_MAX_TOKENS, read_batch
+    from mmbatch.openai_batch.reader import DEFAULT_MAX_TOKENS, read_batch
+    from mmbatch.openai_batch.writer import OpenAIBatchShape
     from mmbatch.types import Sampling
 
     config = engine_config_from(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from mmbatch.cli.options import EXIT_OK, Commands
-from mmbatch.testing.tiny_models import FAMILIES, REAL_SHAPES
+from mmbatch.tiny_models import FAMILIES, REAL_SHAPES
 
 
 def register(commands: Commands) -> None:
@@ -33,7 +33,7 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mmbatch.testing.tiny_models import build_tiny_model, write_real_shape
+    from mmbatch.tiny_models import build_tiny_model, write_real_shape
 
     if args.real_shape:
         path = write_real_shape(args.directory, args.real_shape)

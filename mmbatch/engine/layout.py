@@ -38,26 +38,22 @@ activations of its largest step (the vision encoder's and the language model's),
 graphs, the CUDA context and the allocator's slack. Half the weights' size, if more."""
 DEFAULT_ENGINES_PER_GPU = 2
 """Engines per GPU when the user does not say, for a job that fills more than one
-(``ONE_ENGINE_REQUESTS``). Measured on an H200 with Qwen2.5-VL-7B's shapes and vLLM 0.26.0
-(2026-12-01, one command; ``docs/pages/performance.md``, "Engines per GPU"): two engines took
-W1 from 55.3 to 62.1 images/s and W2 from 23.3 to 29.0, GPU busy from 79% and 69% to 98%;
-three added nothing (62.4, 29.5): the GPU, not the engine-core thread, was then the bound. A
-second engine's start costs a small job more than it gains (32 pictures: 59.1 s in all
-against 53.0). One engine with decode graphs (``short_job_compilation``) ran W1 7% faster
-than two eager engines but started 2-6 s later, a tie on the whole job, and W2 6% slower
-(2026-12-03): two engines stay."""
+(``ONE_ENGINE_REQUESTS``). With one engine, its engine-core thread is the bound and the GPU
+waits; a second engine makes the GPU the bound, so a third adds nothing. A second engine's
+start costs a small job more than it gains. One engine with decode graphs
+(``short_job_compilation``), faster on distinct pictures, starts later and is slower with
+several prompts a picture: two engines stay. The measurements:
+``docs/pages/performance.md#engines-per-gpu``."""
 ONE_ENGINE_REQUESTS = 1024
 """Requests one engine runs at once (vLLM's ``max_num_seqs`` on a large GPU): a job with
 more gets ``DEFAULT_ENGINES_PER_GPU`` engines on each GPU, a smaller one a single engine."""
 SHORT_JOB_REQUESTS = 1024
 """A job of at most this many requests per engine starts its engines without torch.compile,
-which costs a compiled engine 5.3-5.8 s of its start with a warm compile cache and a minute
-on a fresh host (an H200, Qwen2.5-VL-7B's shapes, vLLM 0.26.0). Measured there on 2026-12-02
-(``docs/pages/performance.md``, "Uncompiled engines for short jobs"): 32 pictures took
-36.7-36.8 s in all eager against 43.7-47.0 s compiled and 42.9 s for a naive script; 2,000
-pictures on two engines 67.8 s eager against 86.0 s compiled. Which CUDA graphs a short job
-still captures: ``short_job_compilation``. Longer jobs are left compiled: where that stops
-paying is not measured yet."""
+which lengthens an engine's start (the most on a fresh host, with nothing compiled before)
+and, at these batch sizes, does not shorten the work: a short job ends sooner eager. The
+measurements: ``docs/pages/performance.md#uncompiled-engines-for-short-jobs``. Which CUDA
+graphs a short job still captures: ``short_job_compilation``. Longer jobs are left compiled:
+where that stops paying is not measured yet."""
 DECODE_GRAPHS_UP_TO = 1024
 """The largest decode batch a short job captures a CUDA graph for: vLLM's ``max_num_seqs``
 on a large GPU, the most an engine runs at once."""
@@ -137,10 +133,12 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | Non
     return _uncompiled_if_short(_engines(config, gpus, requests), config, requests)
 
 
-def in_process_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int) -> Layout:
-    """The layout of one engine in this process (a notebook's one-call caption) for a job of
-    ``requests``: the first of ``gpus`` (none: the CPU), uncompiled if the job is short, as
-    a command's engines are (``choose_layout``)."""
+def in_process_layout(
+    config: EngineConfig, gpus: Sequence[Gpu], requests: int | None = None
+) -> Layout:
+    """The layout of one engine in this process (a notebook's, a Ray actor's) for a job of
+    ``requests`` (None: unknown, the settings as given): the first of ``gpus`` (none: the
+    CPU), uncompiled if the job is short, as a command's engines are (``choose_layout``)."""
     device = ((gpus[0].name,),) if gpus else ((),)
     return _uncompiled_if_short(Layout(1, device, "one engine in this process"), config, requests)
 
@@ -151,16 +149,11 @@ def short_job_compilation(layout: Layout) -> dict[str, Any]:
     on the CPU, which has no graphs.
 
     A lone engine's decode steps are bound by its one host thread launching kernels, which
-    the graphs take over: on an H200 with Qwen2.5-VL-7B's shapes, W3's 600 frames ran at
-    58.6 and 61.8 frames/s with them against 42.4 eager (2.48x and 2.50x a naive script
-    against 1.71x), for 4 s more of start: 32.4 s against 28.1, of which 5 s captured graphs
-    up to 1,024 sequences (2026-12-02, vLLM 0.26.0; ``docs/pages/performance.md``, "Decode
-    graphs for an engine with a GPU to itself"). Graphs are captured only up to the job's own
-    size, the largest batch it can reach, so a small job captures only a few: as the product
-    runs them, W3 at 63.3 and 61.5 frames/s (2.54x naive) and 32 pictures in 40.8 and 50.2 s
-    against a naive script's 74.1 and 61.4 (2026-12-03). Engines that share a GPU keep it
-    busy without them (93-98%), and their eager start was what was measured there (2,000
-    pictures on two engines, 1.31x and 1.39x naive).
+    the graphs take over, for a few seconds more of start spent capturing them. Graphs are
+    captured only up to the job's own size, the largest batch it can reach, so a small job
+    captures only a few. Engines that share a GPU keep it busy without them, and start sooner
+    eager. The measurements:
+    ``docs/pages/performance.md#decode-graphs-for-an-engine-with-a-gpu-to-itself``.
     A model whose attention cannot be captured whole runs eager: vLLM then turns the graphs
     off with a warning (``CompilationConfig.resolve_cudagraph_mode_and_sizes``).
     """

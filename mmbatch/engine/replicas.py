@@ -46,11 +46,11 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from mmbatch.clock import milestone, milestones_wall, note_from
 from mmbatch.engine.base import Engine
 from mmbatch.errors import FatalEngineError, RequestRejected
 from mmbatch.lifetime import end_own_group, end_with_parent
 from mmbatch.media.limits import PromptLimits
-from mmbatch.output.clock import milestone, milestones_wall, note_from
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
 EngineFactory = Callable[[], Engine]

@@ -4,11 +4,10 @@ On one GPU, vLLM's engine core runs the scheduler and the model runner on one Py
 and the model runner does some CPU work with torch between GPU steps: above all, before each
 vision-encoder batch it concatenates the batch's pixel values into pinned memory
 (``MultiModalFlatField._reduce_data``). torch runs such an operator on a thread per core,
-and on an H200 host (16 cores) that pool stalled the copy for up to 2.9 s of a 5 s window,
-with or without media work beside it, while the GPU waited for the loop. On one thread it
-took under 0.2 s, and mmbatch's W1 went from 0.91x to 1.05-1.08x of vLLM's prebuilt-input
-ceiling (2026-12-01, vLLM 0.26.0; ``docs/pages/performance.md``, "One torch thread in the
-engine core").
+and on a many-core GPU host that pool stalled the copy for seconds at a time, with or
+without media work beside it, while the GPU waited for the loop; on one thread the copy is
+short, and the loop keeps the GPU fed. The measurements:
+``docs/pages/performance.md#one-torch-thread-in-the-engine-core``.
 
 vLLM gives its multi-GPU worker processes one torch thread for this reason
 (``set_multiprocessing_worker_envs``: "to avoid unnecessary CPU contention"); its one-GPU

@@ -25,7 +25,9 @@ from mmbatch.integrations.dataset_origin import DatasetOrigin
 from mmbatch.integrations.hf_datasets import CellRows, DatasetMap
 from mmbatch.jobs import FileOutput, Job, JobReport, fingerprint, run_job
 from mmbatch.output.formats import read_output
+from mmbatch.output.paths import OutputPaths
 from mmbatch.pipeline import RunConfig
+from mmbatch.row_schema import TOKEN_COLUMNS
 from mmbatch.sources.cells import ROWS_PER_READ, column_cells
 from mmbatch.types import Request
 
@@ -36,6 +38,8 @@ JOB_VERSION = "1"
 """Bumped when a job folder's layout changes: an older folder is then another job's."""
 COLUMNS_FILE = "columns.arrow"
 ROWS_FILE = "rows.jsonl"
+USAGE_COLUMNS = ("finish_reason", *TOKEN_COLUMNS)
+"""The columns a task adds with ``with_usage=True``, after text and error."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,8 @@ def run_table(
     in a folder under ``root`` named by ``identity`` (default: the dataset's fingerprint):
     loaded from there when it is finished, else run (resumed), and ``say``'s lines of its
     report printed."""
+    import datasets
+
     _check_columns(task, dataset.column_names)
     identity = identity or dataset._fingerprint
     job_files = DatasetJob(root / job_name(identity, task))
@@ -76,7 +82,8 @@ def run_table(
             print(line, file=sys.stderr)
         rows = list(read_output(job_files.rows))
         _write_columns(job_files, task.columns(requests, rows, len(requests)))
-    return with_columns(dataset, job_files.columns)
+    columns = cached_columns(job_files, task, identity, dataset.num_rows)
+    return datasets.concatenate_datasets([dataset, columns], axis=1)
 
 
 def dataset_requests(
@@ -117,12 +124,70 @@ def run_task_job(
     return run_job(job, engine, FileOutput(out), run)
 
 
-def with_columns(dataset: datasets.Dataset, columns: Path) -> datasets.Dataset:
-    """``dataset`` with the columns of the Arrow file ``columns`` beside its own."""
+def cached_columns(
+    job_files: DatasetJob, task: DatasetMap, identity: str, rows: int
+) -> datasets.Dataset:
+    """The finished job's columns, once they are shown to be this job's: an Arrow file
+    that reads whole, with one row per row of the dataset (``rows``) and the columns the
+    task writes, beside the record of the job that ran ``task`` over ``identity``. Anything
+    else (a file cut short, another job's, bytes that are no Arrow) is a ``ConfigError``
+    naming the folder and how to run the job again."""
     import datasets
 
-    return datasets.concatenate_datasets(
-        [dataset, datasets.Dataset.from_file(str(columns))], axis=1
+    try:
+        columns = datasets.Dataset.from_file(str(job_files.columns))
+    except Exception as exc:  # whatever pyarrow or datasets makes of bytes that are no Arrow
+        raise _not_this_jobs(job_files, f"it cannot be read: {type(exc).__name__}") from None
+    problem = _columns_problem(columns, task, rows) or _record_problem(job_files, task, identity)
+    if problem:
+        raise _not_this_jobs(job_files, problem)
+    return columns
+
+
+def _columns_problem(columns: datasets.Dataset, task: DatasetMap, rows: int) -> str | None:
+    """Why ``columns`` are not what ``task`` writes for ``rows`` rows, if they are not."""
+    import pyarrow as pa
+
+    schema = columns.data.schema
+    names = written_columns(task)
+    if schema.names != names:
+        return f"its columns are {', '.join(schema.names) or 'none'}, not {', '.join(names)}"
+    if columns.num_rows != rows:
+        return f"it holds {columns.num_rows} rows, the dataset {rows}"
+    texts = [task.text_column, *(["finish_reason"] if task.with_usage else [])]
+    for name in names:
+        kind = schema.field(name).type
+        if name in texts and task.sampling.n > 1:
+            fits = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        elif name in texts or name == task.error_column:
+            fits = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        else:
+            fits = pa.types.is_integer(kind)
+        if not fits:
+            return f"its column {name!r} holds {kind}"
+    return None
+
+
+def _record_problem(job_files: DatasetJob, task: DatasetMap, identity: str) -> str | None:
+    """Why the job record beside the columns is not that of ``task`` over ``identity``."""
+    import json
+
+    record = OutputPaths(job_files.rows).record
+    try:
+        stored = json.loads(record.read_text(encoding="utf-8"))["fingerprint"]
+        facts = (stored["data"], stored["task"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its job record {record.name} is missing or unreadable"
+    if facts != (identity, task.fingerprint):
+        return f"its job record {record.name} is another job's"
+    return None
+
+
+def _not_this_jobs(job_files: DatasetJob, why: str) -> ConfigError:
+    return ConfigError(
+        f"the finished job's columns {job_files.columns} are not this job's ({why}): "
+        f"run again with run_dataset(..., load_from_cache_file=False), which replaces the "
+        f"folder {job_files.folder}"
     )
 
 
@@ -149,15 +214,17 @@ def _check_columns(task: DatasetMap, names: Sequence[str]) -> None:
     for name in filter(None, (task.column, task.prompt_column)):
         if name not in names:
             raise ConfigError(f"the dataset has no column {name!r} (it has {', '.join(names)})")
-    written = [task.text_column, task.error_column]
-    if task.with_usage:
-        written += ["finish_reason", "prompt_tokens", "output_tokens", "cached_tokens"]
-    clash = [name for name in written if name in names]
+    clash = [name for name in written_columns(task) if name in names]
     if clash:
         raise ConfigError(
             f"the dataset already has a column {clash[0]!r}, which the task writes: name "
             "another with DatasetMap(text_column=..., error_column=...), or remove it"
         )
+
+
+def written_columns(task: DatasetMap) -> list[str]:
+    """The columns ``task`` adds to a dataset, in order."""
+    return [task.text_column, task.error_column, *(USAGE_COLUMNS if task.with_usage else ())]
 
 
 def job_name(data_identity: str, task: DatasetMap) -> str:

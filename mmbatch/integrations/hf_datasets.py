@@ -32,8 +32,9 @@ What datasets' ``map`` asks of a function, and how this one answers:
   cells (PIL images) are hashed by mode, size and pixels.
 * A cell that holds only a path (a string column, or ``{bytes: None, path}``) is a file on
   this machine, read as the dataset's origin allows (``mmbatch.integrations.dataset_origin``):
-  anywhere for the person's own dataset (an ``imagefolder``, one built in memory), inside
-  its own files' folders or ``allowed_paths`` for data from elsewhere. Where the rule cannot
+  anywhere for the person's own dataset (one built in memory), as a walk of its folder for
+  an ``imagefolder`` (no link out of it), inside its own files' folders or
+  ``allowed_paths`` for data from elsewhere. Where the rule cannot
   decide (the callable called outside datasets' ``map``), a refused path stops the call with
   the one-argument fix, rather than filling a column with refusals.
 """
@@ -63,16 +64,21 @@ from mmbatch.integrations.dataset_origin import (
     folder_of,
     mapped_dataset,
     origin_of,
+    remember_data_files,
 )
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import MediaOptions
-from mmbatch.output.rows import TOKEN_COLUMNS, output_row
+from mmbatch.output.rows import output_row
+from mmbatch.row_schema import TOKEN_COLUMNS
 from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import ItemError, Modality, Request, Result, Sampling
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
+
+# Before any dataset this face may be handed is loaded, where the caller imports it first.
+remember_data_files()
 
 FINGERPRINT_VERSION = "4"
 """Bumped when the rows this callable writes change for the same settings."""
@@ -320,10 +326,10 @@ class CellRows:
         try:
             if not isinstance(prompt, str) or not prompt:
                 raise BadCell(f"{label}: {task.prompt_column!r} holds no prompt: {prompt!r}")
-            ref = media_ref(cell, self.modality, label, self.paths, None)
+            ref = media_ref(cell, self.modality, label, self.paths, self.origin.folder)
         except ItemFailure as exc:
             if exc.kind == "not_allowed":
-                self.refused.append(_named_path(cell))
+                self.refused.append(_named_path(cell, self.origin.folder))
             return Request(row_id, "", error=ItemError(exc.stage, str(exc), exc.kind))
         return Request(row_id, prompt, (ref,), task.system)
 
@@ -365,9 +371,11 @@ def _rows_mapped(dataset: Any) -> int | None:
     return rows if isinstance(rows, int) else None
 
 
-def _named_path(cell: Any) -> str:
+def _named_path(cell: Any, folder: str | None) -> str:
+    """Where the path ``cell`` names leads (relative to the dataset's ``folder``): the file
+    whose folder a refusal tells the caller to allow."""
     path = cell.get("path") if isinstance(cell, dict) else cell
-    return os.path.abspath(str(path))
+    return os.path.realpath(os.path.join(folder or "", str(path)))
 
 
 def _hash_by_fingerprint() -> None:

@@ -26,8 +26,9 @@ ids already in the folder skipped, ``--retry-errors``, items whose prompt change
 file cut short set aside and redone, and the summary, the quarantine file and the exit code
 counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
-its engine the way every face does (``mmbatch.engine.builder.start_engine``), its start-up
-log in the engine's log file and a failure said as a ``FatalEngineError``. A job stopped by
+its engine the way every face does (``mmbatch.engine.builder``: its own host read once, then
+``start_engine``), its start-up log in the engine's log file and a failure said as a
+``FatalEngineError``. A job stopped by
 Ctrl-C (or SIGTERM) says what the folder holds, as the local runner does
 (``say_interrupted``), and the command line shuts down the Ray it started (``connected``):
 nothing the job started outlives it.
@@ -189,20 +190,46 @@ def connected(address: str | None) -> Iterator[None]:
     ``ray.init`` takes SIGTERM over in the process that calls it: a Python handler that
     exits with code 15, then its core worker's own, which prints a C++ stack and aborts. The
     caller's handler is put back (the command line's: SIGTERM stops the job as Ctrl-C does,
-    exit code 143), so that a job a scheduler stops says so and resumes as a local one."""
+    exit code 143), so that a job a scheduler stops says so and resumes as a local one.
+
+    A Ray that cannot be reached or started (no cluster at ``auto``, an address that does
+    not answer, a local Ray that fails to start) is a ``ConfigError`` in one line, before
+    the job writes anything: Ray's own exception would be a traceback, and exit code 1,
+    which says that some items failed."""
     ray = import_ray()
     if ray.is_initialized():
         yield
         return
     main_thread = threading.current_thread() is threading.main_thread()
     on_sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
-    ray.init(address=address or None)
     try:
+        ray.init(address=address or None)
+    except Exception as exc:
+        with suppress(Exception):
+            ray.shutdown()  # whatever it started before it failed
+        raise ConfigError(ray_unreachable(address, exc)) from exc
+    finally:
         if on_sigterm is not None:
             signal.signal(signal.SIGTERM, on_sigterm)
+    try:
         yield
     finally:
         ray.shutdown()
+
+
+def ray_unreachable(address: str | None, exc: Exception) -> str:
+    """One line saying that Ray at ``address`` could not be reached or started, in Ray's
+    words, and, for a cluster named by address, how to run on a Ray of the job's own."""
+    reason = " ".join(str(exc).split()).rstrip(".") or "no reason given"
+    said = f"{type(exc).__name__}: {reason}"
+    if not address:
+        return f"could not reach or start a local Ray: {said}"
+    if address == "local":
+        return f"could not start a local Ray: {said}"
+    return (
+        f"could not reach the Ray cluster at {address!r}: {said} (start one with "
+        "`ray start --head`, or run on a Ray of the job's own with --ray local)"
+    )
 
 
 def requests_dataset(requests: Sequence[Request]) -> Dataset:
@@ -419,7 +446,10 @@ def _stopped(exc: Exception, whole: Job, out: FileOutput) -> MmbatchError:
         return ConfigError(_without_ray_note(cause))
     if isinstance(cause, FatalEngineError):
         return engine_stopped(FatalEngineError(_without_ray_note(cause)), whole, out)
-    return engine_stopped(FatalEngineError(f"the Ray job failed: {exc}"), whole, out)
+    from mmbatch.storage.objects import redacted
+
+    failed = FatalEngineError(f"the Ray job failed: {redacted(str(exc))}")
+    return engine_stopped(failed, whole, out)
 
 
 RAY_NOTE = "\nFailed to apply UDF transform after "
@@ -450,7 +480,7 @@ class EngineReplica:
         self.tally = tally
         self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine.builder import start_engine
+            from mmbatch.engine import builder
             from mmbatch.lifetime import orphan_resource_tracker
 
             # Ray kills this worker's direct children as it ends: the tracker, which unlinks
@@ -458,7 +488,9 @@ class EngineReplica:
             orphan_resource_tracker()
             kind = job.recipe.media.kind if job.recipe else "image"
             try:
-                engine = start_engine(job.engine, {kind: 1})
+                # The actor is itself the replica: one engine in its process, on its host.
+                host = builder.read_host(job.engine, in_process=True)
+                engine = builder.start_engine(host, {kind: 1}, host.layout())
             except MmbatchError as exc:
                 self.failed = exc
         self.engine = engine

@@ -45,8 +45,9 @@ from mmbatch.types import ItemError, LoadedRequest, MediaItem, Request, Result
 
 UNIT_REQUESTS = 16
 """Requests per unit at most: a video's frames are decoded a stretch at a time, each
-stretch in one pass, so the first frames reach the engine before the last are decoded (at
-64, ten videos kept an H200 waiting for the first 64 frames of each)."""
+stretch in one pass, so the first frames reach the engine before the last are decoded
+(with larger units, a job of a few videos keeps the GPU waiting for each one's first
+unit)."""
 READERS = 4
 """Reader threads: enough to overlap file reads with hashing on local and network disks."""
 

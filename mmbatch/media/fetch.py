@@ -33,7 +33,7 @@ from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
 from mmbatch.storage.objects import read_object
-from mmbatch.storage.urls import is_storage_url, scheme, unsupported
+from mmbatch.storage.urls import is_storage_url, scheme, shown, unsupported
 from mmbatch.types import FileId
 
 URL_SCHEMES = ("http://", "https://")
@@ -46,8 +46,8 @@ _CHUNK = 64 * 1024
 
 
 def is_url(source: str) -> bool:
-    """Whether ``source`` names a URL (``scheme://...``, of any protocol) rather than a
-    local path (``sub/a://b.jpg`` is a path)."""
+    """Whether ``source`` names a URL (of any protocol: whatever comes before its first
+    ``://``, as fsspec reads it) rather than a local path."""
     return scheme(source) is not None
 
 
@@ -83,7 +83,7 @@ def read_source(
         raise MediaError(refusal, stage="source", kind="unsupported")
     if urls is None:
         raise MediaError(
-            f"{source!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",
+            f"{shown(source)!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",
             stage="load",
             kind="unsupported",
         )
@@ -196,7 +196,15 @@ def fetch_url(url: str, policy: UrlPolicy) -> bytes:
 
     if not url.lower().startswith(URL_SCHEMES):
         raise MediaError(
-            f"{url!r}: only http and https URLs are fetched", stage="load", kind="unsupported"
+            f"{shown(url)!r}: only http and https URLs are fetched",
+            stage="load",
+            kind="unsupported",
+        )
+    if shown(url) != url:
+        raise MediaError(
+            f"{shown(url)!r} holds a user name or password, which is never sent",
+            stage="load",
+            kind="unsupported",
         )
     deadline = time.monotonic() + policy.timeout_s
     try:
@@ -214,7 +222,7 @@ def fetch_url(url: str, policy: UrlPolicy) -> bytes:
                     raise _too_large(url, policy)
                 if time.monotonic() > deadline:
                     raise MediaError(
-                        f"fetching {url!r} took over {policy.timeout_s:g} s",
+                        f"fetching {shown(url)!r} took over {policy.timeout_s:g} s",
                         stage="load",
                         kind="unreadable",
                     )
@@ -229,13 +237,13 @@ def fetch_url(url: str, policy: UrlPolicy) -> bytes:
         else:
             reason = getattr(exc, "reason", None) or exc
         raise MediaError(
-            f"cannot fetch {url!r}: {reason}", stage="load", kind="unreadable"
+            f"cannot fetch {shown(url)!r}: {reason}", stage="load", kind="unreadable"
         ) from None
 
 
 def _too_large(url: str, policy: UrlPolicy) -> MediaError:
     return MediaError(
-        f"{url!r} is over the URL size limit of {policy.max_bytes} bytes",
+        f"{shown(url)!r} is over the URL size limit of {policy.max_bytes} bytes",
         stage="load",
         kind="too_large",
     )

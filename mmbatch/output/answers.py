@@ -10,6 +10,7 @@ an error saying why instead of a ``parsed`` value that looks right and is not.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from mmbatch.errors import ConfigError, ItemFailure
@@ -24,36 +25,81 @@ class SchemaFailed(ItemFailure):
 
 
 def canonical_schema(schema: Any, where: str) -> str:
-    """``schema`` as canonical JSON text, after checking it is a valid JSON Schema."""
-    if not isinstance(schema, dict):
-        raise ConfigError(f"{where}: a JSON schema must be a table/object, got {schema!r}")
+    """``schema`` as canonical JSON text, after checking that every answer can be validated
+    against it: the validator answers get (``answer_validator``) takes it, its references stay
+    inside it and lead somewhere without looping in place, and its numbers are finite. A
+    schema that passes here fails no row for being the schema it is."""
     import jsonschema
 
     from mmbatch.output.schema_refs import check_references
 
+    validator = answer_validator(schema, where)
     try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-        check_references(schema, where)
-        return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+        type(validator).check_schema(schema)
+        check_references(schema, where, type(validator))
+        _check_finite(schema, where)
+        return json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except jsonschema.SchemaError as exc:
         raise ConfigError(f"{where}: not a valid JSON schema: {exc.message}") from None
     except RecursionError:
         raise ConfigError(f"{where}: the JSON schema is nested too deeply") from None
 
 
+def answer_validator(schema: Any, where: str) -> Any:
+    """The validator answers to ``schema`` are checked with, built one way for ``mmbatch
+    check``, a recipe's job, a batch file's lines and ``JsonParser``: the dialect its
+    ``$schema`` names (2020-12 when it names none, or one jsonschema does not know), references
+    resolved through a registry that retrieves nothing. A schema no validator can be built
+    for (not an object, a ``$schema`` or ``$id`` that is not a string) is a ``ConfigError``,
+    and so is draft-03: its own keywords (schemas inside ``type``, ``disallow``, ``extends``)
+    are not what the engine's structured decoding enforces, and references hide in them where
+    the reference check does not look."""
+    if not isinstance(schema, dict):
+        raise ConfigError(f"{where}: a JSON schema must be a table/object, got {schema!r}")
+    dialect = schema.get("$schema")
+    if dialect is not None and not isinstance(dialect, str):
+        raise ConfigError(
+            f"{where}: $schema must be a string (a JSON Schema dialect's URI), got {dialect!r}"
+        )
+    import jsonschema
+
+    from mmbatch.output.schema_refs import local_registry
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    if cls is jsonschema.Draft3Validator:
+        raise ConfigError(
+            f"{where}: $schema {dialect!r} (draft-03) is not supported: its keywords are not "
+            "what the engine enforces; write the schema in draft-07 or 2020-12"
+        )
+    identity = "id" if cls is jsonschema.Draft4Validator else "$id"
+    if not isinstance(schema.get(identity, ""), str):
+        raise ConfigError(f"{where}: {identity} must be a string, got {schema[identity]!r}")
+    return cls(schema, registry=local_registry())
+
+
+def _check_finite(schema: Any, where: str) -> None:
+    """``ConfigError`` naming the first number of ``schema`` that is NaN or infinite (a TOML
+    ``nan``, a batch line's ``NaN``): JSON has none, so no engine could read the schema."""
+    stack: list[tuple[str, Any]] = [("", schema)]
+    while stack:
+        at, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(
+                f"{where}: {at or '(root)'} is {value}: a JSON schema's numbers must be finite"
+            )
+        if isinstance(value, dict):
+            stack.extend((f"{at}/{key}", v) for key, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{at}/{i}", v) for i, v in reversed(list(enumerate(value))))
+
+
 class JsonParser:
     """Parses an answer's text as JSON and validates it against the schema."""
 
     def __init__(self, schema_text: str) -> None:
-        import jsonschema
-
-        from mmbatch.output.schema_refs import local_registry
-
-        schema = json.loads(schema_text)
         # References resolve inside the schema alone: nothing is fetched or read, even for
         # a schema that did not pass through ``canonical_schema``.
-        cls = jsonschema.validators.validator_for(schema)
-        self._validator = cls(schema, registry=local_registry())
+        self._validator = answer_validator(json.loads(schema_text), "[output] schema")
 
     def __call__(self, text: str) -> Any:
         try:

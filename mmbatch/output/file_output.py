@@ -29,9 +29,9 @@ from itertools import chain
 from pathlib import Path
 from typing import Any, Protocol
 
+from mmbatch.clock import milestones, process_seconds
 from mmbatch.errors import ConfigError, MmbatchError, OutputError, SourceError
 from mmbatch.jsonl import remove_orphans, write_atomic
-from mmbatch.output.clock import milestones, process_seconds
 from mmbatch.output.formats import check_shards, open_sink, output_format, read_output
 from mmbatch.output.order import RowOrder
 from mmbatch.output.paths import FileFormat, OutputPaths
@@ -42,7 +42,7 @@ from mmbatch.output.sinks import Sink
 from mmbatch.output.stats import JobStats, OutputTally, count_output
 from mmbatch.output.summary import JobReport, with_last_measured, write_summary
 from mmbatch.output.writable import check_writable
-from mmbatch.storage.urls import is_storage_url, shown, unsupported_folder
+from mmbatch.storage.urls import LOGIN_REFUSED, is_storage_url, shown, spelled, unsupported_folder
 
 
 class OutputJob(JobFacts, Protocol):
@@ -115,7 +115,9 @@ class FileOutput:
         fmt = output_format(path, format)
         if not is_storage_url(str(path)):
             return cls(Path(path), fmt, retry_errors, force, shard_rows)
-        url = str(path).rstrip("/")
+        url = spelled(str(path)).rstrip("/")
+        if shown(url) != url:
+            raise ConfigError(f"the output {shown(url)} {LOGIN_REFUSED}")
         mirror = staging(url)
         remote = RemoteOutput(url, mirror)
         return cls(mirror, fmt, retry_errors, force, shard_rows, remote=remote)

@@ -65,7 +65,7 @@ from mmbatch.storage.objects import (
     put_object,
     read_whole,
 )
-from mmbatch.storage.urls import name, parent, shown
+from mmbatch.storage.urls import name, parent, shown, spelled
 
 PARTS = ".parts"
 MARKER = "assembled.json"
@@ -78,7 +78,7 @@ it holds this many rows or bytes."""
 def staging(url: str) -> Path:
     """The local mirror of the output ``url``: a folder of this user's own under the
     temporary folder, named by the URL, holding the output under its own name."""
-    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(spelled(url).encode()).hexdigest()[:16]
     uid = os.getuid() if hasattr(os, "getuid") else 0
     return Path(tempfile.gettempdir(), f"mmbatch-{uid}", "outputs", digest, name(url))
 

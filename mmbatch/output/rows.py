@@ -10,82 +10,24 @@ row holds.
 * ``ItemShape`` (recipes): several questions per item; each item's answers are held until
   the last one arrives, then written as one row with every answer under its name, so a failed
   question is recorded in its place and never costs the item its other answers.
-* ``mmbatch.output.openai_batch.OpenAIBatchShape``: the lines of an OpenAI batch output file.
+* ``mmbatch.openai_batch.writer.OpenAIBatchShape``: the lines of an OpenAI batch output file.
 
 Each ``Row`` also carries an ``outcome``: the item's summed token counts and its error (if
 any answer failed), which is what the job's stats count, one per row.
 
-The columns mmbatch's own rows may hold are declared once here (``COLUMNS``): what each is
-called, how its values are typed and what it means. Whatever else needs to know them asks
-here: the columnar writers type a column that is null in every row by it
-(``mmbatch.output.tables``), an input column of one of these names is kept as
-``input_NAME`` (``mmbatch.sources.files``), the review gallery lists every other field under
-"more", and ``DatasetMap`` names its usage columns by it.
+The columns these rows may hold are declared once, in ``mmbatch.row_schema``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, Protocol, cast
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, cast
 
 from mmbatch.errors import ItemFailure
+from mmbatch.row_schema import TOKEN_COLUMNS
+from mmbatch.storage.urls import shown
 from mmbatch.types import FailureKind, ItemError, Request, Result, Stage, Usage
-
-ColumnType = Literal["string", "integer", "float", "error", "value"]
-"""How a column's values are typed where they are not null: text, a whole number, a number,
-an ``ItemError`` as ``{stage, kind, message}``, or any JSON value (left to the writer)."""
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of mmbatch's rows: its name, the type of its values, and what it holds."""
-
-    name: str
-    type: ColumnType
-    meaning: str
-
-
-TOKEN_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Usage))
-"""The token counts of a row (and of a recipe's answer), named as ``Usage`` names them."""
-
-FLAT_COLUMNS: tuple[Column, ...] = (
-    Column("id", "string", "the item: what resume skips and the output is keyed by"),
-    Column("source", "string", "the media the item points at (a list for several)"),
-    Column("media_hash", "string", "the content key of the item's media (a list for several)"),
-    Column("prompt", "string", "what was asked"),
-    Column("text", "string", "the answer (a list of n with Sampling.n > 1); null on error"),
-    Column("finish_reason", "string", "why the text ended (stop, length)"),
-    *(Column(name, "integer", "tokens, as the engine counted them") for name in TOKEN_COLUMNS),
-    Column("error", "error", "null, or why the item has no answer: stage, kind and message"),
-)
-"""The columns of a flat row (``mmbatch caption``), in the order it writes them."""
-
-RECIPE_COLUMNS: tuple[Column, ...] = (
-    Column("outputs", "value", "a recipe item's answers by name, each with its own fields"),
-    Column("parsed", "value", "an answer's text read as its format's value (JSON)"),
-)
-"""What a recipe's rows hold besides: their answers, and an answer's parsed value."""
-
-MEDIA_COLUMNS: tuple[Column, ...] = (
-    Column("video", "string", "the video a frame or clip comes from"),
-    Column("frame_index", "integer", "a frame's place in the video, in presentation order"),
-    Column("pts", "float", "a frame's time in the video, in seconds"),
-    Column("frame_path", "string", "the file a frame was written to"),
-    Column("start", "float", "where a clip or an audio window begins, in seconds"),
-    Column("end", "float", "where a clip or an audio window ends, in seconds"),
-    Column(
-        "warning",
-        "string",
-        "why the video holds less than its header declares (cut short, damaged)",
-    ),
-)
-"""What rows of a part of a video or a recording say about where that part is."""
-
-COLUMNS: tuple[Column, ...] = FLAT_COLUMNS + RECIPE_COLUMNS + MEDIA_COLUMNS
-"""Every column mmbatch's own rows may hold, each named once."""
-COLUMN_NAMES = frozenset(column.name for column in COLUMNS)
-
 
 OutputParser = Callable[[str], Any]
 """Turns an answer's text into a value, raising ``ValueError`` (with the reason) when the
@@ -162,7 +104,7 @@ def token_counts(usage: Usage) -> dict[str, int]:
 
 def output_row(request: Request, media_keys: tuple[str, ...], result: Result) -> dict[str, Any]:
     """The flat JSON row for one request: what it was, and its text or the reason it has none."""
-    sources = [ref.source for ref in request.media]
+    sources = [shown(ref.source) for ref in request.media]
     return {
         "id": request.id,
         "source": sources[0] if len(sources) == 1 else sources,
@@ -328,7 +270,7 @@ class ItemRows:
                 failures.append((name, error))
             usage += result.usage
         error = _item_error(failures, len(item.names))
-        sources = [ref.source for ref in item.first.media]
+        sources = [shown(ref.source) for ref in item.first.media]
         keys = item.media_keys
         data = {
             "id": item_id,

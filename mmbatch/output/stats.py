@@ -105,8 +105,8 @@ class JobStats(Tally):
         """Medians of the sampled queue, and the share of samples, of those taken while this
         run still had requests to give the engine, in which the engine was starved: nothing
         waiting and fewer running than the most it ran (a full batch with nothing waiting
-        is busy, not starved; measured on an H200, the ramp of W1 counted as 100% starved
-        with 1,024 of 1,024 running)."""
+        is busy, not starved: counted as starved, a job whose engine ran all it could would
+        read as starved throughout)."""
         if not self.queue:
             return None
         running = sorted(q.running for q in self.queue)

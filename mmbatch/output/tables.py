@@ -21,8 +21,8 @@ from mmbatch.errors import OutputError, SourceError
 from mmbatch.jsonl import cannot_write, printable_values, read_objects
 from mmbatch.output.order import RowOrder
 from mmbatch.output.paths import OutputPaths
-from mmbatch.output.rows import COLUMNS, ColumnType
 from mmbatch.output.sinks import JsonlSink
+from mmbatch.row_schema import COLUMNS, ColumnType
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -189,7 +189,7 @@ def _unified_schema(tables: list[pa.Table]) -> pa.Schema:
 
 
 def typed(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with each of mmbatch's columns (``mmbatch.output.rows.COLUMNS``) that is
+    """``schema`` with each of mmbatch's columns (``mmbatch.row_schema.COLUMNS``) that is
     null in every row (no row failed: ``error``; every row failed: ``text``) given the type
     it has when it holds values, also inside a recipe's ``outputs``: Arrow would type it
     ``null``, and two outputs with and without errors could not be read or concatenated as

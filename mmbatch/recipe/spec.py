@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from mmbatch.errors import ConfigError
 from mmbatch.recipe.engine_table import engine_problems
 from mmbatch.types import MODALITIES, Modality, Sampling, sampling_problems
-from mmbatch.validation import TYPE_ERRORS, Problem, expected, problems
+from mmbatch.validation import TYPE_ERRORS, Problem, expected, listed, problems
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -270,12 +270,12 @@ def parse_recipe(data: Mapping[str, Any], where: str, default_name: str = "recip
 
 def raise_problems(where: str, found: Sequence[str]) -> None:
     """``ConfigError`` listing ``found``, one line each (a single one: the command's one
-    line), if there is any."""
+    line), if there is any; past ``LISTED_AT_MOST``, how many more there are."""
     if len(found) == 1:
         raise ConfigError(f"{where}: {found[0]}")
     if found:
-        lines = "\n  ".join(found)
-        raise ConfigError(f"{where}: {len(found)} problems:\n  {lines}")
+        lines = "\n  ".join(listed(found))
+        raise ConfigError(f"{where}: {len(found):,} problems:\n  {lines}")
 
 
 def _questions(prompt: PromptTable) -> tuple[Question, ...]:
@@ -313,7 +313,8 @@ def _in_words(found: Sequence[Problem], data: Mapping[str, Any]) -> list[str]:
         plural = "s" if len(keys) > 1 else ""
         where = _table_name(table, kind=True)
         lines.append(
-            f"unknown key{plural} in {where}: {', '.join(map(repr, keys))} (known: {known})"
+            f"unknown key{plural} in {where}: {', '.join(listed([repr(k) for k in keys]))} "
+            f"(known: {known})"
         )
     return lines
 

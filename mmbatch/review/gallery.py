@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from mmbatch.output.rows import FLAT_COLUMNS, RECIPE_COLUMNS
+from mmbatch.row_schema import FLAT_COLUMNS, RECIPE_COLUMNS
 
 KNOWN_FIELDS = frozenset(column.name for column in FLAT_COLUMNS + RECIPE_COLUMNS)
 """Fields shown in a card's body; any other field of a row is listed under "more"."""

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mmbatch.output.openai_batch import OpenAIBatchShape
+from mmbatch.openai_batch.writer import OpenAIBatchShape
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.types import MediaRef, Request
 
@@ -104,7 +104,7 @@ def _batch_requests(summary: Mapping[str, Any] | None) -> dict[str, Any]:
     it); none when it is gone or unreadable."""
     from mmbatch.errors import MmbatchError
     from mmbatch.jsonl import read_objects
-    from mmbatch.sources.openai_batch import read_batch
+    from mmbatch.openai_batch.reader import read_batch
 
     job = (summary or {}).get("job", {})
     inputs = job.get("inputs") or []

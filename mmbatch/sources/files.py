@@ -16,6 +16,7 @@ as a path named inside a manifest is.
 
 Ids are the identity of a row in the output and on resume, so they must be unique: a file
 named twice is one item; two manifest rows with one id are an error, raised before any work.
+A file's id is made from its path alone (``path_id``), one id per name on every run.
 
 A manifest is data from elsewhere, read as JSON or CSV and nothing else, and it is not
 trusted with the file system: its paths follow the rule every input's paths do
@@ -53,9 +54,9 @@ from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
 from mmbatch.errors import ItemFailure, MediaError, SourceError
 from mmbatch.jsonl import JsonlError, objects_in, printable, read_objects
 from mmbatch.media.fetch import is_url, unreadable
-from mmbatch.output.rows import COLUMN_NAMES
+from mmbatch.row_schema import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.paths import LocalPaths, PathNotAllowed
+from mmbatch.sources.paths import LINKED_OUT_FILES, LinkedOut, LocalPaths
 from mmbatch.storage.objects import (
     file_system,
     glob_objects,
@@ -64,7 +65,7 @@ from mmbatch.storage.objects import (
     local_copy,
     read_whole,
 )
-from mmbatch.storage.urls import is_storage_url, is_web_url, parent, shown, unsupported
+from mmbatch.storage.urls import is_storage_url, is_web_url, parent, shown, spelled, unsupported
 from mmbatch.types import (
     ClipSpan,
     FileId,
@@ -145,6 +146,26 @@ class _Listed(NamedTuple):
     refused: ItemError | None = None
     pinned: FileId | None = None
     walked: bool = False
+    own_id: bool = False
+    """The id is a manifest row's own (its ``id``, or its path as written), kept as written;
+    else it is made from the file's path (``path_id``)."""
+
+
+def path_id(path: str) -> str:
+    """The id of a file known by its path (walked, matched by a pattern, named): the path as
+    text, with each byte that is not UTF-8 written ``\\xNN`` and a backslash ``\\\\``.
+
+    Escaping the odd bytes alone (``printable``) would give two files one id: ``a_\\xff.jpg``
+    (the byte 0xff) and a file whose name is those ten characters, which a tool that escapes
+    names can leave beside it. A walk would then stop at "duplicate id", so that one file
+    dropped into a shared folder blocks every job over it. Telling the two apart only when
+    both are there (a suffix on the second found) gives a file another's id when they arrive
+    one after the other, and resume then takes the first file's row for the second's; two
+    error rows likewise leave the earlier run's row under the wrong file. So the id is a
+    function of the name alone: a backslash is escaped too, which makes every name's id its
+    own, on every run, whatever else the folder holds, and changes no id but those of names
+    holding a backslash (the name with the byte 0xff is still ``x_\\xff.jpg``)."""
+    return printable(path.replace("\\", "\\\\"))
 
 
 def list_inputs(
@@ -164,7 +185,8 @@ def list_inputs(
         for listed in _expand([raw], suffixes, policy, log):
             # An id is text in every output, so a file name that is not UTF-8 becomes an id
             # with its odd bytes escaped (the path itself stays the one that opens the file).
-            item_id, path = printable(listed.id), listed.path
+            item_id = printable(listed.id) if listed.own_id else path_id(listed.id)
+            path = listed.path
             if item_id in seen:
                 if listed.id == path == seen[item_id]:
                     continue  # one file reached twice
@@ -229,10 +251,10 @@ def _expand(
         if refusal is not None:  # named by the person running the job: the job's mistake
             raise SourceError(f"input {refusal}")
         if is_storage_url(raw):
-            yield from _expand_url(raw, taken, policy, log, kinds)
+            yield from _expand_url(spelled(raw), taken, policy, log, kinds)
         elif is_url(raw):
             _check_url(raw, "input", policy)
-            yield _Listed(raw, raw)
+            yield _Listed(shown(raw), raw)
         elif path.is_dir():
             yield from _walk(path, taken, log, policy.paths)
         elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
@@ -357,9 +379,7 @@ def _walk(
             yield listed._replace(walked=True)
 
 
-LINKED_OUT = (
-    "linked files leading out of the folder (allow with --input-root DIR or --allow-outside-root)"
-)
+LINKED_OUT = f"{LINKED_OUT_FILES} (allow with --input-root DIR or --allow-outside-root)"
 """The reason a walk gives for a file symlink that leads where the path rule refuses."""
 
 
@@ -373,8 +393,8 @@ def _admitted(file: str, folder: str, paths: LocalPaths, log: ListingLog) -> Ite
             # Not a link, in a folder reached without following one: inside, as it is.
             yield _Listed(file, file, pinned=FileId(info.st_dev, info.st_ino))
             return
-        checked = paths.check(file, folder, file, file)
-    except PathNotAllowed:
+        checked = paths.listed(file, folder, file)
+    except LinkedOut:
         log.skip(LINKED_OUT)
         return
     except OSError as exc:
@@ -404,7 +424,7 @@ def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_List
         raw_path = row.get("path")
         if not isinstance(raw_path, str) or not raw_path:
             raise SourceError(f"{where}: row has no 'path' (got {row!r})")
-        item_id = row.get("id", raw_path)
+        item_id = row.get("id", shown(raw_path))
         if not isinstance(item_id, (str, int)) or isinstance(item_id, bool) or item_id == "":
             # str() would make null "None" and an object its Python repr: not an id anyone
             # wrote, and two rows could share it.
@@ -418,17 +438,17 @@ def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_List
         if _fetched(raw_path):
             # A manifest's URL is its row's matter, as a path out of its folder is.
             refused = None if policy.allow_urls else _url_refused(raw_path, where)
-            yield _Listed(str(item_id), raw_path, prompt or None, kept, refused)
+            yield _Listed(str(item_id), raw_path, prompt or None, kept, refused, own_id=True)
             continue
         try:
             path, pinned = policy.paths.resolve(raw_path, folder, where)
         except ItemFailure as exc:  # refused by the rule, or naming no file
             refused = ItemError(exc.stage, str(exc), exc.kind)
-            yield _Listed(str(item_id), raw_path, prompt or None, kept, refused)
+            yield _Listed(str(item_id), raw_path, prompt or None, kept, refused, own_id=True)
             continue
         if is_storage_url(path):
             file_system(path)  # a store this machine cannot read is said now, not per row
-        yield _Listed(str(item_id), path, prompt or None, kept, pinned=pinned)
+        yield _Listed(str(item_id), path, prompt or None, kept, pinned=pinned, own_id=True)
 
 
 def _fetched(path: str) -> bool:
@@ -475,7 +495,7 @@ def _check_url(url: str, where: str, policy: SourcePolicy) -> None:
 def _url_refused(url: str, where: str) -> ItemError:
     return ItemError(
         "source",
-        f"{where}: {url!r} is a URL; URLs are fetched only with --allow-urls "
+        f"{where}: {shown(url)!r} is a URL; URLs are fetched only with --allow-urls "
         "(which bounds each download in size and time)",
         "not_allowed",
     )

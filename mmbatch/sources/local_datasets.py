@@ -32,8 +32,8 @@ from mmbatch.errors import ItemFailure, SourceError, StorageError, StorageUnavai
 from mmbatch.sources.cells import ROWS_PER_READ, column_cells, media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.sources.paths import LocalPaths
-from mmbatch.storage.objects import kind_of, list_objects, read_whole
-from mmbatch.storage.urls import is_storage_url, parent, redact, unsupported_folder
+from mmbatch.storage.objects import kind_of, list_objects, read_whole, redacted
+from mmbatch.storage.urls import is_storage_url, parent, unsupported_folder
 from mmbatch.storage.urls import name as object_name
 from mmbatch.types import ItemError, MediaRef, Request
 
@@ -264,7 +264,7 @@ def _load(spec: DatasetInput) -> Any:
         # arrays...): whatever one of its decoders raises means the dataset cannot be read.
         raise SourceError(
             f"cannot read {path} as a {spec.format} dataset: {type(exc).__name__}: "
-            + (str(exc).splitlines() or [""])[0]
+            + redacted((str(exc).splitlines() or [""])[0])
         ) from exc
 
 
@@ -355,7 +355,7 @@ def parquet_layout(spec: DatasetInput) -> ParquetLayout:
         try:
             parquet = pq.ParquetFile(_opened(file))
         except (OSError, ValueError) as exc:
-            raise SourceError(f"cannot read {file} as Parquet: {redact(str(exc))}") from None
+            raise SourceError(f"cannot read {file} as Parquet: {redacted(str(exc))}") from None
         with parquet:
             if column is None:
                 features = datasets.Features.from_arrow_schema(parquet.schema_arrow)

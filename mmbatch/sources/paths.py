@@ -21,9 +21,12 @@ path cells are read only inside the folders its caller allows (``allowed_paths``
 that hold their bytes are not paths and are always taken.
 
 A folder walk (a folder named on the command line) holds its files to the same rule, the
-walked folder being their input's folder: a file symlink in it that leads out of it is
-passed over (counted in the summary), unless ``--input-root`` or ``--allow-outside-root``
-allows where it leads. Linked folders are not walked at all.
+walked folder being their input's folder (``LocalPaths.listed``): a file symlink in it that
+leads out of it is passed over (counted in the summary), unless ``--input-root`` or
+``--allow-outside-root`` allows where it leads. Linked folders are not walked at all. The
+files that datasets' folder builders list (an ``imagefolder``'s path cells) follow the same
+rule: a link among them that leads out of the folder listed is its row's error, for the
+same reason.
 
 The check is made when the inputs are listed, and the read opens what was checked: the path
 is pinned to the file it led to then (its device and inode, ``FileId``), and the reader
@@ -72,6 +75,8 @@ from mmbatch.storage.urls import (
 from mmbatch.types import FileId, MediaRef, Modality
 
 CLI_OPTION = "--input-root DIR"
+LINKED_OUT_FILES = "linked files leading out of the folder"
+"""Why a file that listing a folder found is not read: a link that leads out of it."""
 
 
 class PathNotAllowed(ItemFailure):
@@ -79,6 +84,10 @@ class PathNotAllowed(ItemFailure):
 
     stage = "source"
     kind = "not_allowed"
+
+
+class LinkedOut(PathNotAllowed):
+    """A file found by listing a folder that is a link leading out of that folder."""
 
 
 class UnusablePath(ItemFailure):
@@ -116,6 +125,9 @@ class LocalPaths:
     """No rule at all (``--allow-outside-root``)."""
     widen: str = CLI_OPTION
     """How the person running the job allows another folder, as the refusal says it."""
+    listing: bool = False
+    """The paths are files that listing the input's folder found (datasets' folder
+    builders), held to a walk's rule (``listed``) rather than named inside an input."""
 
     def __post_init__(self) -> None:
         for root in self.roots:
@@ -152,7 +164,24 @@ class LocalPaths:
         path = _local(named, where)
         if folder is not None:
             path = str(Path(folder, path))  # an absolute path stays itself
+        if self.listing:
+            return self.listed(path, folder or os.path.dirname(path), where)
         return self.check(path, folder, named, where)
+
+    def listed(self, file: str, folder: str, where: str) -> Checked:
+        """``file``, which listing ``folder`` found (a walk, a pattern, a datasets folder
+        builder), if this rule lets it be read: where it leads (links followed) must be
+        inside ``folder`` or an allowed folder. A link out of it is ``LinkedOut``, which a
+        walk counts as passed over and a dataset's row carries as its error."""
+        try:
+            return self.check(file, folder, file, where)
+        except PathNotAllowed:
+            real = os.path.realpath(file)
+            raise LinkedOut(
+                f"{where}: {file!r} leads to {real}, out of the folder {os.path.realpath(folder)}"
+                f" that was listed; {LINKED_OUT_FILES} are not read (allow where it leads with "
+                f"{self.widen})"
+            ) from None
 
     def check(self, path: str, folder: str | None, named: str, where: str) -> Checked:
         """``resolve`` for ``path``, already joined to its input's ``folder`` (a walked

@@ -29,6 +29,7 @@ from mmbatch.sources.files import (
     InputFile,
     SourcePolicy,
     list_inputs,
+    path_id,
 )
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.paths import PathNotAllowed
@@ -73,7 +74,7 @@ def frame_requests(
             ref = file.ref("image")
             error = _error(exc)
             requests.append(
-                Request(printable(path), text, (ref,), system, columns=failed, error=error)
+                Request(path_id(path), text, (ref,), system, columns=failed, error=error)
             )
             continue
         # A truncated file's frames are the right frames, but not all the video had: say so
@@ -160,7 +161,7 @@ def clip_cap_note(options: VideoOptions) -> str | None:
 
 def frame_id(video: str, pts: float, index: int | None = None) -> str:
     """``clip.mp4@12.500``: the video, then the frame's time; ``#index`` only if needed."""
-    return f"{printable(video)}@{pts:.3f}" + (f"#{index}" if index is not None else "")
+    return f"{path_id(video)}@{pts:.3f}" + (f"#{index}" if index is not None else "")
 
 
 def _unique_frame_ids(requests: list[Request]) -> list[Request]:

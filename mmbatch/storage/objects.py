@@ -39,7 +39,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mmbatch.errors import MediaError, StorageError, StorageUnavailable
-from mmbatch.storage.urls import is_storage_url, protocol_of, redact, shown, unsupported
+from mmbatch.storage.redaction import redact
+from mmbatch.storage.urls import (
+    LOGIN_REFUSED,
+    is_storage_url,
+    protocol_of,
+    shown,
+    spelled,
+    unsupported,
+)
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -143,6 +151,8 @@ def file_system(url: str) -> tuple[AbstractFileSystem, str]:
     and ``StorageError`` says which are taken."""
     if not is_storage_url(url):
         raise StorageError(unsupported(url) or f"{shown(url)!r} is not a storage URL")
+    if shown(url) != spelled(url):
+        raise StorageError(f"{shown(url)} {LOGIN_REFUSED}")
     protocol = protocol_of(url)
     key = (protocol, os.getpid(), _environment_digest())
     with _LOCK:
@@ -151,7 +161,7 @@ def file_system(url: str) -> tuple[AbstractFileSystem, str]:
         fs = _make(protocol, url)
         with _LOCK:
             _FILE_SYSTEMS[key] = fs
-    return fs, fs._strip_protocol(url)
+    return fs, fs._strip_protocol(spelled(url))
 
 
 def _environment_digest() -> str:
@@ -222,10 +232,19 @@ def attempt(url: str, call: Callable[[], T], attempts: int = READ_ATTEMPTS) -> T
         except Exception as exc:
             problem = problem_of(exc)
             if problem in ("missing", "denied", "no_credentials") or n == attempts - 1:
-                detail = redact(f"{type(exc).__name__}: {exc}" if problem == "failed" else str(exc))
-                raise Failure(url, problem, detail) from None
+                said = f"{type(exc).__name__}: {exc}" if problem == "failed" else str(exc)
+                raise Failure(url, problem, redacted(said)) from None
             time.sleep(RETRY_PAUSE_S * 2**n)
     raise AssertionError("unreachable")
+
+
+def redacted(text: str) -> str:
+    """``text`` (a library's words for a failure) without the credentials of the
+    environment, those that any file system of this process resolved, and any a request
+    carries in its headers (``mmbatch.storage.redaction``)."""
+    with _LOCK:
+        made = [(key[0], fs) for key, fs in _FILE_SYSTEMS.items() if key[1] == os.getpid()]
+    return redact(text, made)
 
 
 def read_object(url: str, max_bytes: int) -> bytes:
@@ -264,7 +283,7 @@ def read_many(urls: list[str], max_bytes: int) -> dict[str, bytes | MediaError]:
     if not urls:
         return {}
     fs, _ = file_system(urls[0])
-    paths = [fs._strip_protocol(url) for url in urls]
+    paths = [fs._strip_protocol(spelled(url)) for url in urls]
     ends = [max_bytes + 1] * len(paths)
     try:
         found = fs.cat_ranges(paths, [0] * len(paths), ends, on_error="return")
@@ -395,7 +414,7 @@ def delete_objects(urls: list[str]) -> None:
     if not urls:
         return
     fs, _ = file_system(urls[0])
-    paths = [fs._strip_protocol(url) for url in urls]
+    paths = [fs._strip_protocol(spelled(url)) for url in urls]
     try:
         attempt(urls[0], lambda: _remove(fs, paths))
     except Failure as failure:

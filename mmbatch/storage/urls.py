@@ -11,19 +11,20 @@ protocol, even one fsspec has a file system for (``ftp``, ``zip``, ``github``, `
 ...), is refused wherever a URL is taken (``unsupported``): a URL named inside an input is
 its row's error, one named on the command line the job's, and no file system is ever made
 for it. A ``data:`` URI has no ``//`` and is no URL here: an OpenAI batch line's holds its
-bytes, anywhere else it is a file name like any other.
+bytes, anywhere else it is a file name like any other. A protocol is one name whatever its
+case: ``S3://`` is ``s3://`` (``spelled``), as the file systems take it.
 
 The path rule for URLs (``is_inside``) compares normalised URLs by whole path components:
 ``s3://b/data2/x`` is not under ``s3://b/data``, and ``s3://b/data/../secret`` is
 ``s3://b/secret``, not under ``s3://b/data``. A URL whose ``..`` climbs above its bucket
-names nothing and is refused (``ValueError``).
+names nothing and is refused (``ValueError``), as is one holding a ``user:password@``
+(``LOGIN_REFUSED``): a store's credentials come from its own configuration, never from a
+URL, and no such part is ever said or written (``shown``).
 """
 
 from __future__ import annotations
 
-import os
 import posixpath
-import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Literal
@@ -49,8 +50,6 @@ ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 """Other names of one store, as fsspec takes them."""
 STORES = tuple(p for p, kind in PROTOCOLS.items() if kind == "store" and p not in ALIASES)
 """The object stores, each by its own name (``s3``, ``gs``, ``hf``)."""
-SECRET_NAMES = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCESS_KEY|API_KEY")
-"""Environment variables whose values are never said (``redact``)."""
 
 
 def scheme(text: str) -> str | None:
@@ -66,6 +65,19 @@ def url_kind(text: str) -> UrlKind | None:
     whose protocol is not taken (``unsupported`` says so)."""
     protocol = scheme(text)
     return PROTOCOLS.get(protocol) if protocol is not None else None
+
+
+LOGIN_REFUSED = (
+    "holds a user name or password; credentials come from the store's own configuration "
+    "(its environment variables, configuration files, an instance role), never from a URL"
+)
+
+
+def spelled(url: str) -> str:
+    """``url`` with its protocol in lower case (``S3://b/k`` is ``s3://b/k``): the one
+    spelling the file systems, the path rule and an output's objects know it by."""
+    protocol = scheme(url)
+    return url if protocol is None else protocol + url[len(protocol) :]
 
 
 def is_storage_url(text: str) -> bool:
@@ -92,12 +104,6 @@ def unsupported(text: str) -> str | None:
     )
 
 
-def protocol_of(url: str) -> str:
-    """The store's protocol, its aliases made one (``s3a`` -> ``s3``)."""
-    protocol = scheme(url) or ""
-    return ALIASES.get(protocol, protocol)
-
-
 def unsupported_folder(text: str) -> str | None:
     """Why ``text`` cannot be a folder a job writes to or reads under (an output, an
     allowed root), when it is a URL but not of a store: any other protocol is refused
@@ -113,13 +119,21 @@ def unsupported_folder(text: str) -> str | None:
     )
 
 
+def protocol_of(url: str) -> str:
+    """The store's protocol, its aliases made one (``s3a`` -> ``s3``)."""
+    protocol = scheme(url) or ""
+    return ALIASES.get(protocol, protocol)
+
+
 def normalised(url: str) -> str:
-    """``url`` with ``.``, ``..`` and repeated slashes collapsed and no trailing slash;
-    ``ValueError`` when ``..`` climbs above its bucket."""
+    """``url`` with ``.``, ``..`` and repeated slashes collapsed, no trailing slash and its
+    protocol in lower case; ``ValueError`` when ``..`` climbs above its bucket."""
     protocol = scheme(url)
     if protocol is None:
         raise ValueError(f"{url!r} is not a URL")
     rest = url[len(protocol) + 3 :]
+    if shown(url) != spelled(url):
+        raise ValueError(f"{shown(url)!r} {LOGIN_REFUSED}")
     parts: list[str] = []
     for part in rest.split("/"):
         if part in ("", "."):
@@ -132,7 +146,7 @@ def normalised(url: str) -> str:
         parts.append(part)
     if not parts:
         raise ValueError(f"{shown(url)!r} names no bucket")
-    return f"{url[: len(protocol)]}://{'/'.join(parts)}"
+    return f"{protocol}://{'/'.join(parts)}"
 
 
 def join(folder: str, relative: str) -> str:
@@ -168,7 +182,8 @@ def is_inside(url: str, root: str) -> bool:
 
 
 def shown(url: str) -> str:
-    """``url`` as a message may show it: without a ``user:password@`` part."""
+    """``url`` as a message or a row may show it: without a ``user:password@`` part, its
+    protocol in lower case."""
     protocol = scheme(url)
     if protocol is None:
         return url
@@ -176,14 +191,4 @@ def shown(url: str) -> str:
     host, sep, tail = rest.partition("/")
     if "@" in host:
         host = host.rsplit("@", 1)[1]
-    return f"{url[: len(protocol)]}://{host}{sep}{tail}"
-
-
-def redact(text: str) -> str:
-    """``text`` with the value of every secret-looking environment variable replaced by
-    ``***``: a library's error may quote what it was given, and an error becomes a row, a
-    summary or a line on the terminal."""
-    for key, value in os.environ.items():
-        if len(value) >= 6 and SECRET_NAMES.search(key.upper()) and value in text:
-            text = text.replace(value, "***")
-    return text
+    return f"{protocol}://{host}{sep}{tail}"

@@ -16,7 +16,7 @@ import pytest
 from mmbatch.bench.driver import table
 from mmbatch.bench.flops import lm_flops_per_token, minimal_flops, vision_flops_per_image
 from mmbatch.bench.workloads import W2_PROMPTS, make_images, rows_for
-from mmbatch.testing.tiny_models.real_shapes import real_shape_config
+from mmbatch.tiny_models.real_shapes import real_shape_config
 
 
 def test_workload_orders(tmp_path: Path) -> None:

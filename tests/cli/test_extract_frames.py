@@ -56,8 +56,7 @@ def test_frame_rows_of_a_captioning_job_name_their_saved_frame(
     samples: Path, tmp_path: Path
 ) -> None:
     from fake_cli import main
-
-    from mmbatch.testing.fake_engine import FakeEngine
+    from fake_engine import FakeEngine
 
     out, frames = tmp_path / "c.jsonl", tmp_path / "frames"
     argv = ["frames", str(samples / "clip.mp4"), "--num-frames", "2", "--model", "m"]

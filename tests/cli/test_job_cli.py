@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine, Faults, expected_text
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
-from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 
 
 @pytest.fixture

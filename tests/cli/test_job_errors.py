@@ -21,10 +21,10 @@ from unittest import mock
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from repo_paths import FAKE_CLI
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 def fake_cli(*argv: str) -> subprocess.CompletedProcess[str]:

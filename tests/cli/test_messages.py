@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
@@ -13,7 +14,6 @@ from mmbatch.media.options import VideoOptions
 from mmbatch.recipe import load_recipe
 from mmbatch.recipe.requests import recipe_requests
 from mmbatch.sources.timeline import frame_requests
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 def test_a_picture_given_to_the_video_recipe_says_the_recipe_reads_video(samples: Path) -> None:

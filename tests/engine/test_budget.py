@@ -46,7 +46,7 @@ def test_counts_match_the_counts_seen_on_vllm(vl_budget: PromptBudget) -> None:
 
 
 def test_counts_follow_the_real_qwen2_vl_7b_config(tmp_path: Path) -> None:
-    from mmbatch.testing.tiny_models import write_real_shape
+    from mmbatch.tiny_models import write_real_shape
 
     budget = budget_for(write_real_shape(tmp_path / "q7", "qwen2_vl_7b"), 32768)
     assert budget.counts is not None
@@ -72,9 +72,9 @@ def test_the_engines_processor_settings_change_the_counts(tiny_vl_model: Path) -
 def test_a_text_only_model_has_no_media_to_count(tmp_path: Path) -> None:
     from mmbatch.engine.config import EngineConfig
     from mmbatch.engine.vllm import processing_counts
-    from mmbatch.testing.tiny_models._common import qwen2_text, write_json
-    from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
-    from mmbatch.testing.tiny_models.tokenizer import (
+    from mmbatch.tiny_models._common import qwen2_text, write_json
+    from mmbatch.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
+    from mmbatch.tiny_models.tokenizer import (
         TINY_SPECIAL_TOKENS,
         build_tokenizer,
         wrap_tokenizer,
@@ -194,10 +194,10 @@ def test_a_job_with_extreme_strips_gives_their_rows_and_goes_on(
     import json
 
     from fake_cli import main
+    from fake_engine import FakeEngine
     from PIL import Image
 
     from mmbatch.cli import EXIT_ITEMS_FAILED
-    from mmbatch.testing.fake_engine import FakeEngine
 
     class MeasuredFake(FakeEngine):
         def prompt_limits(self) -> PromptBudget:  # type: ignore[override]

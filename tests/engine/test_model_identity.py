@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.engine import identity
 from mmbatch.engine.identity import model_identity
 from mmbatch.integrations.hf_datasets import DatasetMap
-from mmbatch.testing.fake_engine import FakeEngine
 
 WEIGHTS = 2 * 1024 * 1024  # over the 1 MiB the old fingerprint read
 

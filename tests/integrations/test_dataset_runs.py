@@ -26,6 +26,8 @@ from typing import Any
 import datasets
 import pytest
 from conftest import TINY_ENGINE_KWARGS
+from fake_cli import main
+from fake_engine import FakeEngine
 from processes import in_session
 from repo_paths import README, SCRIPTS
 
@@ -36,7 +38,9 @@ from mmbatch.integrations.dataset_origin import mapped_dataset, origin_of
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import close_pipeline, run_requests
-from mmbatch.testing.fake_engine import FakeEngine
+from mmbatch.sources.files import LINKED_OUT, image_requests
+from mmbatch.sources.log import ListingLog
+from mmbatch.sources.paths import LINKED_OUT_FILES
 from mmbatch.types import MediaRef, Request, Sampling
 
 PROMPT = "Describe this image."
@@ -76,15 +80,15 @@ def imagefolder(photos: Path, hf_cache: Path, **kwargs: Any) -> Any:
 def builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The models of the engines built from here on, each a fake one: a test that must build
     none shows it, and one that needs an engine only for bookkeeping gets a fast one."""
-    from mmbatch.engine import registry
+    from mmbatch.engine import builder, registry
 
     built: list[str] = []
 
-    def fake(config, *args):  # type: ignore[no-untyped-def]
-        built.append(config.model)
+    def fake(host, *args):  # type: ignore[no-untyped-def]
+        built.append(host.config.model)
         return FakeEngine()
 
-    monkeypatch.setattr(registry, "build_engine", fake)
+    monkeypatch.setattr(builder, "start_engine", fake)
     yield built
     for key, (engine, _) in list(registry._ENGINES.items()):
         if isinstance(engine, FakeEngine):  # kept by the registry: gone with the test
@@ -133,12 +137,12 @@ def test_each_way_of_building_a_dataset_has_the_origin_its_paths_come_from(
     }
     trust = {name: origin_of(ds).trust for name, ds in cases.items()}
     assert trust == {
-        "imagefolder": "own",
-        "imagefolder after a map": "own",
-        "imagefolder held in memory": "own",
+        "imagefolder": "listed",
+        "imagefolder after a map": "listed",
+        "imagefolder held in memory": "listed",
         "from_dict": "own",
         "from_generator": "own",
-        "streamed imagefolder": "own",
+        "streamed imagefolder": "listed",
         "from_dict, streamed": "own",
         "parquet": "files",
         "parquet, streamed": "files",
@@ -146,6 +150,12 @@ def test_each_way_of_building_a_dataset_has_the_origin_its_paths_come_from(
         "parquet streamed from its file": "files",
     }
     assert origin_of(saved).folders == (str(tmp_path / "saved"),)
+    # The folder listed, and the data files' folder, whichever way the rows are read.
+    for name in ("imagefolder", "imagefolder after a map", "streamed imagefolder"):
+        assert origin_of(cases[name]).folder == str(photos), name
+    for name in ("parquet", "parquet streamed from its file"):
+        assert origin_of(cases[name]).folders == (str(tmp_path),), name
+        assert origin_of(cases[name]).folder == str(tmp_path), name
     assert origin_of([1, 2]).trust == "unknown"
 
 
@@ -166,14 +176,14 @@ def test_the_dataset_a_map_runs_on_is_found_in_datasets_own_frames(
 
     local.map(record, batched=True, batch_size=2)
     list(local.to_iterable_dataset().map(record, batched=True, batch_size=2))
-    assert set(seen) == {"own"}
+    assert set(seen) == {"listed"}
     assert len(seen) == 3 + 3
     with_workers = local.map(
         lambda batch: {"trust": [origin_of(mapped_dataset()).trust] * len(batch["image"])},
         batched=True,
         num_proc=2,
     )
-    assert set(with_workers["trust"]) == {"own"}
+    assert set(with_workers["trust"]) == {"listed"}
     assert mapped_dataset() is None  # not inside a map
 
 
@@ -214,6 +224,121 @@ def test_a_map_over_an_imagefolder_reads_its_paths_and_files_from_elsewhere_stay
     assert f"DatasetMap(..., allowed_paths=[{str(photos)!r}])" in said
     allowed = DatasetMap("fake", PROMPT, allowed_paths=[str(photos)])
     assert shared.map(allowed, batched=True)["error"] == [""] * len(GOOD)
+
+
+def test_an_imagefolders_link_out_of_its_folder_is_not_read_by_any_face(
+    photos: Path,
+    hf_cache: Path,
+    tmp_path: Path,
+    samples: Path,
+    builds: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A file symlink in an imagefolder that leads out of it: each datasets face makes its
+    row an error, for the reason a walk of the command passes it over, and opens nothing
+    there; links inside the folder (and across its subfolders) are read as the command
+    reads them."""
+    secret = tmp_path / "elsewhere" / "secret.png"
+    secret.parent.mkdir()
+    shutil.copy(samples / "checkerboard.png", secret)
+    (photos / "out.png").symlink_to(secret)
+    (photos / "sub").mkdir()
+    (photos / "sub" / "same.jpg").symlink_to(photos / "sunset.jpg")
+    opened: list[str] = []
+    real_open = os.open
+
+    def recorded(name: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.path.realpath(name))
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recorded)
+    ds = imagefolder(photos, hf_cache)
+    names = [Path(c["path"]).relative_to(photos).as_posix() for c in ds["image"]]
+    task = DatasetMap("fake", PROMPT)
+    stream = datasets.load_dataset(
+        "imagefolder", data_dir=str(photos), split="train", streaming=True
+    ).cast_column("image", datasets.Image(decode=False))
+    faces = {
+        "map": ds.map(task, batched=True, batch_size=3, with_indices=True)["error"],
+        "run_dataset": run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)["error"],
+        "stream": [row["error"] for row in stream.map(task, batched=True, with_indices=True)],
+    }
+    out = names.index("out.png")
+    for face, errors in faces.items():
+        error = errors[out]
+        assert error.startswith(f"source: row {out}: {str(photos / 'out.png')!r} leads to "), face
+        assert f"out of the folder {photos} that was listed; {LINKED_OUT_FILES}" in error, face
+        assert "allow where it leads with DatasetMap(allowed_paths=[DIR])" in error, face
+        assert errors[names.index("sub/same.jpg")] == "", face
+        assert errors[names.index("sunset.jpg")] == "", face
+    assert str(secret) not in opened
+    # The command passes the same link over, for the same reason.
+    log = ListingLog()
+    listed = image_requests([str(photos)], PROMPT, log=log)
+    assert "out.png" not in {Path(r.id).name for r in listed}
+    assert log.skipped[LINKED_OUT] == 1
+    assert LINKED_OUT.startswith(LINKED_OUT_FILES)
+    # Allowed where it leads, it is read.
+    allowed = DatasetMap("fake", PROMPT, allowed_paths=[str(secret.parent)])
+    assert ds.map(allowed, batched=True)["error"][out] == ""
+
+
+def test_a_parquet_files_relative_cells_are_relative_to_its_folder_in_both_faces(
+    tmp_path: Path,
+    samples: Path,
+    hf_cache: Path,
+    builds: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Parquet loaded with ``load_dataset("parquet", data_files=...)``, its cells naming the
+    pictures beside it (relative, and absolute), read from another working directory:
+    captions, not refusals, from ``ds.map``, ``run_dataset`` and a stream, as ``mmbatch
+    caption`` reads the file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    data = tmp_path / "data"
+    (data / "pics").mkdir(parents=True)
+    for name in GOOD:
+        shutil.copy(samples / name, data / "pics" / name)
+    cells = [{"bytes": None, "path": f"pics/{name}"} for name in GOOD[:-1]]
+    cells.append({"bytes": None, "path": str(data / "pics" / GOOD[-1])})
+    pq.write_table(pa.table({"image": pa.array(cells, image)}), data / "d.parquet")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    load = {"data_files": str(data / "d.parquet"), "split": "train"}
+    ds = datasets.load_dataset("parquet", cache_dir=str(hf_cache), **load)
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    stream = datasets.load_dataset("parquet", streaming=True, **load)
+    stream = stream.cast_column("image", datasets.Image(decode=False))
+    task = DatasetMap("fake", PROMPT)
+    assert ds[0]["image"] == {"bytes": None, "path": "pics/sunset.jpg"}
+    faces = {
+        "map": ds.map(task, batched=True),
+        "run_dataset": run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET),
+        "stream map": datasets.Dataset.from_list(list(stream.map(task, batched=True))),
+        "stream run_dataset": run_dataset(stream, task, cache_dir=tmp_path / "s", run=QUIET),
+    }
+    for face, out in faces.items():
+        assert out["error"] == [""] * len(GOOD), face
+        assert len(set(out["text"])) == len(GOOD), face
+    # The same texts as the command gives the file.
+    argv = ["caption", str(data / "d.parquet"), "--image-column", "image", "--model", "fake"]
+    argv += ["--prompt", PROMPT]
+    assert main([*argv, "--no-progress", "--out", str(tmp_path / "o.jsonl")], FakeEngine()) == 0
+    rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in rows] == list(faces["map"]["text"])
+    # A cell that leaves the data files' folder is still refused.
+    (tmp_path / "secret.png").write_bytes((samples / "checkerboard.png").read_bytes())
+    up = pa.array([{"bytes": None, "path": "../secret.png"}], image)
+    pq.write_table(pa.table({"image": up}), data / "up.parquet")
+    refused = datasets.load_dataset(
+        "parquet", data_files=str(data / "up.parquet"), split="train", cache_dir=str(hf_cache)
+    )
+    [error] = refused.map(task, batched=True)["error"]
+    assert f"leads to {tmp_path / 'secret.png'}, outside the input's folder {data}" in error
 
 
 def test_a_call_that_cannot_see_its_dataset_stops_at_a_path_cell_with_the_fix(
@@ -312,6 +437,138 @@ def test_a_finished_job_is_loaded_from_the_cache_and_load_from_cache_file_false_
     assert other.num_rows == 2
     run_dataset(ds, DatasetMap("fake", PROMPT), cache_dir=tmp_path, load_from_cache_file=False)
     assert ran == [1, 1]
+
+
+def test_a_finished_jobs_columns_that_are_not_its_own_are_named_with_the_fix(
+    tmp_path: Path, builds: list[str]
+) -> None:
+    """A ``columns.arrow`` cut short, another job's, an Arrow file of other columns and rows,
+    or bytes that are no Arrow: one line naming the folder and how to run again, never
+    pyarrow's or datasets' own exception; ``load_from_cache_file=False`` then runs it."""
+    import pyarrow as pa
+
+    ds = datasets.Dataset.from_dict({"image": pictures(3)})
+    task = DatasetMap("fake", PROMPT)
+    texts = list(run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)["text"])
+    assert len(set(texts)) == 3
+    [columns] = list((tmp_path / "jobs").rglob("columns.arrow"))
+    good = columns.read_bytes()
+    other = datasets.Dataset.from_dict({"image": pictures(2)})
+    run_dataset(other, task, cache_dir=tmp_path / "other", run=QUIET)
+    [others] = list((tmp_path / "other").rglob("columns.arrow"))
+    foreign = tmp_path / "foreign.arrow"
+    table = pa.table({"label": [1, 2, 3, 4, 5]})
+    with pa.OSFile(str(foreign), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    corruptions = {
+        "truncated": (good[: len(good) // 2], "it cannot be read"),
+        "another job's": (others.read_bytes(), "it holds 2 rows, the dataset 3"),
+        "foreign": (foreign.read_bytes(), "its columns are label, not text, error"),
+        "garbage": (b"\x00garbage, not Arrow" * 50, "it cannot be read"),
+    }
+    for name, (data, why) in corruptions.items():
+        columns.write_bytes(data)
+        with pytest.raises(ConfigError) as refused:
+            run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)
+        message = str(refused.value)
+        assert "\n" not in message, name
+        assert f"the finished job's columns {columns} are not this job's ({why}" in message, name
+        assert "run_dataset(..., load_from_cache_file=False)" in message, name
+        assert str(columns.parent) in message, name
+    # The record beside them says whose job the folder holds.
+    columns.write_bytes(good)
+    record = columns.parent / "rows.jsonl.job.json"
+    kept = record.read_text()
+    record.write_text(kept.replace(ds._fingerprint, "another dataset"))
+    with pytest.raises(ConfigError, match=r"its job record rows.jsonl.job.json is another job's"):
+        run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)
+    record.write_text(kept)
+    assert run_dataset(ds, task, cache_dir=tmp_path / "jobs", run=QUIET)["text"] == texts
+    columns.write_bytes(b"garbage")
+    again = run_dataset(
+        ds, task, cache_dir=tmp_path / "jobs", load_from_cache_file=False, run=QUIET
+    )
+    assert list(again["text"]) == texts
+
+
+def pictures(count: int) -> list[dict[str, Any]]:
+    """``count`` distinct small PNGs as undecoded cells: the fake engine's text names each."""
+    import io
+
+    from PIL import Image
+
+    cells = []
+    for index in range(count):
+        data = io.BytesIO()
+        Image.new("RGB", (8, 8), (index * 40, 0, 0)).save(data, format="PNG")
+        cells.append({"bytes": data.getvalue(), "path": f"p{index}.png"})
+    return cells
+
+
+@pytest.mark.parametrize("position", ["saved", "not savable"])
+def test_a_stream_stopped_mid_window_resumes_with_every_row_once(
+    tmp_path: Path,
+    builds: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    position: str,
+) -> None:
+    """Stopped while writing the second of three windows, then run again: the first window
+    is not read or run again, and every row of the stream is in the result once, in order.
+    A stream whose position cannot be saved is read past the windows already written."""
+    monkeypatch.setattr(dataset_streams, "WINDOW_ROWS", 2)
+    if position == "not savable":
+
+        def no_state(self: Any) -> Any:
+            raise NotImplementedError("no state for this stream")
+
+        monkeypatch.setattr(datasets.IterableDataset, "state_dict", no_state)
+    cells = pictures(6)
+    table = datasets.Dataset.from_dict({"image": cells})
+    table = table.cast_column("image", datasets.Image(decode=False))
+    task = DatasetMap("fake", PROMPT)
+    whole = run_dataset(table.to_iterable_dataset(), task, cache_dir=tmp_path / "w", run=QUIET)
+    assert whole["error"] == [""] * 6
+    assert len(set(whole["text"])) == 6
+    real_write = dataset_streams._write_window
+    writes: list[str] = []
+
+    def stop_in_the_second(rows: Any, raw: Any, path: Path) -> int:
+        writes.append(path.name)
+        if len(writes) == 2:
+            next(rows)  # one row of the window read, then the job is stopped
+            raise KeyboardInterrupt
+        return real_write(rows, raw, path)
+
+    monkeypatch.setattr(dataset_streams, "_write_window", stop_in_the_second)
+    cache = tmp_path / "stopped"
+    with pytest.raises(KeyboardInterrupt):
+        run_dataset(table.to_iterable_dataset(), task, cache_dir=cache, run=QUIET)
+    monkeypatch.setattr(dataset_streams, "_write_window", real_write)
+    [folder] = [p.parent for p in cache.rglob("stream.json")]
+    saved = json.loads((folder / "stream.json").read_text())
+    assert (saved["windows"], saved["ended"]) == (1, False)
+    assert (saved["position"] is None) == (position == "not savable")
+    [first] = list(folder.glob("jobs/*/columns.arrow"))
+    done = first.stat().st_mtime_ns
+    real_resumed = dataset_streams._resumed
+    read: list[str] = []
+
+    def recorded(*args: Any) -> Iterator[dict[str, Any]]:
+        for row in real_resumed(*args):
+            read.append(row["image"]["path"])
+            yield row
+
+    monkeypatch.setattr(dataset_streams, "_resumed", recorded)
+    out = run_dataset(table.to_iterable_dataset(), task, cache_dir=cache, run=QUIET)
+    assert [c["path"] for c in out["image"]] == [c["path"] for c in cells]
+    assert out["text"] == whole["text"]
+    assert out["error"] == [""] * 6
+    assert first.stat().st_mtime_ns == done  # the first window's job was not run again
+    # Read on from where the stream stood; a stream that cannot say where reads past the
+    # rows of the windows written (they are not in what is yielded).
+    assert read == [c["path"] for c in cells[2:]]
+    jobs = sorted(folder.glob("jobs/*/rows.jsonl"))
+    assert [len(f.read_text().splitlines()) for f in jobs] == [2, 2, 2]
 
 
 # -- the tiny model ----------------------------------------------------------------------

@@ -384,9 +384,9 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     above): keying, packing, unpacking, error rows and the fixed output schema."""
     import pyarrow as pa
     import pyarrow.compute as pc
+    from fake_engine import FakeEngine, expected_text
 
     from mmbatch.integrations import ray_data
-    from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
     rows = [
         {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": "p"},
@@ -426,10 +426,10 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
 
 def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_path: Path) -> None:
     import pyarrow as pa
+    from fake_engine import FakeEngine, expected_text
 
     from mmbatch.integrations import ray_data
     from mmbatch.recipe.spec import load_recipe
-    from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
     recipe_file = tmp_path / "two.toml"
     recipe_file.write_text(TWO_QUESTIONS)

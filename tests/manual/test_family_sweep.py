@@ -1,5 +1,5 @@
 """Every tiny family through ``mmbatch caption`` with the budget's counts: the families
-``tests/testing/test_families.py`` leaves to this tier (it runs two), and a clip on
+``tests/tiny_models/test_families.py`` leaves to this tier (it runs two), and a clip on
 Qwen2.5-VL (``tests/media/test_media_end_to_end.py`` runs clips on Qwen2-VL)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_a_clip_on_qwen2_5_vl_with_its_metadata(
 ) -> None:
     # In a subprocess like the other CLI tests: a second in-process engine, once collected,
     # would tear down the distributed state the session's engines share.
-    from mmbatch.testing.tiny_models import build_tiny_model
+    from mmbatch.tiny_models import build_tiny_model
 
     model = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2_5-vl"), family="qwen2_5_vl")
     out = tmp_path / "clip.jsonl"

@@ -1,6 +1,8 @@
 import json
 from pathlib import Path
 
+from fake_engine import FakeEngine
+
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.media.decode import ImageFileJob, decode
 from mmbatch.media.hashing import media_key
@@ -8,7 +10,6 @@ from mmbatch.media.keys import Keyer
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import ItemError, MediaRef, Request
 
 OPTS = ImageOptions().cache_token()

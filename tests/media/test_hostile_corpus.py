@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine, expected_text
 from hostile_media import (
     CORPUS_ARGS,
     ENGINE_DEPENDENT,
@@ -17,6 +18,7 @@ from hostile_media import (
     make_hostile_corpus,
     make_thin_strip,
 )
+from media_loader import MediaLoader
 
 from mmbatch.cli import EXIT_ITEMS_FAILED
 from mmbatch.jsonl import printable
@@ -24,8 +26,6 @@ from mmbatch.media.image import decode_image
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.testing.media_loader import MediaLoader
 from mmbatch.types import MediaRef, Request, Sampling
 
 

@@ -6,13 +6,13 @@ import re
 from pathlib import Path
 
 import pytest
+from media_loader import MediaLoader
 from PIL import Image
 
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.sources.cells import BadCell, media_ref
 from mmbatch.sources.paths import LocalPaths, file_id
-from mmbatch.testing.media_loader import MediaLoader
 from mmbatch.types import MediaRef, Request
 
 

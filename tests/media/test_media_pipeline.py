@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fake_engine import FakeEngine, expected_text
 from media_files import cfr_video, frame_number, write_audio
+from media_loader import MediaLoader
 
 import mmbatch.media.video as video_module
 from mmbatch.media.options import AudioOptions, MediaOptions, VideoOptions
 from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.sources.timeline import audio_requests, frame_requests
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
-from mmbatch.testing.media_loader import MediaLoader
 from mmbatch.types import MediaRef, Request, Sampling
 
 

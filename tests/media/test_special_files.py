@@ -88,9 +88,10 @@ def test_frame_jobs_refuse_a_fifo_while_listing(av_fifos: Path, tmp_path: Path) 
 
 
 def test_clips_and_audio_refuse_a_fifo(av_fifos: Path) -> None:
+    from media_loader import MediaLoader
+
     from mmbatch.media.options import AudioOptions
     from mmbatch.sources.timeline import audio_requests
-    from mmbatch.testing.media_loader import MediaLoader
     from mmbatch.types import MediaRef, Request
 
     [audio] = audio_requests([str(av_fifos / "d.wav")], AudioOptions(), "Listen.")

@@ -223,11 +223,11 @@ def test_the_video_pixel_cap_holds_for_frame_jobs_and_clips(cfr: Path, tmp_path:
     import json
 
     from fake_cli import main
+    from fake_engine import FakeEngine
+    from media_loader import MediaLoader
 
     from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
     from mmbatch.media.options import MediaOptions
-    from mmbatch.testing.fake_engine import FakeEngine
-    from mmbatch.testing.media_loader import MediaLoader
     from mmbatch.types import MediaRef, Request
 
     out = tmp_path / "frames.jsonl"
@@ -248,9 +248,9 @@ def test_a_truncated_video_whose_index_comes_first_is_flagged(tmp_path: Path) ->
     import json
 
     from fake_cli import main
+    from media_loader import MediaLoader
 
     from mmbatch.cli import EXIT_OK
-    from mmbatch.testing.media_loader import MediaLoader
     from mmbatch.types import MediaRef, Request
 
     whole = cfr_video(tmp_path / "whole.mp4", frames=125, faststart=True)

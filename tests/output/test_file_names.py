@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine, expected_text
 from media_files import cfr_video
 
 from mmbatch import cli
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
 from mmbatch.jsonl import printable
 from mmbatch.output.formats import read_output
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
 
 GOOD = os.fsdecode(b"x_\xff.jpg")  # the str Python hands over for that name: "x_\udcff.jpg"
 BAD = os.fsdecode(b"bad_\xfe.jpg")
@@ -100,11 +100,42 @@ def test_the_gallery_shows_names_that_are_not_utf8(folder: Path, tmp_path: Path)
     assert html.count("data:image/jpeg;base64,") == 2  # the exact source found the file
 
 
-def test_two_names_that_escape_to_one_id_are_refused(tmp_path: Path) -> None:
-    from mmbatch.errors import SourceError
-    from mmbatch.sources.files import image_requests
+LOOKALIKE = "x_\\xff.jpg"
+"""A name of ten characters (a real backslash in it) spelling the id of ``GOOD``'s name."""
 
-    (tmp_path / GOOD).write_bytes(b"x")
-    (tmp_path / "x_\\xff.jpg").write_bytes(b"x")  # a name with a real backslash in it
-    with pytest.raises(SourceError, match="duplicate id"):
-        image_requests([str(tmp_path)], "p")
+
+def test_a_name_spelling_anothers_escape_has_an_id_of_its_own_on_every_run(
+    tmp_path: Path, samples: Path
+) -> None:
+    """The file dropped beside ``GOOD`` later neither stops the job (no "duplicate id") nor
+    takes ``GOOD``'s row on resume: each id is made from its own name alone (a backslash is
+    escaped too), so the ids are the same whichever file came first."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    (folder / GOOD).write_bytes((samples / "sunset.jpg").read_bytes())
+    out = tmp_path / "o.jsonl"
+    assert caption(folder, out) == EXIT_OK
+    first = out.read_text()
+    (folder / LOOKALIKE).write_bytes((samples / "arrow_exif_rotated.jpg").read_bytes())
+    assert caption(folder, out) == EXIT_OK  # resumed: GOOD's row kept, the new file's added
+    assert first in out.read_text()  # the row kept as it was written (the output in order)
+    rows = {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    good_id, lookalike_id = str(folder / "x_\\xff.jpg"), str(folder / "x_\\\\xff.jpg")
+    assert {i: row["source"] for i, row in rows.items()} == {
+        good_id: str(folder / GOOD),
+        lookalike_id: str(folder / LOOKALIKE),
+    }
+    for row in rows.values():  # each row is its own file's answer
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+    assert rows[good_id]["media_hash"] != rows[lookalike_id]["media_hash"]
+    fresh = tmp_path / "fresh.jsonl"  # both there from the start: the same ids
+    assert caption(folder, fresh) == EXIT_OK
+    assert {json.loads(line)["id"] for line in fresh.read_text().splitlines()} == set(rows)
+
+
+def test_frames_of_two_such_videos_have_ids_of_their_own(tmp_path: Path) -> None:
+    from mmbatch.sources.timeline import frame_id
+
+    odd, lookalike = str(tmp_path / os.fsdecode(b"v_\xff.mp4")), str(tmp_path / "v_\\xff.mp4")
+    assert frame_id(odd, 1.0) == printable(odd) + "@1.000"
+    assert frame_id(lookalike, 1.0) == str(tmp_path / "v_\\\\xff.mp4") + "@1.000"

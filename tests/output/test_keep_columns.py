@@ -9,13 +9,13 @@ from pathlib import Path
 import datasets
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.errors import SourceError
 from mmbatch.output.formats import read_output
 from mmbatch.sources.local_datasets import DatasetInput, dataset_requests
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture

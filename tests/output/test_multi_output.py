@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fake_engine import FakeEngine, Faults, expected_text
 from repo_paths import RECIPES
 
 from mmbatch.errors import SourceError
@@ -17,7 +18,6 @@ from mmbatch.output.sinks import MemorySink
 from mmbatch.pipeline import RunConfig, run_requests
 from mmbatch.recipe.requests import recipe_media, recipe_requests, recipe_shape
 from mmbatch.recipe.spec import load_recipe
-from mmbatch.testing.fake_engine import FakeEngine, Faults, expected_text
 from mmbatch.types import MediaRef, Request, Result, Sampling, Usage
 
 

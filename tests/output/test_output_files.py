@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from repo_paths import RECIPES
 
 from mmbatch import cli
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_OK
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_process_seconds_count_the_interpreters_start_up_before_mmbatchs_import(
     import sys
 
     code = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.5: pass\n"
-    code += "from mmbatch.output.clock import process_seconds; print(process_seconds())"
+    code += "from mmbatch.clock import process_seconds; print(process_seconds())"
     assert 0.5 <= process_seconds_of([sys.executable, "-c", code]) < 30
 
 
@@ -138,6 +138,6 @@ def test_process_seconds_do_not_count_what_ran_before_an_exec() -> None:
     import shlex
     import sys
 
-    code = "from mmbatch.output.clock import process_seconds; print(process_seconds())"
+    code = "from mmbatch.clock import process_seconds; print(process_seconds())"
     shell = f"sleep 2; exec {shlex.quote(sys.executable)} -c {shlex.quote(code)}"
     assert process_seconds_of(["bash", "-c", shell]) < 1.5

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine, Faults
 from PIL import Image
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
@@ -18,7 +19,6 @@ from mmbatch.output.formats import read_output
 from mmbatch.output.order import RowOrder
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
-from mmbatch.testing.fake_engine import FakeEngine, Faults
 
 NAMES = ["a.jpg", "b.png", "c.jpg", "d.png", "e.jpg", "f.png"]
 

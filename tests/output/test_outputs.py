@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import pyarrow.parquet as pq
 import pytest
+from fake_engine import FakeEngine
 
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, run_job
@@ -20,7 +21,6 @@ from mmbatch.output.summary import read_summary, write_summary
 from mmbatch.output.tables import TableSink
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import Sampling
 
 

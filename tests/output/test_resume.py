@@ -244,9 +244,9 @@ def test_force_never_touches_a_file_that_is_not_all_rows(
     tmp_path: Path, samples: Path, content: bytes
 ) -> None:
     from fake_cli import main
+    from fake_engine import FakeEngine
 
     from mmbatch.cli import EXIT_JOB_FAILED
-    from mmbatch.testing.fake_engine import FakeEngine
 
     out = tmp_path / "theirs.jsonl"
     out.write_bytes(content)

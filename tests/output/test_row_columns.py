@@ -1,4 +1,4 @@
-"""The columns of mmbatch's rows are declared once (``mmbatch.output.rows.COLUMNS``); what
+"""The columns of mmbatch's rows are declared once (``mmbatch.row_schema.COLUMNS``); what
 writes rows writes those columns, and what reads them asks there."""
 
 from __future__ import annotations
@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import datasets
+import pytest
 from media_files import cfr_video, truncated
 
+from mmbatch.errors import ConfigError
+from mmbatch.integrations.dataset_runs import run_dataset
+from mmbatch.integrations.hf_datasets import DatasetMap
 from mmbatch.media.options import VideoOptions
-from mmbatch.output.rows import (
-    COLUMN_NAMES,
-    FLAT,
-    FLAT_COLUMNS,
-    MEDIA_ONLY,
-    ItemRows,
-    output_row,
-)
+from mmbatch.output.rows import FLAT, MEDIA_ONLY, ItemRows, output_row
 from mmbatch.review.gallery import KNOWN_FIELDS
+from mmbatch.row_schema import COLUMN_NAMES, FLAT_COLUMNS, TOKEN_COLUMNS
 from mmbatch.sources.files import SourcePolicy
 from mmbatch.sources.timeline import frame_requests
 from mmbatch.types import MediaRef, Request, Result, Usage
@@ -69,3 +68,16 @@ def test_an_input_column_named_like_a_row_column_is_kept_beside_it(tmp_path: Pat
         assert columns["input_warning"] == "mine"
         assert columns["input_pts"] == 7
         assert {n for n in names if not n.startswith("input_")} <= COLUMN_NAMES
+
+
+@pytest.mark.parametrize("name", TOKEN_COLUMNS)
+def test_a_dataset_task_with_usage_never_overwrites_a_token_column(
+    name: str, tmp_path: Path
+) -> None:
+    """``DatasetMap(with_usage=True)`` writes the token columns by the row schema's names, so
+    a dataset already holding one of them is refused before anything runs."""
+    ds = datasets.Dataset.from_dict({"image": ["a.jpg"], name: [0]})
+    task = DatasetMap("fake", "Describe.", with_usage=True)
+    with pytest.raises(ConfigError, match=f"already has a column '{name}'"):
+        run_dataset(ds, task, cache_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []

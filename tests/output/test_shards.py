@@ -10,11 +10,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine, Faults
 from PIL import Image
 
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.output.formats import read_output
-from mmbatch.testing.fake_engine import FakeEngine, Faults
 
 NAMES = ["a.jpg", "b.png", "c.jpg", "d.png", "e.jpg"]
 

@@ -300,6 +300,24 @@ def test_every_sampling_range_problem_is_said_at_once(tmp_path: Path) -> None:
     assert "[sampling] n = 2: must be 1 at temperature 0" in message
 
 
+def test_a_hundred_thousand_problems_are_said_in_a_dozen_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every list of problems is cut alike (``mmbatch.validation.listed``): the first ten, then
+    how many more; the unknown keys of one table, on their one line, too."""
+    recipe = tmp_path / "many.toml"
+    keys = "".join(f"k{i} = 1\n" for i in range(100_000))
+    recipe.write_text(f'[prompt]\ntext = "x"\n[engine]\n{keys}[sampling]\n{keys}')
+    assert main(["check", str(recipe)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == f"mmbatch: error: {recipe}: 100,001 problems:"
+    assert len(lines) == 12
+    unknown = "unknown keys in [sampling]: 'k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7', "
+    assert lines[1].startswith(f"  {unknown}'k8', 'k9', ... and 99,990 more (known: max_tokens")
+    assert [line.split(":")[0] for line in lines[2:11]] == [f"  [engine] k{i}" for i in range(9)]
+    assert lines[11] == "  ... and 99,991 more"
+
+
 @pytest.mark.parametrize(
     ("table", "line", "key"),
     [

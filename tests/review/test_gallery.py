@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from browser import browse
+from fake_engine import FakeEngine
 from PIL import Image
 
 from mmbatch.cli import main
@@ -21,7 +22,6 @@ from mmbatch.pipeline import RunConfig
 from mmbatch.review.gallery import render
 from mmbatch.review.thumbnails import NoPreview
 from mmbatch.sources.files import image_requests
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import Sampling
 
 HOSTILE = '<script>document.title="owned"</script> & <b>bold</b>'

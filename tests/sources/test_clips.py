@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from error_line import one_error
 from fake_cli import main
+from fake_engine import FakeEngine
 from media_files import (
     VFR_PTS_MS,
     cfr_video,
@@ -27,7 +28,6 @@ from mmbatch.media.video import index_video, sample_frames
 from mmbatch.output.formats import read_output
 from mmbatch.sources.clips import ClipSplit, clip_requests, clip_spans, pick_frame
 from mmbatch.sources.log import ListingLog
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import ClipSpan, FrameAt, MediaItem
 
 RED, GREEN, BLUE, YELLOW = (200, 30, 30), (30, 200, 30), (30, 30, 200), (220, 220, 40)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from error_line import one_error
 from fake_cli import main
+from fake_engine import FakeEngine
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED
 from mmbatch.cli import main as real_main
 from mmbatch.errors import ConfigError
 from mmbatch.recipe.spec import parse_recipe
-from mmbatch.testing.fake_engine import FakeEngine
 
 NUL_PATHS = ["a\0.jpg", "file:///tmp/x%00.jpg", "ok.jpg\0../../secret.jpg"]
 """Paths no file can have; the first is how JSON's ``\\u0000`` escape reads."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from media_files import cfr_video, native_clock_video, truncated
 from PIL import Image
 
@@ -21,7 +22,6 @@ from mmbatch.media.options import ImageOptions, VideoOptions
 from mmbatch.sources.files import image_requests
 from mmbatch.sources.log import ListingLog
 from mmbatch.sources.timeline import clip_cap_note, frame_requests
-from mmbatch.testing.fake_engine import FakeEngine
 
 EPS = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\nshowpage\n"
 

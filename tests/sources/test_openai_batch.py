@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_engine import FakeEngine, expected_text
 
 from mmbatch.errors import SourceError
 from mmbatch.jobs import Job, run_in_memory
-from mmbatch.output.openai_batch import OpenAIBatchShape
+from mmbatch.openai_batch.reader import read_batch
+from mmbatch.openai_batch.writer import OpenAIBatchShape
 from mmbatch.pipeline import RunConfig
-from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths
-from mmbatch.testing.fake_engine import FakeEngine, expected_text
 from mmbatch.types import Request, Result, Sampling, TokenLogprob, Turn, Usage
 
 
@@ -120,6 +120,11 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
             "unsupported parameter(s): 'logit_bias', 'tools'",
         ),
         (line("x", "hi", frobnicate=1), "unsupported parameter(s): 'frobnicate'"),
+        (
+            line("x", "hi", **{f"p{i:02}": 1 for i in range(30)}),
+            "unsupported parameter(s): 'p00', 'p01', 'p02', 'p03', 'p04', 'p05', 'p06', 'p07', "
+            "'p08', 'p09', ... and 20 more",
+        ),
         (line("x", "hi", top_logprobs=2), "`logprobs` must be set to true"),
         (line("x", "hi", top_logprobs=-2, logprobs=True), "`top_logprobs` must be a positive"),
         (line("x", "hi", temperature="warm"), "temperature must be a number"),

@@ -7,22 +7,24 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 
 from mmbatch.cli import EXIT_OK
 from mmbatch.errors import MediaError, SourceError
 from mmbatch.jobs import Job, run_in_memory
+from mmbatch.media.fetch import read_file
 from mmbatch.media.options import VideoOptions
 from mmbatch.media.video import decode_frames, index_video
+from mmbatch.openai_batch.reader import read_batch
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import LINKED_OUT, SourcePolicy, image_requests
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths, file_id
 from mmbatch.sources.timeline import frame_requests
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 @pytest.fixture
@@ -191,3 +193,31 @@ def test_a_path_that_leads_nowhere_when_listed_is_its_rows_error(
     (folder / "late.jpg").symlink_to(secret)
     [row] = run([request])
     assert row["error"]["kind"] == "unreadable"
+
+
+def test_a_link_swapped_between_the_check_and_the_open_is_not_read(
+    tmp_path: Path, samples: Path, secret: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swap lands after the check made before opening, right before the open itself:
+    only the comparison made on the open descriptor can see it."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        shutil.copyfile(samples / "sunset.jpg", folder / name)
+    a, b = image_requests([str(folder)], "p")
+    real_open = os.open
+    swaps: list[str] = []
+
+    def swap_then_open(name: Any, *args: Any, **kwargs: Any) -> int:
+        if Path(name).parent == folder and name not in swaps:
+            swaps.append(name)
+            swap_for_link(Path(name), secret)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    with pytest.raises(MediaError, match="no longer the file checked") as caught:
+        read_file(a.media[0].source, pinned=a.media[0].pinned)
+    assert (caught.value.stage, caught.value.kind) == ("source", "not_allowed")
+    [row] = run([b])
+    assert_not_read(row, folder / "b.jpg")
+    assert swaps == [str(folder / "a.jpg"), str(folder / "b.jpg")]

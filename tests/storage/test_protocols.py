@@ -17,18 +17,18 @@ from typing import Any
 import fsspec
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 
 from mmbatch import cli
 from mmbatch.errors import ConfigError, MediaError, SourceError, StorageError
 from mmbatch.media.fetch import read_source
+from mmbatch.openai_batch.reader import read_batch
 from mmbatch.output.file_output import FileOutput
 from mmbatch.sources.files import SourcePolicy, image_requests
 from mmbatch.sources.local_datasets import DatasetInput, dataset_requests
-from mmbatch.sources.openai_batch import read_batch
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.storage import objects
 from mmbatch.storage.urls import PROTOCOLS, is_storage_url, unsupported
-from mmbatch.testing.fake_engine import FakeEngine
 from mmbatch.types import ItemError
 
 OTHERS = sorted(set(fsspec.available_protocols()) - set(PROTOCOLS))

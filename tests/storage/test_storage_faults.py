@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from repo_paths import FAKE_CLI
 from s3_server import Bucket, S3Server, faulty_proxy
 from test_kill_resume import make_inputs
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED
 from mmbatch.storage import objects
-from mmbatch.testing.fake_engine import FakeEngine
 
 
 def test_a_denied_or_cut_short_object_is_its_rows_error_and_the_job_goes_on(

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine
 from media_files import cfr_video
 from s3_server import Bucket
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
-from mmbatch.testing.fake_engine import FakeEngine
 
 PICTURES = ("sunset.jpg", "checkerboard.png", "shapes_alpha.png", "truncated.jpg")
 
@@ -117,6 +117,42 @@ def test_a_manifest_in_storage_names_objects_under_its_prefix_only(
     assert rows["climbs-out"]["error"] is None  # it leads into s3://bucket/other
     assert rows["local"]["error"] is None
     assert rows["elsewhere"]["media_hash"] == rows["relative"]["media_hash"]
+
+
+def test_a_protocol_in_capitals_is_the_same_store_and_a_password_in_a_url_is_never_said(
+    s3: Bucket, samples: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s3.put("data/img/sunset.jpg", (samples / "sunset.jpg").read_bytes())
+    upper = s3.url("data/img/sunset.jpg").replace("s3://", "S3://")
+    login = s3.url("data/img/sunset.jpg").replace("s3://", "s3://user:pa55word@")
+    lines = [
+        {"id": "capitals", "path": upper},
+        {"path": login},
+        {"path": "https://user:pa55word@127.0.0.1:9/x.jpg"},
+    ]
+    s3.put("data/items.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode())
+    manifest = s3.url("data/items.jsonl").replace("s3://", "S3://")
+    out = s3.url("out/rows.jsonl").replace("s3://", "S3://")
+    assert run("caption", manifest, "--out", out, "--allow-urls") == EXIT_ITEMS_FAILED
+    rows = [json.loads(line) for line in s3.get("out/rows.jsonl").splitlines()]
+    assert rows[0]["id"] == "capitals"
+    assert rows[0]["error"] is None
+    assert rows[0]["source"] == s3.url("data/img/sunset.jpg")
+    assert rows[1]["source"] == s3.url("data/img/sunset.jpg")
+    assert rows[1]["error"]["kind"] == "not_allowed"
+    assert "user name or password" in rows[1]["error"]["message"]
+    assert rows[2]["source"] == "https://127.0.0.1:9/x.jpg"
+    assert "user name or password" in rows[2]["error"]["message"]
+    login_out = s3.url("out/other.jsonl").replace("s3://", "s3://user:pa55word@")
+    assert run("caption", manifest, "--out", login_out) == EXIT_JOB_FAILED
+    assert run("caption", login, "--out", s3.url("out/more.jsonl")) == EXIT_JOB_FAILED
+    said = capsys.readouterr()
+    assert said.err.count("user name or password") == 2
+    assert not [key for key in s3.keys("out") if not key.startswith("out/rows.jsonl")]
+    written = b"".join(s3.get(key) for key in s3.keys("out"))
+    assert b"user name or password" in written  # the quarantine is in the store
+    for text in (said.out, said.err, written.decode(errors="replace")):
+        assert "pa55word" not in text
 
 
 def test_a_local_manifest_reaches_storage_only_where_the_command_line_allows(

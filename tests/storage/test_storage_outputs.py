@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from fake_cli import main
+from fake_engine import FakeEngine, Faults
 from s3_server import Bucket
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED
 from mmbatch.output.formats import read_output
-from mmbatch.testing.fake_engine import FakeEngine, Faults
 
 PICTURES = ("sunset.jpg", "checkerboard.png", "shapes_alpha.png", "truncated.jpg")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from mmbatch.storage.redaction import redact
 from mmbatch.storage.urls import (
     is_inside,
     is_storage_url,
@@ -12,8 +13,8 @@ from mmbatch.storage.urls import (
     name,
     normalised,
     parent,
-    redact,
     shown,
+    spelled,
 )
 
 
@@ -80,3 +81,13 @@ def test_messages_show_no_password_and_no_secret(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     said = redact("signature for s3cr3t-value-123 in us-east-1 does not match")
     assert said == "signature for *** in us-east-1 does not match"
+
+
+def test_a_protocol_is_one_name_whatever_its_case_and_a_login_is_refused() -> None:
+    assert normalised("S3://b/p/x.jpg") == "s3://b/p/x.jpg"
+    assert spelled("GS://b/X.jpg") == "gs://b/X.jpg"  # the key keeps its case
+    assert is_inside("S3://b/data/x.jpg", "s3://b/data")
+    assert shown("S3://user:pw@b/x") == "s3://b/x"
+    with pytest.raises(ValueError, match="user name or password") as refused:
+        normalised("s3://user:pa55word@b/data/x.jpg")
+    assert "pa55word" not in str(refused.value)

@@ -26,7 +26,7 @@ import pytest
 from budgets import budget_for
 
 from mmbatch.media.options import scaled_size
-from mmbatch.testing.tiny_models import FAMILY_MEDIA, build_tiny_model
+from mmbatch.tiny_models import FAMILY_MEDIA, build_tiny_model
 from mmbatch.types import MediaItem
 
 pytestmark = pytest.mark.slow

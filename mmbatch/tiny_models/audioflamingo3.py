@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mmbatch.testing.tiny_models._common import (
+from mmbatch.tiny_models._common import (
     WHISPER_POSITIONS,
     prepare_dir,
     qwen2_text,
@@ -22,7 +22,7 @@ from mmbatch.testing.tiny_models._common import (
     write_checkpoint,
     write_json,
 )
-from mmbatch.testing.tiny_models.chat_templates import chatml_template
+from mmbatch.tiny_models.chat_templates import chatml_template
 
 if TYPE_CHECKING:
     from pathlib import Path

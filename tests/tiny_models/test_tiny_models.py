@@ -1,9 +1,9 @@
-"""mmbatch.testing.tiny_models: offline model directories that real vLLM and transformers load.
+"""mmbatch.tiny_models: offline model directories that real vLLM and transformers load.
 
 Fast tests check the files (same seed, same bytes), the tokenizer layout, the processors and
 the real-shape directories (vLLM's configuration accepts each, without weights). The ``slow``
 tests start vLLM's CPU engine on the Qwen families, one engine at a time, and check that
-greedy generation works and repeats itself exactly; tests/testing/test_families.py (two
+greedy generation works and repeats itself exactly; tests/tiny_models/test_families.py (two
 families) and tests/manual/test_family_sweep.py (the rest) run every other family through
 ``mmbatch caption``.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from mmbatch.errors import ConfigError
-from mmbatch.testing.tiny_models import (
+from mmbatch.tiny_models import (
     FAMILIES,
     FAMILY_MEDIA,
     QWEN_SPECIAL_TOKENS,
@@ -116,7 +116,7 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def test_import_loads_no_heavy_module() -> None:
     code = (
-        "import sys, mmbatch.testing.tiny_models\n"
+        "import sys, mmbatch.tiny_models\n"
         "heavy = [m for m in ('torch', 'transformers', 'tokenizers', 'safetensors', 'vllm',"
         " 'numpy', 'PIL') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
@@ -350,7 +350,7 @@ def test_vl_processor_renders_the_template_and_caps_images_at_8_tokens(
 def family_module(family: str) -> Any:
     import importlib
 
-    return importlib.import_module(f"mmbatch.testing.tiny_models.{family}")
+    return importlib.import_module(f"mmbatch.tiny_models.{family}")
 
 
 @pytest.mark.parametrize("family", OTHER_FAMILIES)
@@ -415,7 +415,7 @@ def test_audio_processor_makes_25_tokens_per_second(model_dirs: ModelDirs) -> No
     import numpy as np
     from transformers import AutoProcessor
 
-    from mmbatch.testing.tiny_models.qwen_audio import audio_token_count
+    from mmbatch.tiny_models.qwen_audio import audio_token_count
 
     processor = AutoProcessor.from_pretrained(model_dirs.tiny("qwen2_audio"))
     prompt = processor.apply_chat_template(
@@ -554,7 +554,7 @@ def test_gemma3_4b_real_shape_tokenizer_processor_and_vllm_config(model_dirs: Mo
     from mmbatch.engine.budget import ItemCount
     from mmbatch.engine.config import EngineConfig
     from mmbatch.engine.vllm import engine_args
-    from mmbatch.testing.tiny_models.real_shapes import GEMMA_SPECIAL_TOKENS
+    from mmbatch.tiny_models.real_shapes import GEMMA_SPECIAL_TOKENS
 
     path = model_dirs.real("gemma3_4b")
     processor = AutoProcessor.from_pretrained(path)

@@ -1,6 +1,6 @@
 """Do interrupted and differently laid-out runs write the texts of one uninterrupted run?
 
-``python -m mmbatch.bench.invariance_check --model M --images 600 --out REPORT.json --
+``python benchmarks/invariance_check.py --model M --images 600 --out REPORT.json --
 [caption flags]`` captions W1-like pictures greedily with ``mmbatch caption`` three times,
 with the same flags (add ``--batch-invariant`` to check vLLM's batch-invariant mode):
 

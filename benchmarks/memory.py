@@ -1,6 +1,6 @@
 """Peak memory of a caption job over large photos: does the byte budget hold?
 
-    python -m mmbatch.bench.memory --photos 600 --megapixels 6 --out memory.json
+    python benchmarks/memory.py --photos 600 --megapixels 6 --out memory.json
 
 Writes ``--photos`` JPEGs of ``--megapixels`` (a smooth gradient under light noise, about
 what a camera's file weighs), builds a tiny model unless ``--model`` names one, runs
@@ -97,7 +97,7 @@ def caption_command(folder: Path, model: str, work: Path, extra: list[str]) -> l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmbatch.bench.memory")
+    parser = argparse.ArgumentParser(prog="python benchmarks/memory.py")
     parser.add_argument("--photos", type=int, default=600)
     parser.add_argument("--megapixels", type=float, default=6.0)
     parser.add_argument("--model", default=None, help="default: a tiny model built here")
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     photos = make_photos(work / f"photos-{args.megapixels:g}mp", args.photos, args.megapixels)
     model = args.model
     if model is None:
-        from mmbatch.testing.tiny_models import build_tiny_model
+        from mmbatch.tiny_models import build_tiny_model
 
         model = str(build_tiny_model(work / "tiny-model", family="qwen2_vl", seed=0))
     # The same job over one small photo: what the engine and the interpreters hold anyway.
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     command = caption_command(photos[0].parent, model, work, args.caption_args)
     peak, wall, code = measure(command)
     report: dict[str, Any] = {
-        "command": "python -m mmbatch.bench.memory " + " ".join(argv or sys.argv[1:]),
+        "command": "python benchmarks/memory.py " + " ".join(argv or sys.argv[1:]),
         "job": command[2:],
         "machine": {"host": platform.node(), "cpus": os.cpu_count()},
         "photos": args.photos,

@@ -1,6 +1,6 @@
 """Decode benchmark: 8 frames sampled by seeking against decoding every frame, same run.
 
-    python -m mmbatch.bench.video_decode [--minutes 10] [--height 1080] [--video PATH]
+    python benchmarks/video_decode.py [--minutes 10] [--height 1080] [--video PATH]
 
 Writes a synthetic video (default: 10 minutes of 1080p at 25 fps, H.264 with x264's default
 key frame interval of 250 frames, a moving texture so the decoder does real work), then
@@ -96,7 +96,7 @@ def time_every_frame(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mmbatch.bench.video_decode")
+    parser = argparse.ArgumentParser(prog="python benchmarks/video_decode.py")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the video")
     parser.add_argument("--height", type=int, default=1080, help="lines (16:9 frames)")
     parser.add_argument("--num-frames", type=int, default=8)

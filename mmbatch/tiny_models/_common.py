@@ -160,7 +160,7 @@ def tiny_tokenizer(
     """The tiny text tower's tokenizer: ``TINY_TEXT``'s vocabulary with the family's
     ``special_tokens`` (and ``plain_tokens``) at their ids, its chat template and context;
     ``names`` (eos, pad, bos, named) as ``wrap_tokenizer`` takes them."""
-    from mmbatch.testing.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
+    from mmbatch.tiny_models.tokenizer import build_tokenizer, wrap_tokenizer
 
     return wrap_tokenizer(
         build_tokenizer(TINY_TEXT["vocab_size"], special_tokens, plain_tokens=plain_tokens),

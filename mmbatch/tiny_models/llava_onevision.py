@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.testing.tiny_models._common import (
+from mmbatch.tiny_models._common import (
     HALF_NORM,
     TINY_VISION,
     prepare_dir,
@@ -23,7 +23,7 @@ from mmbatch.testing.tiny_models._common import (
     write_checkpoint,
     write_json,
 )
-from mmbatch.testing.tiny_models.chat_templates import chatml_template
+from mmbatch.tiny_models.chat_templates import chatml_template
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -2,7 +2,7 @@
 
 Each line is ``{"id", "custom_id", "response": {"status_code", "request_id", "body"},
 "error": null}``, the body a ``chat.completion`` written by vLLM's own response model
-(``mmbatch.output.vllm_protocol``), with every field of ``vllm run-batch``'s: choices with
+(``openai_batch.vllm_protocol``), with every field of ``vllm run-batch``'s: choices with
 ``finish_reason``, ``stop_reason`` and, when the line asked, ``logprobs``; usage with cached
 prompt tokens. For a request that failed, the body is ``{"error": {...}}`` with status 400
 (the request or its media were bad) or 500 (the engine failed it), as the hosted batch API
@@ -67,7 +67,7 @@ class OpenAIBatchShape:
     def add(self, request: Request, media_keys: tuple[str, ...], result: Result) -> Row:
         if result.error is not None:
             return Row(result, error_line(request.id, result))
-        from mmbatch.output.vllm_protocol import chat_completion
+        from mmbatch.openai_batch.vllm_protocol import chat_completion
 
         logprobs = request.sampling.logprobs if request.sampling is not None else None
         body = chat_completion(

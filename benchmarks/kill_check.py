@@ -1,6 +1,6 @@
 """Kills on a real host: an engine process killed mid-job, then the job itself.
 
-``python -m mmbatch.bench.kill_check --model M --images 2000 --out REPORT.json -- [caption
+``python benchmarks/kill_check.py --model M --images 2000 --out REPORT.json -- [caption
 flags]`` runs ``mmbatch caption`` on W1-like pictures three times:
 
 1. **an engine killed**: once rows flow, ``kill -9`` of one engine process (a replica: a

@@ -10,11 +10,11 @@ vLLM 0.26 (the GPU host) and 0.32 (the CPU build) both keep these models in
 ``vllm.entrypoints.openai.protocol``. The batch envelope's own models (``BatchRequestInput``,
 ``BatchRequestOutput``) moved between those releases (0.32's old path is an alias that warns
 when imported, and its new module loads the whole API server), so the envelope's four keys
-are written by ``mmbatch.output.openai_batch`` itself.
+are written by ``mmbatch.openai_batch.writer`` itself.
 
 vLLM's models are the one part of vLLM used outside the engine adapter (``engine/vllm.py``):
-they describe the batch format, which both its reader (``sources``) and its writer (``output``,
-below the engine layer) need, and they start no engine. vLLM is imported on first use (it
+they describe the batch format, which both its reader and its writer (this package's
+``reader`` and ``writer``) need, and they start no engine. vLLM is imported on first use (it
 takes seconds), never when this module is.
 """
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mmbatch.testing.tiny_models._common import (
+from mmbatch.tiny_models._common import (
     HALF_NORM,
     TINY_VISION,
     llama_text,
@@ -22,7 +22,7 @@ from mmbatch.testing.tiny_models._common import (
     write_checkpoint,
     write_json,
 )
-from mmbatch.testing.tiny_models.chat_templates import IDEFICS3_CHAT_TEMPLATE
+from mmbatch.tiny_models.chat_templates import IDEFICS3_CHAT_TEMPLATE
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.testing.tiny_models._common import (
+from mmbatch.tiny_models._common import (
     HALF_NORM,
     TINY_TEXT,
     prepare_dir,
@@ -23,8 +23,8 @@ from mmbatch.testing.tiny_models._common import (
     write_checkpoint,
     write_json,
 )
-from mmbatch.testing.tiny_models.chat_templates import GEMMA3_CHAT_TEMPLATE
-from mmbatch.testing.tiny_models.llava_onevision import TINY_SIGLIP
+from mmbatch.tiny_models.chat_templates import GEMMA3_CHAT_TEMPLATE
+from mmbatch.tiny_models.llava_onevision import TINY_SIGLIP
 
 if TYPE_CHECKING:
     from pathlib import Path

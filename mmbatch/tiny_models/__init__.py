@@ -26,8 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmbatch.errors import ConfigError
-from mmbatch.testing.tiny_models.real_shapes import REAL_SHAPES
-from mmbatch.testing.tiny_models.tokenizer import QWEN_SPECIAL_TOKENS, TINY_SPECIAL_TOKENS
+from mmbatch.tiny_models.real_shapes import REAL_SHAPES
+from mmbatch.tiny_models.tokenizer import QWEN_SPECIAL_TOKENS, TINY_SPECIAL_TOKENS
 
 # family -> (module, builder function): each builder module imports torch and transformers.
 _BUILDERS: dict[str, tuple[str, str]] = {
@@ -74,7 +74,7 @@ def build_tiny_model(out_dir: str | Path, family: str = "qwen2_vl", seed: int = 
     import importlib
 
     module, function = _BUILDERS[family]
-    build = getattr(importlib.import_module(f"mmbatch.testing.tiny_models.{module}"), function)
+    build = getattr(importlib.import_module(f"mmbatch.tiny_models.{module}"), function)
     if module == "qwen_vl":  # one builder for both Qwen2-VL generations
         return Path(build(out_dir, family, seed))
     return Path(build(out_dir, seed))
@@ -85,7 +85,7 @@ def write_real_shape(out_dir: str | Path, name: str) -> Path:
 
     Unknown names raise :class:`ConfigError` before anything is written.
     """
-    from mmbatch.testing.tiny_models.real_shapes import write_real_shape as _write
+    from mmbatch.tiny_models.real_shapes import write_real_shape as _write
 
     return _write(out_dir, name)
 

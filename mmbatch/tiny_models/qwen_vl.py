@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.testing.tiny_models._common import (
+from mmbatch.tiny_models._common import (
     ROPE_THETA,
     TINY_MROPE_SECTION,
     TINY_TEXT,
@@ -21,8 +21,8 @@ from mmbatch.testing.tiny_models._common import (
     write_checkpoint,
     write_json,
 )
-from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
-from mmbatch.testing.tiny_models.tokenizer import (
+from mmbatch.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
+from mmbatch.tiny_models.tokenizer import (
     TINY_SPECIAL_TOKENS,
 )
 

@@ -1,9 +1,9 @@
 """OpenAI batch input files read as requests, so a job written for a hosted batch API, or for
-``vllm run-batch``, runs here unchanged (the output lines are ``mmbatch.output.openai_batch``'s).
+``vllm run-batch``, runs here unchanged (the output lines are ``openai_batch.writer``'s).
 
 Input: one JSON object per line, ``{"custom_id", "method": "POST", "url":
 "/v1/chat/completions", "body": {"messages": [...], ...}}``. The body is read by vLLM's own
-``ChatCompletionRequest`` (``mmbatch.output.vllm_protocol``), so its parameters have the types,
+``ChatCompletionRequest`` (``openai_batch.vllm_protocol``), so its parameters have the types,
 defaults and rules ``vllm run-batch`` gives them; those served are the token limit
 (``max_tokens`` or ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``n``,
 ``stop``, the penalties, vLLM's sampling extras ``top_k``, ``min_p``,
@@ -50,6 +50,7 @@ from mmbatch.sources.paths import LocalPaths
 from mmbatch.storage.objects import read_whole
 from mmbatch.storage.urls import is_storage_url, parent, shown, unsupported
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
+from mmbatch.validation import listed
 
 CHAT_COMPLETIONS_URL = "/v1/chat/completions"
 DEFAULT_MAX_TOKENS = 1024
@@ -276,7 +277,7 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:
     """The line's sampling, its parameters read by vLLM's ``ChatCompletionRequest``; what it
     leaves out is the model's (``None``), as in vLLM's ``run-batch``, except the token limit
     (``default_max_tokens``)."""
-    from mmbatch.output.vllm_protocol import InvalidBody, check_chat_body
+    from mmbatch.openai_batch.vllm_protocol import InvalidBody, check_chat_body
 
     schema = _json_schema(body.get("response_format"))  # its own words for a bad schema
     try:
@@ -287,8 +288,8 @@ def _sampling(body: Mapping[str, Any], default_max_tokens: int) -> Sampling:
         raise InvalidLine("streaming is not supported in a batch")
     unsupported = (checked.changed - SERVED) | (set(checked.unknown) - UNUSED_KEYS)
     if unsupported:
-        listed = ", ".join(map(repr, sorted(unsupported)))
-        raise InvalidLine(f"unsupported parameter(s): {listed}")
+        names = ", ".join(listed([repr(k) for k in sorted(unsupported)]))
+        raise InvalidLine(f"unsupported parameter(s): {names}")
     values = checked.values
     max_tokens = values["max_completion_tokens"]
     if max_tokens is None:

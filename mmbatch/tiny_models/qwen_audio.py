@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.testing.tiny_models._common import (
+from mmbatch.tiny_models._common import (
     WHISPER_POSITIONS,
     generation_config,
     prepare_dir,
@@ -27,8 +27,8 @@ from mmbatch.testing.tiny_models._common import (
     write_checkpoint,
     write_json,
 )
-from mmbatch.testing.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
-from mmbatch.testing.tiny_models.tokenizer import (
+from mmbatch.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
+from mmbatch.tiny_models.tokenizer import (
     TINY_SPECIAL_TOKENS,
 )
 

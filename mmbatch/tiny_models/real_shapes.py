@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.errors import ConfigError
-from mmbatch.testing.tiny_models._common import prepare_dir, write_json
-from mmbatch.testing.tiny_models.chat_templates import GEMMA3_CHAT_TEMPLATE, QWEN_CHAT_TEMPLATE
-from mmbatch.testing.tiny_models.tokenizer import (
+from mmbatch.tiny_models._common import prepare_dir, write_json
+from mmbatch.tiny_models.chat_templates import GEMMA3_CHAT_TEMPLATE, QWEN_CHAT_TEMPLATE
+from mmbatch.tiny_models.tokenizer import (
     QWEN_SPECIAL_TOKENS,
     build_tokenizer,
     wrap_tokenizer,

@@ -1,12 +1,12 @@
-"""The storage benchmark runs both its sides on a small workload and reports what it measured
-with the command, workload, machine and versions it ran with."""
+"""The storage benchmark (``benchmarks/storage.py``) runs both its sides on a small workload
+and reports what it measured with the command, workload, machine and versions it ran with."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from mmbatch.bench import storage
+import storage
 
 
 def test_the_storage_benchmark_compares_both_sides(tmp_path: Path) -> None:
@@ -14,7 +14,7 @@ def test_the_storage_benchmark_compares_both_sides(tmp_path: Path) -> None:
     argv = ["--photos", "6", "--megapixels", "0.1", "--rounds", "1", "--out", str(out)]
     assert storage.main([*argv, "--work-dir", str(tmp_path / "work")]) == 0
     report = json.loads(out.read_text())
-    assert report["command"].startswith("python -m mmbatch.bench.storage --photos 6")
+    assert report["command"].startswith("python benchmarks/storage.py --photos 6")
     assert report["workload"]["photos"] == 6
     assert report["machine"]["cpus"] >= 1
     assert "s3fs" in report["versions"]
