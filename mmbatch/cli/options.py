@@ -107,6 +107,7 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
         parser.add_argument(
             "--out",
             required=True,
+            type=folder_or_store,
             help="output: a JSONL file, a .parquet file, or a datasets folder (--out-format); "
             "local, or in object storage (s3://bucket/prefix/out.jsonl)",
         )
@@ -126,7 +127,7 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
             "10000 by default)",
         )
     else:
-        parser.add_argument("--out", required=True, help="the output .jsonl")
+        parser.add_argument("--out", required=True, type=folder_or_store, help="the output .jsonl")
     resume = parser.add_argument_group(
         "resuming", "rerun the same command with the same --out to continue a stopped job"
     )
@@ -268,6 +269,7 @@ def add_local_path_options(group: argparse._ActionsContainer) -> None:
         "--input-root",
         action="append",
         default=[],
+        type=folder_or_store,
         metavar="DIR",
         help="paths named inside an input (manifest, batch file, dataset) may also lead into "
         "DIR, a folder or a storage prefix (s3://bucket/prefix); repeatable (default: only "
@@ -278,6 +280,18 @@ def add_local_path_options(group: argparse._ActionsContainer) -> None:
         action="store_true",
         help="let paths named inside an input lead anywhere",
     )
+
+
+def folder_or_store(text: str) -> str:
+    """``text``, a place the job writes to or reads under (``--out``, ``--input-root``), if
+    it is a local path or a URL of a store: any other URL is refused as the command's
+    mistake, before anything runs (``mmbatch.storage.urls.unsupported_folder``)."""
+    from mmbatch.storage.urls import unsupported_folder
+
+    refusal = unsupported_folder(text)
+    if refusal is not None:
+        raise argparse.ArgumentTypeError(refusal)
+    return text
 
 
 def local_paths_from(args: argparse.Namespace) -> LocalPaths:

@@ -13,7 +13,8 @@ in bytes (``DEFAULT_MAX_FILE_BYTES``): a size the file system reports can be wro
 A storage URL (``s3://``, ``gs://``, ``hf://``: ``mmbatch.storage``) is read through its file
 system, bounded the same way (one ranged read of at most the limit), retried and timed out
 there; it needs no ``--allow-urls``: what a manifest may name in storage is the path rule's
-matter (``mmbatch.sources.paths``), as for local paths.
+matter (``mmbatch.sources.paths``), as for local paths. A URL of any protocol outside the
+allow-list (``mmbatch.storage.urls.PROTOCOLS``) is refused, and no file system is made for it.
 
 http(s) URLs are off by default: a manifest is data from somewhere else, and fetching whatever it
 names would let it make this machine send requests (to internal services, say) and pull
@@ -32,7 +33,7 @@ from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
 from mmbatch.storage.objects import read_object
-from mmbatch.storage.urls import is_storage_url, shown
+from mmbatch.storage.urls import is_storage_url, scheme, shown, unsupported
 from mmbatch.types import FileId
 
 URL_SCHEMES = ("http://", "https://")
@@ -45,8 +46,9 @@ _CHUNK = 64 * 1024
 
 
 def is_url(source: str) -> bool:
-    """Whether ``source`` names a URL (any ``scheme://``) rather than a local path."""
-    return "://" in source
+    """Whether ``source`` names a URL (of any protocol: whatever comes before its first
+    ``://``, as fsspec reads it) rather than a local path."""
+    return scheme(source) is not None
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ def read_source(
         return read_file(source, max_bytes, pinned)[0]
     if is_storage_url(source):
         return read_object(source, max_bytes)
+    refusal = unsupported(source)
+    if refusal is not None:
+        raise MediaError(refusal, stage="source", kind="unsupported")
     if urls is None:
         raise MediaError(
             f"{shown(source)!r} is a URL and URL inputs are off (pass --allow-urls to fetch them)",

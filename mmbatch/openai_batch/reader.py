@@ -48,7 +48,7 @@ from mmbatch.errors import ConfigError, ItemFailure, SourceError
 from mmbatch.jsonl import JsonlError, objects_in, read_objects
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.storage.objects import read_whole
-from mmbatch.storage.urls import is_storage_url, parent, shown
+from mmbatch.storage.urls import is_storage_url, parent, shown, unsupported
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
 from mmbatch.validation import listed
 
@@ -125,6 +125,9 @@ def read_batch(
     ``paths`` says where its local image paths may lead besides the file's own folder.
     ``bodies=False`` reads each line's messages alone (its prompt and pictures, for the
     gallery), leaving its parameters unchecked and vLLM unimported."""
+    refusal = unsupported(str(path))
+    if refusal is not None:
+        raise SourceError(f"the batch file {refusal}")
     in_storage = is_storage_url(str(path))
     folder = parent(str(path)) if in_storage else str(Path(path).parent)
     place = _Place(folder, paths or LocalPaths(), bodies)

@@ -42,7 +42,7 @@ from mmbatch.output.sinks import Sink
 from mmbatch.output.stats import JobStats, OutputTally, count_output
 from mmbatch.output.summary import JobReport, with_last_measured, write_summary
 from mmbatch.output.writable import check_writable
-from mmbatch.storage.urls import LOGIN_REFUSED, is_storage_url, shown, spelled
+from mmbatch.storage.urls import LOGIN_REFUSED, is_storage_url, shown, spelled, unsupported_folder
 
 
 class OutputJob(JobFacts, Protocol):
@@ -108,7 +108,10 @@ class FileOutput:
         force: bool = False,
     ) -> FileOutput:
         """The output at ``path`` (a local path, or a URL in object storage), in ``format``
-        or the one its name implies."""
+        or the one its name implies. A URL of any other protocol is a ``ConfigError``."""
+        refusal = unsupported_folder(str(path))
+        if refusal is not None:
+            raise ConfigError(f"the output {refusal}")
         fmt = output_format(path, format)
         if not is_storage_url(str(path)):
             return cls(Path(path), fmt, retry_errors, force, shard_rows)

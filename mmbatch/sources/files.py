@@ -31,7 +31,9 @@ need no ``allow_urls``: a prefix is walked as a folder is (every object under it
 hidden names passed over), a pattern matched, a manifest read, an object taken as named; a
 bucket or prefix that does not exist, or that the credentials cannot list, is the job's
 mistake, said before anything runs. A storage URL named inside a manifest follows the path
-rule for URLs (``mmbatch.sources.paths``), as a manifest in storage's relative paths do.
+rule for URLs (``mmbatch.sources.paths``), as a manifest in storage's relative paths do. A
+URL of a protocol mmbatch does not take (``mmbatch.storage.urls.PROTOCOLS``) is its row's
+error in a manifest, and the job's mistake on the command line.
 Listing reads no media: the objects are read by the loader, beside the engine.
 """
 
@@ -63,7 +65,7 @@ from mmbatch.storage.objects import (
     local_copy,
     read_whole,
 )
-from mmbatch.storage.urls import is_storage_url, parent, shown, spelled
+from mmbatch.storage.urls import is_storage_url, is_web_url, parent, shown, spelled, unsupported
 from mmbatch.types import (
     ClipSpan,
     FileId,
@@ -245,6 +247,9 @@ def _expand(
     taken = _taken(suffixes)
     for raw in inputs:
         path = Path(raw)
+        refusal = unsupported(raw)
+        if refusal is not None:  # named by the person running the job: the job's mistake
+            raise SourceError(f"input {refusal}")
         if is_storage_url(raw):
             yield from _expand_url(spelled(raw), taken, policy, log, kinds)
         elif is_url(raw):
@@ -448,8 +453,9 @@ def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_List
 
 def _fetched(path: str) -> bool:
     """Whether a manifest's ``path`` is a URL fetched with ``--allow-urls`` (http, https),
-    rather than a path or a storage URL, which the path rule holds."""
-    return is_url(path) and not is_storage_url(path) and path[:7].lower() != "file://"
+    rather than a path or a storage URL, which the path rule holds (and which refuses a URL
+    of any other protocol)."""
+    return is_web_url(path)
 
 
 _MANIFEST_FIELDS = frozenset({"path", "id", "prompt"})

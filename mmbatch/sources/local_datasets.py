@@ -33,7 +33,7 @@ from mmbatch.sources.cells import ROWS_PER_READ, column_cells, media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.sources.paths import LocalPaths
 from mmbatch.storage.objects import kind_of, list_objects, read_whole, redacted
-from mmbatch.storage.urls import is_storage_url, parent
+from mmbatch.storage.urls import is_storage_url, parent, unsupported_folder
 from mmbatch.storage.urls import name as object_name
 from mmbatch.types import ItemError, MediaRef, Request
 
@@ -54,6 +54,13 @@ class DatasetInput:
     image_column: str | None = None
     split: str | None = None
     id_column: str | None = None
+
+    def __post_init__(self) -> None:
+        # datasets hands any URL to fsspec: only a store's is read (a web URL is fetched by
+        # mmbatch alone, with --allow-urls), any other is refused before fsspec is asked.
+        refusal = unsupported_folder(self.path)
+        if refusal is not None:
+            raise SourceError(f"the dataset {refusal}")
 
 
 def detect_format(path: str) -> DatasetFormat | None:

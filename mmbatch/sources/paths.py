@@ -45,6 +45,11 @@ prefix the person running the job allowed (``--input-root s3://bucket/other``), 
 with ``--allow-outside-root``. A local path named inside an input in storage, or a URL named
 inside a local one, leads out of the input's folder by definition and needs the same
 widening. Objects have no links to swap, so a URL is not pinned.
+
+A URL of any other protocol (``ftp://``, ``zip://``, ``github://``, ...: the allow-list is
+``mmbatch.storage.urls.PROTOCOLS``) is refused wherever it is named inside an input, before
+the rule is asked (stage ``source``, kind ``unsupported``); an allowed folder must be a
+local folder or a storage prefix (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -56,9 +61,17 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from mmbatch.errors import ItemFailure
+from mmbatch.errors import ConfigError, ItemFailure
 from mmbatch.storage.urls import is_inside as url_is_inside
-from mmbatch.storage.urls import is_storage_url, join, normalised, scheme, shown
+from mmbatch.storage.urls import (
+    is_storage_url,
+    join,
+    normalised,
+    scheme,
+    shown,
+    unsupported,
+    unsupported_folder,
+)
 from mmbatch.types import FileId, MediaRef, Modality
 
 CLI_OPTION = "--input-root DIR"
@@ -82,6 +95,13 @@ class UnusablePath(ItemFailure):
 
     stage = "source"
     kind = "unreadable"
+
+
+class UnsupportedUrl(ItemFailure):
+    """A URL of a protocol mmbatch does not take (``mmbatch.storage.urls.PROTOCOLS``)."""
+
+    stage = "source"
+    kind = "unsupported"
 
 
 class Checked(NamedTuple):
@@ -109,6 +129,12 @@ class LocalPaths:
     """The paths are files that listing the input's folder found (datasets' folder
     builders), held to a walk's rule (``listed``) rather than named inside an input."""
 
+    def __post_init__(self) -> None:
+        for root in self.roots:
+            refusal = unsupported_folder(root)
+            if refusal is not None:
+                raise ConfigError(f"{self.widen}: {refusal}")
+
     def record(self) -> dict[str, Any]:
         """This rule as a job's summary records it, to be read back by ``recorded``."""
         roots = [r if is_storage_url(r) else os.path.realpath(r) for r in self.roots]
@@ -127,7 +153,12 @@ class LocalPaths:
         pinned to the file it leads to; else an ``ItemFailure`` saying why
         (``PathNotAllowed``, ``UnusablePath``, ``MediaError`` for a path that leads to no
         file). ``where`` names the row or line in the message. ``folder`` may be a storage
-        prefix and ``named`` a storage URL: the rule for URLs (``resolve_url``)."""
+        prefix and ``named`` a storage URL: the rule for URLs (``resolve_url``). A URL of a
+        protocol that is not taken is refused first (``UnsupportedUrl``), wherever it
+        would lead."""
+        refusal = unsupported(named)
+        if refusal is not None:
+            raise UnsupportedUrl(f"{where}: {refusal}")
         if is_storage_url(named) or (folder is not None and is_storage_url(folder)):
             return self.resolve_url(named, folder, where)
         path = _local(named, where)

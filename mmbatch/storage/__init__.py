@@ -1,9 +1,11 @@
-"""Object storage: the one place that knows URLs (``s3://``, ``gs://``, ``hf://``, any protocol
-fsspec has registered) and the file systems behind them.
+"""Object storage: the one place that knows URLs (``s3://``, ``gs://``, ``hf://``) and the file
+systems behind them, and which protocols a URL may have at all (``urls.PROTOCOLS``: any
+other is refused before fsspec is asked for it).
 
 Sources and outputs ask this package, never ``open()`` a URL themselves:
 
-* ``mmbatch.storage.urls``: what a storage URL is, how one is joined, normalised and shown,
+* ``mmbatch.storage.urls``: which protocols are taken and how each is read, what a storage
+  URL is, how one is joined, normalised and shown,
   and whether one lies under another (the path rule's test for URLs); no file system is
   touched there;
 * ``mmbatch.storage.redaction``: what a failure's text may not hold (the credentials of the

@@ -1,7 +1,8 @@
 """Objects in storage, through fsspec: read (bounded, retried, with timeouts), listed,
 written whole, copied to a local file.
 
-A file system is made from the URL alone (``file_system``): fsspec picks the back end by the
+A file system is made from the URL alone (``file_system``), for the stores of the
+allow-list only (``mmbatch.storage.urls.PROTOCOLS``): fsspec picks the back end by the
 protocol (s3fs for ``s3://``, gcsfs for ``gs://``, huggingface_hub for ``hf://``), and that
 back end finds its credentials and endpoint where its library always looks (for S3: the
 ``AWS_*`` environment, ``~/.aws``, an instance role; ``AWS_ENDPOINT_URL`` points it at MinIO,
@@ -39,7 +40,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from mmbatch.errors import MediaError, StorageError, StorageUnavailable
 from mmbatch.storage.redaction import redact
-from mmbatch.storage.urls import LOGIN_REFUSED, protocol_of, shown, spelled
+from mmbatch.storage.urls import (
+    LOGIN_REFUSED,
+    is_storage_url,
+    protocol_of,
+    shown,
+    spelled,
+    unsupported,
+)
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
@@ -56,8 +64,6 @@ RETRY_PAUSE_S = 0.5
 INSTALL_HINTS = {
     "s3": "pip install 'mmbatch[s3]'",
     "gs": "pip install 'mmbatch[gcs]'",
-    "abfs": "pip install adlfs",
-    "az": "pip install adlfs",
 }
 """How to get the file system of a protocol that fsspec knows but cannot load."""
 
@@ -140,7 +146,11 @@ def problem_of(exc: BaseException) -> Problem:
 def file_system(url: str) -> tuple[AbstractFileSystem, str]:
     """The file system holding ``url``, and the path it knows the object by. One file
     system per protocol and process (fsspec's own instance cache keeps it); a protocol
-    without one is a ``StorageError`` with the install hint."""
+    without one is a ``StorageError`` with the install hint. Only the stores of the
+    allow-list (``urls.PROTOCOLS``) have one: for any other protocol fsspec is not asked,
+    and ``StorageError`` says which are taken."""
+    if not is_storage_url(url):
+        raise StorageError(unsupported(url) or f"{shown(url)!r} is not a storage URL")
     if shown(url) != spelled(url):
         raise StorageError(f"{shown(url)} {LOGIN_REFUSED}")
     protocol = protocol_of(url)
@@ -175,10 +185,6 @@ def _make(protocol: str, url: str) -> AbstractFileSystem:
         hint = INSTALL_HINTS.get(protocol, f"install the fsspec back end for {protocol}://")
         raise StorageError(
             f"{shown(url)}: no file system for {protocol}:// here ({exc}); install it with: {hint}"
-        ) from None
-    except ValueError:
-        raise StorageError(
-            f"{shown(url)}: {protocol}:// is no storage protocol fsspec knows"
         ) from None
     _quiet_lost_connections(fsspec)
     # A file system of this module's own (fsspec's cache would hand back one made for an

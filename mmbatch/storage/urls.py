@@ -2,12 +2,17 @@
 lies under another. Nothing here touches a file system, so the rules are cheap to check and
 to test.
 
-A storage URL is ``PROTOCOL://PATH`` for any protocol but those read otherwise: ``http``
-and ``https`` are fetched only with ``--allow-urls`` (``mmbatch.media.fetch``), ``file://``
-is a local path, ``data:`` holds its bytes. ``s3a`` is ``s3`` and ``gcs`` is ``gs`` (fsspec
-takes both names for one store), so a root given one way holds URLs written the other. A
-protocol is one name whatever its case: ``S3://`` is ``s3://`` (``spelled``), as the file
-systems take it.
+Which protocols a URL may have is decided here, once (``PROTOCOLS``): the object stores
+``s3``, ``gs`` and ``hf`` (a storage URL, read and written through fsspec), ``http`` and
+``https`` (fetched only with ``--allow-urls``, by ``mmbatch.media.fetch``, never through
+fsspec), and ``file`` (a local path). ``s3a`` is ``s3`` and ``gcs`` is ``gs`` (fsspec takes
+both names for one store), so a root given one way holds URLs written the other. Any other
+protocol, even one fsspec has a file system for (``ftp``, ``zip``, ``github``, ``memory``,
+...), is refused wherever a URL is taken (``unsupported``): a URL named inside an input is
+its row's error, one named on the command line the job's, and no file system is ever made
+for it. A ``data:`` URI has no ``//`` and is no URL here: an OpenAI batch line's holds its
+bytes, anywhere else it is a file name like any other. A protocol is one name whatever its
+case: ``S3://`` is ``s3://`` (``spelled``), as the file systems take it.
 
 The path rule for URLs (``is_inside``) compares normalised URLs by whole path components:
 ``s3://b/data2/x`` is not under ``s3://b/data``, and ``s3://b/data/../secret`` is
@@ -20,19 +25,46 @@ URL, and no such part is ever said or written (``shown``).
 from __future__ import annotations
 
 import posixpath
-import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-NOT_STORAGE = frozenset({"http", "https", "file", "data"})
-"""Protocols that are not object storage: fetched with --allow-urls, or local."""
+UrlKind = Literal["store", "web", "local"]
+"""How a URL of a supported protocol is read: through its store's file system (``store``),
+fetched with ``--allow-urls`` (``web``), or as the local path it names (``local``)."""
+PROTOCOLS: Mapping[str, UrlKind] = MappingProxyType(
+    {
+        "s3": "store",
+        "s3a": "store",
+        "s3n": "store",
+        "gs": "store",
+        "gcs": "store",
+        "hf": "store",
+        "http": "web",
+        "https": "web",
+        "file": "local",
+    }
+)
+"""Every protocol mmbatch takes in a URL, and how it reads it: the one allow-list."""
 ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
 """Other names of one store, as fsspec takes them."""
+STORES = tuple(p for p, kind in PROTOCOLS.items() if kind == "store" and p not in ALIASES)
+"""The object stores, each by its own name (``s3``, ``gs``, ``hf``)."""
 
 
 def scheme(text: str) -> str | None:
-    """The protocol ``text`` names (lower case), or None for a plain path."""
-    found = _SCHEME.match(text)
-    return found.group(1).lower() if found else None
+    """The protocol ``text`` names (lower case), or None for a plain path. As fsspec reads
+    a URL, everything before the first ``://`` is its protocol (``arrow_hdfs``, even
+    ``simplecache::s3``), so that nothing fsspec would open as a URL passes for a path."""
+    head, sep, _ = text.partition("://")
+    return head.lower() if sep and len(head) > 1 else None
+
+
+def url_kind(text: str) -> UrlKind | None:
+    """How the URL ``text`` is read (``PROTOCOLS``); None for a plain path, or for a URL
+    whose protocol is not taken (``unsupported`` says so)."""
+    protocol = scheme(text)
+    return PROTOCOLS.get(protocol) if protocol is not None else None
 
 
 LOGIN_REFUSED = (
@@ -49,9 +81,42 @@ def spelled(url: str) -> str:
 
 
 def is_storage_url(text: str) -> bool:
-    """Whether ``text`` is a URL of object storage (see the module's docstring)."""
+    """Whether ``text`` is a URL of one of the object stores mmbatch reads and writes."""
+    return url_kind(text) == "store"
+
+
+def is_web_url(text: str) -> bool:
+    """Whether ``text`` is an http(s) URL: fetched only with ``--allow-urls``."""
+    return url_kind(text) == "web"
+
+
+def unsupported(text: str) -> str | None:
+    """Why ``text`` cannot be taken, when it is a URL of a protocol mmbatch does not take
+    (None for a plain path or a supported URL): what a refusal says, naming the URL as
+    ``shown`` and the protocols that are taken."""
     protocol = scheme(text)
-    return protocol is not None and protocol not in NOT_STORAGE
+    if protocol is None or protocol in PROTOCOLS:
+        return None
+    return (
+        f"{shown(text)!r}: {protocol}:// is not a protocol mmbatch reads; it reads local "
+        f"paths (file://), {', '.join(f'{p}://' for p in STORES)} and, with --allow-urls, "
+        "http:// and https://"
+    )
+
+
+def unsupported_folder(text: str) -> str | None:
+    """Why ``text`` cannot be a folder a job writes to or reads under (an output, an
+    allowed root), when it is a URL but not of a store: any other protocol is refused
+    (``unsupported``), and a web or ``file://`` URL is no folder. None for a local path or a
+    storage URL."""
+    protocol = scheme(text)
+    if protocol is None or is_storage_url(text):
+        return None
+    what = "not a protocol mmbatch takes" if protocol not in PROTOCOLS else "not a store"
+    return (
+        f"{shown(text)!r}: {protocol}:// is {what}; give a local path or a URL of "
+        f"{', '.join(f'{p}://' for p in STORES)}"
+    )
 
 
 def protocol_of(url: str) -> str:

@@ -17,6 +17,7 @@ from test_fuzz_inputs import (
     check_manifest,
     check_recipe,
     csv_bodies,
+    drawn_from_the_strategies_alone,  # noqa: F401 (autouse: the same cases in any order)
     fuzz,
     input_folder,
     manifest_lines,
@@ -45,9 +46,11 @@ def test_any_csv_manifest_ends_as_rows_or_one_error(folder: Path, body: list[str
 
 
 @fuzz(1500)
-@given(lines=batch_lines)
-def test_any_batch_file_ends_as_lines_or_one_error(folder: Path, lines: list[str]) -> None:
-    check_batch_file(folder, lines)
+@given(lines=batch_lines, anywhere=st.booleans())
+def test_any_batch_file_ends_as_lines_or_one_error(
+    folder: Path, lines: list[str], anywhere: bool
+) -> None:
+    check_batch_file(folder, lines, anywhere)
 
 
 @fuzz(1500)

@@ -98,7 +98,7 @@ def test_a_missing_bucket_and_a_missing_protocol_are_the_jobs_errors(s3: Bucket)
         read_whole("s3://no-such-bucket/m.jsonl")
     with pytest.raises(StorageError, match=r"pip install 'mmbatch\[gcs\]'"):
         objects.file_system("gs://bucket/x.jpg")
-    with pytest.raises(StorageError, match="no storage protocol fsspec knows"):
+    with pytest.raises(StorageError, match="nosuchproto:// is not a protocol mmbatch reads"):
         objects.file_system("nosuchproto://bucket/x.jpg")
 
 
