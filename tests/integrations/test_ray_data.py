@@ -553,7 +553,7 @@ def test_a_row_folder_resumes_by_the_local_runners_rules(
     assert [r.id for r in plan.pending] == ["y", "z", "w"]
     assert (plan.kept_ok, plan.retried, plan.changed) == (1, 1, 1)
     said = capsys.readouterr().err
-    assert f"mmbatch: resuming {folder}: 1 items already have a row" in said
+    assert f"mmbatch: resuming {folder}: 1 item already has a row" in said
     assert "1 error rows removed to be retried" in said
     assert [FLAT.row_id(row) for row in read_folder(folder, "jsonl", FLAT)] == ["x"]
 
