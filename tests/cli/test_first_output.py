@@ -231,3 +231,13 @@ def test_a_ray_job_s_time_is_split_at_its_first_replica_s_engine_ready() -> None
     assert abs((process_seconds() - startup) - 0.2) < 0.1
     assert abs((time.perf_counter() - work_began) - 0.2) < 0.1  # work: since the engine ready
     assert startup_split(None, began) == (None, began)  # no engine: no start-up to split
+
+
+def test_the_notebook_asks_each_kind_of_media_its_own_question_too(samples: Path) -> None:
+    import mmbatch
+    from mmbatch.pipeline import RunConfig
+
+    quiet = RunConfig(progress=False)
+    inputs = [str(samples / "clip.mp4"), (samples / "sunset.jpg").read_bytes()]
+    rows = mmbatch.caption(inputs, engine=FakeEngine(), run=quiet)
+    assert [row["prompt"] for row in rows] == [DEFAULT_PROMPTS["video"], DEFAULT_PROMPTS["image"]]

@@ -197,3 +197,19 @@ def test_the_command_on_a_terminal_shows_vllm_s_phases_then_the_summary(
     assert "mmbatch: 1 engine on the CPU; starts without compiling" not in said  # eager given
     assert "mmbatch: 1 engine on the CPU" in said
     assert "(to see it here: -v)" in said
+
+
+def test_a_terminal_that_goes_ends_the_line_not_the_job(tmp_path: Path) -> None:
+    master, slave = os.openpty()
+    try:
+        with StartupLine(tmp_path / "vllm.log", engines=1, fd=slave) as line:
+            time.sleep(2 * TICK)
+            os.close(master)  # the terminal is gone: each write to it fails
+            master = -1
+            time.sleep(3 * TICK)
+            assert line.text().startswith("mmbatch: starting vLLM: importing vLLM")
+        print("the job goes on", file=sys.stderr)
+    finally:
+        if master >= 0:
+            os.close(master)
+        os.close(slave)
