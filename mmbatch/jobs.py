@@ -109,7 +109,7 @@ def run_job(
     run = run or RunConfig()
     milestone("inputs_listed")
     laid_out = _read_host(engine)  # a configuration mistake stops the job before any output
-    job = _with_invariance(job, engine)
+    job = _with_invariance(job, laid_out)
     log = engine.log_file if isinstance(engine, EngineConfig) else None
     if job.media.frame_dir is not None:  # found now, not as every frame's failure
         check_folder_writable(Path(job.media.frame_dir), "the saved frames (--save-frames)")
@@ -258,22 +258,24 @@ def _read_host(engine: Engine | EngineConfig) -> Engine | Host:
     return read_host(engine)
 
 
-def _with_invariance(job: Job, engine: Engine | EngineConfig) -> Job:
+def _with_invariance(job: Job, engine: Engine | Host) -> Job:
     """``job``, its record and summary saying that its engine decodes batch-invariantly
-    (``mmbatch.engine.invariance``), once the host is known to give it (``ConfigError``
-    where it cannot: before any output). A resumed job must run as it began: its rows are
-    then those of one uninterrupted run."""
-    if not isinstance(engine, EngineConfig) or not engine.batch_invariant:
+    (``mmbatch.engine.invariance``), once the host (as the job read it) is known to give it
+    (``ConfigError`` where it cannot: before any output). A resumed job must run as it
+    began: its rows are then those of one uninterrupted run."""
+    from mmbatch.engine.builder import Host
+
+    if not isinstance(engine, Host) or not engine.config.batch_invariant:
         return job
     from mmbatch.engine.invariance import prepare_batch_invariance, recorded
 
-    prepare_batch_invariance(engine)
+    prepare_batch_invariance(engine.config, engine.gpus)
     print(
         "mmbatch: batch-invariant decoding (VLLM_BATCH_INVARIANT=1): each answer is the same "
         "whatever it is batched with, on this GPU model, vLLM version and settings",
         file=sys.stderr,
     )
-    mark = recorded(engine)
+    mark = recorded(engine.config)
     return replace(job, fingerprint={**job.fingerprint, **mark}, info={**job.info, **mark})
 
 
@@ -313,7 +315,7 @@ def _engine(engine: Engine | Host, requests: Sequence[Request], info: dict[str, 
     layout = engine.layout(len(requests))
     media = media_per_prompt(requests)
     with StartupLine(engine.config.log_file, layout.replicas):
-        built, layout = shared_engine_and_layout(engine.config, media, layout)
+        built, layout = shared_engine_and_layout(engine, media, layout)
     info["engines"] = layout.describe()
     print(f"mmbatch: {layout.plainly()}", file=sys.stderr)
     if engine.config.log_file is None:  # -v: the reasons beside vLLM's own log

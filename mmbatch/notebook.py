@@ -13,13 +13,12 @@ with ``load_engine`` in a ``with`` block, which closes it on the way out.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from mmbatch.engine import builder
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
-from mmbatch.engine.layout import in_process_layout, visible_gpus
 from mmbatch.engine.logs import VllmLog, library_log_file
 from mmbatch.engine.vllm import VLLMEngine
 from mmbatch.errors import ConfigError
@@ -42,10 +41,10 @@ def load_engine(
     ``media`` per prompt (one image by default; ``{"video": 1}`` for clips). Use it in a
     ``with`` block, or ``close()`` it, to free the GPU. vLLM's start-up log goes to a file
     of its own (``vllm_log``, a path or ``"auto"``; None: printed)."""
-    from mmbatch.engine.builder import start_engine
-
     config = EngineConfig(model, engine_kwargs, library_log_file(vllm_log))
-    return start_engine(config, dict(media or {"image": 1}))
+    host = builder.read_host(config, in_process=True)
+    # One engine in this process: a VLLMEngine, which the caller closes.
+    return cast(VLLMEngine, builder.start_engine(host, dict(media or {"image": 1}), host.layout()))
 
 
 def caption(
@@ -86,12 +85,10 @@ def caption(
         rows, _ = run_in_memory(job, engine, run)
         return rows
     assert model is not None
-    from mmbatch.engine.builder import start_engine
-
+    host = builder.read_host(model, in_process=True)
     # Laid out for this job, as a command's engines are: a short one starts uncompiled.
-    layout = in_process_layout(model, visible_gpus(), len(requests))
-    model = replace(model, engine_kwargs=layout.engine_kwargs(model.engine_kwargs))
-    with start_engine(model, media_per_prompt(requests)) as own:
+    layout = host.layout(len(requests))
+    with cast(VLLMEngine, builder.start_engine(host, media_per_prompt(requests), layout)) as own:
         return run_in_memory(job, own, run)[0]
 
 

@@ -23,7 +23,10 @@ Every request ends as exactly one result, checked when its submission finishes (
 invariant is a bug, raised loudly). Per-item failures are results; a fatal engine error
 ends every open submission with that error, after the rows finished so far were written. So
 does a request the engine lost (it holds fewer requests than are in flight): once the
-others are out, rather than the job waiting for it forever.
+others are out, rather than the job waiting for it forever. And a request the pipeline
+itself lost (a bug in its own bookkeeping) ends its submission within a second or two,
+naming it: a watchdog sees a submission that is not complete while none of its requests is
+still to come from the feeder, in the engine, or waiting for an identical one.
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ SAMPLE_SECONDS = 1.0
 FLUSH_SECONDS = 2.0
 """How often written rows are made durable (fsync): a power cut costs at most this much."""
 MAX_AUTO_WORKERS = 8
+LOST_SHOWN = 5
+"""Request ids a stalled submission's error names (then how many more)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ class Submission:
         self.stats = JobStats(total=len({r.row_id for r in requests}))
         self.media_keys: dict[str, tuple[str, ...]] = {}
         self.emitted: set[str] = set()
+        self.delivered = 0
+        """Requests the feeder has handed over (ready for the engine, or failed)."""
         self.written = 0
         self.in_flight = 0
         self.error: BaseException | None = None
@@ -376,6 +383,7 @@ class Pipeline:
 
     def _add(self, ready: Ready) -> None:
         submission = self._open[ready.tag]  # type: ignore[index]
+        submission.delivered += len(ready.failures) + len(ready.loaded)
         for failure in ready.failures:
             submission.emit(failure)
         for loaded in ready.loaded:
@@ -444,20 +452,47 @@ class Pipeline:
 
     def _close_if_complete(self, submission: Submission) -> None:
         if submission.complete():
-            del self._open[submission.tag]
-            self._repeats.forget(submission.tag)
-            submission.stats.decodes, submission.stats.bytes_read = self.feeder.counts(
-                submission.tag
+            self._close(submission)
+
+    def _close(self, submission: Submission, error: BaseException | None = None) -> None:
+        """``submission`` is over: complete, or ended by ``error`` (its rows so far written)."""
+        del self._open[submission.tag]
+        self._repeats.forget(submission.tag)
+        submission.stats.decodes, submission.stats.bytes_read = self.feeder.counts(submission.tag)
+        self.feeder.forget(submission.tag)
+        submission.stats.cache = self.engine.cache_stats()
+        submission.sink.flush()
+        submission.finish(error)
+
+    def _end_stalled(self) -> None:
+        """The watchdog: a submission none of whose missing rows can still come (every
+        request handed over by the feeder, none in the engine, none waiting for an
+        identical one) would wait forever; it ends now, naming what was lost, its rows so
+        far written, so that a rerun resumes. Asked of the engine and the repeats
+        themselves, not of the counters the same bookkeeping keeps."""
+        coming = {submission.tag for submission, _ in self._in_flight.values()}
+        coming.update(follower.submission.tag for follower in self._repeats.followers())
+        for submission in list(self._open.values()):
+            if submission.tag in coming or submission.delivered < len(submission.requests):
+                continue
+            lost = sorted(submission.requests.keys() - submission.emitted)
+            if not lost:
+                continue
+            shown = ", ".join(map(repr, lost[:LOST_SHOWN]))
+            more = f" and {len(lost) - LOST_SHOWN} more" if len(lost) > LOST_SHOWN else ""
+            self._close(
+                submission,
+                FatalEngineError(
+                    f"bug: the pipeline lost {len(lost)} request(s), whose rows can no "
+                    f"longer come: {shown}{more}"
+                ),
             )
-            self.feeder.forget(submission.tag)
-            submission.stats.cache = self.engine.cache_stats()
-            submission.sink.flush()
-            submission.finish()
 
     def _housekeeping(self) -> None:
         now = time.perf_counter()
         if now >= self._next_sample:
             self._next_sample = now + SAMPLE_SECONDS
+            self._end_stalled()
             depths = self.engine.queue_depths()
             for submission in self._open.values():
                 if depths is not None:

@@ -130,6 +130,10 @@ class Repeats(Generic[Follower]):
         self._leaders.clear()
         self._leader_of.clear()
 
+    def followers(self) -> list[Follower]:
+        """Every follower waiting for a leader in flight."""
+        return [f for leader in self._leaders.values() for f in leader.followers]
+
     @property
     def following(self) -> int:
         """Followers waiting for a leader in flight."""

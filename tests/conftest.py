@@ -42,6 +42,7 @@ os.environ.setdefault("MMBATCH_CACHE_DIR", tempfile.mkdtemp(prefix="mmbatch-test
 
 ENGINES_IN_PROCESS = frozenset(
     {
+        "tests/cli/test_ray_connection.py",
         "tests/engine/test_engine_settings.py",
         "tests/engine/test_replicas.py",
         "tests/engine/test_same_as_vllm.py",
@@ -66,7 +67,8 @@ in one process without it (``pytest_xdist_make_scheduler``): the registry shares
 only within a process, and engines in one process share vLLM's global state (an in-process
 engine that closes takes it along). Every other test (fake engines, engine and job
 processes, storage) goes to whichever worker is free. A new module that holds an engine in
-the test process belongs here."""
+the test process belongs here, as does one whose test must find no Ray cluster running on
+the machine (the Ray modules' clusters run in this scope)."""
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent without it

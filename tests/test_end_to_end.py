@@ -413,3 +413,31 @@ def test_cpu_build_gets_a_sized_kv_cache_unless_the_user_chose(
     from_env: dict[str, object] = {}
     _cpu_kv_cache_default(from_env)
     assert from_env == {}
+
+
+def test_an_engine_started_and_closed_beside_a_held_one_leaves_it_working(
+    uncached_vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    tmp_path: Path,
+) -> None:
+    """A notebook holds engine a (in this process, as ``load_engine`` starts it here) and
+    captions with model b: b starts beside a in the same process and closes again, and
+    vLLM's state that both use there (its distributed groups) stays for a, which then
+    captions as it did before."""
+    from conftest import TINY_ENGINE_KWARGS
+
+    import mmbatch
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.vllm import VLLMEngine
+
+    assert isinstance(uncached_vl_engine, VLLMEngine)
+    picture = str(samples / "sunset.jpg")
+    before = mmbatch.caption(picture, engine=uncached_vl_engine, sampling=SAMPLING)
+    other = {**TINY_ENGINE_KWARGS, "max_num_seqs": 4}  # another engine of the same model
+    b = EngineConfig(str(tiny_vl_model), other, str(tmp_path / "b.vllm.log"))
+    [row_b] = mmbatch.caption(picture, model=b, sampling=SAMPLING)
+    after = mmbatch.caption(picture, engine=uncached_vl_engine, sampling=SAMPLING)
+    assert row_b["error"] is None
+    assert [row["error"] for row in before + after] == [None, None]
+    assert after[0]["text"] == before[0]["text"] != ""

@@ -39,7 +39,7 @@ def test_a_job_reads_the_host_once_and_lays_out_the_work_left(
 ) -> None:
     laid_out: list[Layout] = []
 
-    def engine_for(config: EngineConfig, media: Any, layout: Layout) -> tuple[FakeEngine, Layout]:
+    def engine_for(host: builder.Host, media: Any, layout: Layout) -> tuple[FakeEngine, Layout]:
         laid_out.append(layout)  # the engine is a stand-in: what matters is its layout
         return FakeEngine(), layout
 

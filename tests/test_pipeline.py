@@ -168,6 +168,54 @@ def test_a_request_the_engine_loses_stops_the_job_loudly_once_the_rest_are_out(
         assert row["text"] == expected_text([row["media_hash"]], "keep")
 
 
+def test_a_row_the_pipeline_itself_loses_stops_the_job_loudly_and_a_rerun_resumes(
+    samples: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The engine answers the third request, the pipeline settles it and writes no row (a
+    bug in its own bookkeeping): nothing is left to come, so the job stops at once, naming
+    it, exit 2, the other rows kept; the same command then runs only the lost one."""
+    from fake_cli import main
+
+    from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
+    from mmbatch.pipeline import Submission
+
+    real_emit = Submission.emit
+    answers: list[str] = []
+
+    def loses_the_third_answer(submission: Submission, result: Result) -> None:
+        if result.ok:
+            answers.append(result.request_id)
+            if len(answers) == 3:
+                return
+        real_emit(submission, result)
+
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for name in ("sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"):
+        shutil.copyfile(samples / name, folder / name)
+    out = tmp_path / "o.jsonl"
+    argv = ["caption", str(folder), "--model", "m", "--out", str(out), "--no-progress"]
+    monkeypatch.setattr(Submission, "emit", loses_the_third_answer)
+    started = time.monotonic()
+    assert main(argv, FakeEngine(per_step=1)) == EXIT_JOB_FAILED
+    assert time.monotonic() - started < 10
+    lost = answers[2]
+    error = capsys.readouterr().err
+    said = "mmbatch: error: bug: the pipeline lost 1 request(s), whose rows can no longer come"
+    assert f"{said}: {lost!r}\n" in error
+    assert "Traceback" not in error
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(row["id"] for row in kept) == sorted(set(answers) - {lost})
+    monkeypatch.undo()
+    engine = FakeEngine()
+    assert main(argv, engine) == EXIT_OK
+    assert [request_id.split(":", 1)[1] for request_id in engine.added] == [lost]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(row["id"] for row in rows) == sorted(answers)
+    for row in rows:
+        assert row["text"] == expected_text([row["media_hash"]], row["prompt"])
+
+
 class WarmingEngine(FakeEngine):
     """Answers nothing for ``warm_up`` seconds, and ``step`` does not block meanwhile: an
     engine process compiling for its first batch, as the parent's ``ReplicaEngine`` sees it."""

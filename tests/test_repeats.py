@@ -6,6 +6,7 @@ test_end_to_end."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Sequence
@@ -207,10 +208,10 @@ def test_a_leaders_failure_is_not_copied_its_followers_go_to_the_engine(samples:
 
 
 class Held(FakeEngine):
-    """Answers nothing until ``release`` is set."""
+    """Answers nothing until ``release`` is set; holds ``capacity`` requests at once."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, capacity: int = 64) -> None:
+        super().__init__(capacity=capacity)
         self.release = threading.Event()
         self.aborted: list[str] = []
 
@@ -230,6 +231,50 @@ def until(condition: object, seconds: float = 20) -> None:
     while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
         time.sleep(0.01)
     assert condition(), "timed out"  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("repeats", ["following", "remembered"])
+def test_interleaved_repeats_of_two_pictures_each_get_their_own_pictures_answer(
+    samples: Path, tmp_path: Path, repeats: str
+) -> None:
+    """Two pictures asked three times each, interleaved (a, b, a, b, a, b), each asking its
+    own file (copies: planned apart, read apart). The two first askings lead, both in
+    flight, and the engine answers the newer one first; the repeats either wait for them,
+    asked by a second caller while both are in flight (``following``), or are asked once
+    both answers are back, the engine holding only the two leaders (``remembered``). Every
+    row is the answer for its own picture, never the other leader's."""
+    pictures = {"a": samples / "sunset.jpg", "b": samples / "checkerboard.png"}
+    requests = []
+    for n in range(3):
+        for name, picture in pictures.items():
+            copy = tmp_path / f"{name}{n}{picture.suffix}"
+            shutil.copyfile(picture, copy)
+            requests.append(Request(f"{name}{n}", "Describe.", (MediaRef("image", str(copy)),)))
+    engine = Held(capacity=64 if repeats == "following" else 2)
+    pipeline = Pipeline(engine, RUN)
+    try:
+        if repeats == "following":
+            submissions = [pipeline.submit(requests[:2], GREEDY)]
+            until(lambda: len(engine.added) == 2)
+            submissions.append(pipeline.submit(requests[2:], GREEDY))
+            until(lambda: pipeline._repeats.following == 4)
+        else:
+            submissions = [pipeline.submit(requests, GREEDY)]
+            until(lambda: len(engine.added) == 2)
+        engine.release.set()
+        copied = sum(submission.wait().answered_by_identical for submission in submissions)
+    finally:
+        pipeline.close()
+    assert len(engine.added) == 2
+    assert copied == 4
+    rows = {row["id"]: row for submission in submissions for row in rows_of(submission)}
+    assert sorted(rows) == sorted(r.id for r in requests)
+    hashes = {name: {rows[f"{name}{n}"]["media_hash"] for n in range(3)} for name in pictures}
+    assert all(len(each) == 1 for each in hashes.values())
+    assert hashes["a"] != hashes["b"]
+    for row in rows.values():
+        assert row["error"] is None
+        assert row["text"] == expected_text([row["media_hash"]], "Describe.")
 
 
 def test_a_repeat_in_another_submission_follows_the_leader_in_flight(samples: Path) -> None:

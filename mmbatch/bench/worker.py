@@ -225,8 +225,9 @@ class _Mmbatch:
         jobs: how many per GPU, compiled or not, as the product decides for its users."""
         import vllm
 
+        from mmbatch.engine import builder
         from mmbatch.engine.config import EngineConfig
-        from mmbatch.engine.vllm import VLLMEngine
+        from mmbatch.engine.registry import shared_engine_and_layout
 
         start = time.perf_counter()
         kwargs = {**spec["common_engine_args"], **spec["mmbatch_engine_args"]}
@@ -238,14 +239,13 @@ class _Mmbatch:
             render_threads=spec["render_threads"],
         )
         self.engine: Any
-        if spec.get("in_process"):
-            self.engine = VLLMEngine(config, {"image": 1})
+        if spec.get("in_process"):  # as a notebook's engine: its settings as given
+            host = builder.read_host(config, in_process=True)
+            self.engine = builder.start_engine(host, {"image": 1}, host.layout())
         else:
-            from mmbatch.engine.builder import host_layout
-            from mmbatch.engine.registry import shared_engine_and_layout
-
-            chosen = host_layout(config, spec["largest_job"])
-            self.engine, layout = shared_engine_and_layout(config, {"image": 1}, chosen)
+            host = builder.read_host(config)
+            chosen = host.layout(spec["largest_job"])
+            self.engine, layout = shared_engine_and_layout(host, {"image": 1}, chosen)
             print(f"bench[mmbatch]: {layout.describe()}", flush=True)
         self.start_s = time.perf_counter() - start
         self.spec = spec

@@ -1,17 +1,21 @@
 """How an engine is built: its settings checked, laid out over the host's GPUs, started.
 
-What is built follows the host's GPUs (``mmbatch.engine.layout``): a ``ReplicaEngine`` of
-one engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that
-an engine that dies is restarted and the request that killed it isolated; in a process that
-may not start others (a ``Dataset.map`` worker), one ``VLLMEngine`` in-process. Either way
-the settings are checked (``preflight``) before the engine is used: a mistake is a one-line
-``ConfigError`` before any output is written. Replica processes start while this process
-checks (each has vLLM to import: no longer one import after the other), and a mistake ends
-them at once.
+Every engine starts here, whichever face asks (a command's job, ``DatasetMap``,
+``run_dataset``, a notebook's ``caption`` and ``load_engine``, a Ray actor): ``read_host``
+reads the host once per job (its GPUs, whether this process may start others) and checks the
+settings against it, model name included; ``start_engine`` then starts what the job's layout
+(``Host.layout``) describes. The per-process registry (``mmbatch.engine.registry``) keeps
+what it starts for the next ask.
 
-Every face opens its engines here, directly (``start_engine``: a notebook's engine, closed
-by its caller) or through the per-process registry (``mmbatch.engine.registry``), which
-keeps what it builds for the next ask.
+What is built follows the host (``mmbatch.engine.layout``): a ``ReplicaEngine`` of one
+engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that an
+engine that dies is restarted and the request that killed it isolated; one ``VLLMEngine`` in
+this process where the face holds its one engine itself (a notebook's, closed by its caller;
+a Ray actor's, which is itself the replica) or where this process may not start others (a
+``Dataset.map`` worker). Either way the settings are checked (``preflight``) before the
+engine is used: a mistake is a one-line ``ConfigError`` before any output is written.
+Replica processes start while this process checks (each has vLLM to import: no longer one
+import after the other), and a mistake ends them at once.
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ from typing import TYPE_CHECKING
 
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig, check_model_name
-from mmbatch.engine.invariance import prepare_batch_invariance
-from mmbatch.engine.layout import Gpu, Layout, choose_layout, visible_gpus
+from mmbatch.engine.invariance import enable_if_asked, prepare_batch_invariance
+from mmbatch.engine.layout import Gpu, Layout, choose_layout, in_process_layout, visible_gpus
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.types import Modality
 
@@ -38,47 +42,56 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Host:
-    """This host's visible GPUs, read once, for a ``config`` checked against them: what a
-    job is laid out on once its size is known (``layout``)."""
+    """This host as one job reads it, once (``read_host``), for a ``config`` checked against
+    it: what the job is laid out on once its size is known (``layout``), and what
+    ``start_engine`` starts."""
 
     config: EngineConfig
     gpus: tuple[Gpu, ...]
+    """The GPUs this process may use (``visible_gpus``)."""
+    in_process: bool = False
+    """The face holds one engine in this process (``in_process_layout``): a notebook's,
+    closed by its caller; a Ray actor's, which is itself the replica."""
+    may_start_processes: bool = True
+    """False in a daemonic process (a ``Dataset.map`` worker), which may not have children:
+    its engine runs in it, as the job's layout sets it, without the restart a replica
+    process gives."""
 
     def layout(self, requests: int | None = None) -> Layout:
         """The layout of a job of ``requests`` (None: of unknown size)."""
+        if self.in_process:
+            return in_process_layout(self.config, self.gpus, requests)
         return choose_layout(self.config, self.gpus, requests)
 
 
-def read_host(config: EngineConfig) -> Host:
-    """The host ``config`` runs on, checked: a ``ConfigError`` if it asks for more GPUs than
-    there are, or names a model folder that is not there. Cheap, so a job checks it before
+def read_host(config: EngineConfig, *, in_process: bool = False) -> Host:
+    """The host ``config`` runs on, read once for the job and checked: a ``ConfigError`` if
+    it asks for more GPUs than there are, or names a model folder that is not there (the one
+    check of the model's name in an engine's start). Cheap, so a job checks it before
     writing anything, and before anything imports vLLM (20 s and more) only to find the
     model missing. A layout's mistakes do not depend on the job's size, so laying out a job
-    of unknown size finds each of them."""
+    of unknown size finds each of them. ``in_process``: the face holds one engine in this
+    process (``Host.in_process``)."""
     check_model_name(config.model)
-    host = Host(config, tuple(visible_gpus()))
+    host = Host(config, tuple(visible_gpus()), in_process, may_start_processes())
     host.layout()
     return host
 
 
-def host_layout(config: EngineConfig, requests: int | None = None) -> Layout:
-    """The layout of ``config`` on this host for a job of ``requests`` (``read_host``)."""
-    return read_host(config).layout(requests)
-
-
-def build_engine(
-    config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout
-) -> Engine:
-    """The engine(s) ``layout`` describes for ``config``, its settings checked first."""
-    prepare_batch_invariance(config)  # before vLLM's import, and the processes that inherit it
-    kwargs = layout.engine_kwargs(config.engine_kwargs)
+def start_engine(host: Host, media_per_prompt: dict[Modality, int], layout: Layout) -> Engine:
+    """The engine(s) ``layout`` (``host.layout``) describes for the host's config, its
+    settings checked first: one ``VLLMEngine`` in this process where the host says so
+    (``Host.in_process``, ``Host.may_start_processes``), else a ``ReplicaEngine`` of engine
+    processes. Every engine of every face starts here."""
+    prepare_batch_invariance(host.config, host.gpus)  # before vLLM's import, and children's
+    kwargs = layout.engine_kwargs(host.config.engine_kwargs)
     if layout.tensor_parallel > 1:
         kwargs.setdefault("tensor_parallel_size", layout.tensor_parallel)
-    config = replace(config, engine_kwargs=kwargs)
-    if not may_start_processes():
-        # A daemonic process (a Dataset.map worker) may not start processes: the engine
-        # runs here, one GPU per worker, without the restart a replica process gives.
-        return start_engine(config, media_per_prompt)
+    config = replace(host.config, engine_kwargs=kwargs)
+    if host.in_process or not host.may_start_processes:
+        # One engine here, without the restart a replica process gives.
+        check_engine(config, media_per_prompt)
+        return open_engine(config, media_per_prompt)
     from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
     from mmbatch.engine.vllm import processing_counts
@@ -143,19 +156,12 @@ def may_start_processes() -> bool:
     return not any(m is not None and m.current_process().daemon for m in modules)
 
 
-def start_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> VLLMEngine:
-    """A new engine in this process for ``config``: ``check_engine``, then ``open_engine``."""
-    prepare_batch_invariance(config)  # before vLLM's import
-    check_engine(config, media_per_prompt)
-    return open_engine(config, media_per_prompt)
-
-
 def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> None:
     """``ConfigError`` (one line) for settings vLLM would refuse, before any model is
-    loaded; then says where vLLM's log will go."""
+    loaded (the model's name was checked as the host was read, ``read_host``); then says
+    where vLLM's log will go."""
     from mmbatch.engine.vllm import preflight
 
-    check_model_name(config.model)  # before vLLM's import, which takes seconds
     with _quietly(config):
         preflight(config, media_per_prompt)
     log = config.log_file
@@ -174,6 +180,7 @@ def check_engine_without_devices(config: EngineConfig) -> None:
     from that process too; the engine's own process checks the rest as it starts."""
     from mmbatch.engine.vllm import model_config
 
+    check_model_name(config.model)  # said as such, before vLLM's import
     with _quietly(config):
         model_config(config)
 
@@ -192,7 +199,7 @@ def open_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> 
     """The engine for ``config`` (settings already checked), its start-up log in
     ``config.log_file``; one that fails to start is a ``FatalEngineError`` saying why, not
     a traceback. Runs in a replica process too (``ReplicaEngine``)."""
-    prepare_batch_invariance(config)  # a replica's process: before vLLM's import
+    enable_if_asked(config)  # a replica's process: before vLLM's import
     from mmbatch.engine.logs import engine_log
     from mmbatch.engine.vllm import VLLMEngine
 

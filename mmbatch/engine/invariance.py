@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmbatch.engine.config import EngineConfig
-from mmbatch.engine.layout import Gpu, visible_gpus
+from mmbatch.engine.layout import Gpu
 from mmbatch.errors import ConfigError
 
 ENV_VAR = "VLLM_BATCH_INVARIANT"
@@ -47,14 +47,23 @@ CAPABILITY_FROM_0_32 = (8, 0)
 """From vLLM 0.32, which added kernels for Ampere."""
 
 
-def prepare_batch_invariance(config: EngineConfig, gpus: Sequence[Gpu] | None = None) -> None:
+def prepare_batch_invariance(config: EngineConfig, gpus: Sequence[Gpu]) -> None:
     """For a ``config`` that asks for batch invariance: ``ConfigError`` where this host's
-    GPUs (``gpus``; default: the visible ones) cannot give it, else the mode switched on in
-    this process's environment, for vLLM and every process the engine starts."""
+    GPUs (``gpus``, as the job read them: ``mmbatch.engine.builder.read_host``) cannot give
+    it, else the mode switched on in this process's environment, for vLLM and every process
+    the engine starts."""
     if not config.batch_invariant:
         return
-    check_platform(visible_gpus() if gpus is None else gpus, vllm_version())
+    check_platform(gpus, vllm_version())
     enable()
+
+
+def enable_if_asked(config: EngineConfig) -> None:
+    """The mode switched on for a ``config`` that asks for it, in a process whose platform
+    the process that laid out its engine checked (``prepare_batch_invariance``): an engine
+    process, which inherits the variable, or one that set it already."""
+    if config.batch_invariant:
+        enable()
 
 
 def recorded(config: EngineConfig) -> dict[str, Any]:

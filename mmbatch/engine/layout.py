@@ -158,10 +158,12 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | Non
     return _uncompiled_if_short(_engines(config, gpus, requests), config, requests)
 
 
-def in_process_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int) -> Layout:
-    """The layout of one engine in this process (a notebook's one-call caption) for a job of
-    ``requests``: the first of ``gpus`` (none: the CPU), uncompiled if the job is short, as
-    a command's engines are (``choose_layout``)."""
+def in_process_layout(
+    config: EngineConfig, gpus: Sequence[Gpu], requests: int | None = None
+) -> Layout:
+    """The layout of one engine in this process (a notebook's, a Ray actor's) for a job of
+    ``requests`` (None: unknown, the settings as given): the first of ``gpus`` (none: the
+    CPU), uncompiled if the job is short, as a command's engines are (``choose_layout``)."""
     device = ((gpus[0].name,),) if gpus else ((),)
     return _uncompiled_if_short(Layout(1, device, "one engine in this process"), config, requests)
 

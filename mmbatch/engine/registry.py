@@ -15,8 +15,9 @@ import json
 from dataclasses import replace
 from functools import partial
 
+from mmbatch.engine import builder
 from mmbatch.engine.base import Engine
-from mmbatch.engine.builder import build_engine, host_layout
+from mmbatch.engine.builder import Host
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Layout
 from mmbatch.types import Modality
@@ -31,25 +32,27 @@ than paying a second model load and the GPU memory of a second engine."""
 def shared_engine(
     config: EngineConfig, media_per_prompt: dict[Modality, int], requests: int | None = None
 ) -> Engine:
-    """This process's engine for ``config``, built now if it is the first ask, laid out for a
-    job of ``requests`` (None: unknown)."""
-    layout = None if _key(config, media_per_prompt) in _ENGINES else host_layout(config, requests)
-    return shared_engine_and_layout(config, media_per_prompt, layout)[0]
+    """This process's engine for ``config``, built now if it is the first ask (the host
+    read then, ``read_host``), laid out for a job of ``requests`` (None: unknown)."""
+    kept = _ENGINES.get(_key(config, media_per_prompt))
+    if kept is not None:
+        return kept[0]
+    host = builder.read_host(config)
+    return shared_engine_and_layout(host, media_per_prompt, host.layout(requests))[0]
 
 
 def shared_engine_and_layout(
-    config: EngineConfig, media_per_prompt: dict[Modality, int], layout: Layout | None = None
+    host: Host, media_per_prompt: dict[Modality, int], layout: Layout
 ) -> tuple[Engine, Layout]:
-    """``shared_engine``, and the layout it was built with (for the job's summary: ``KEPT``
-    where an earlier ask built it); ``layout``: the one already chosen for this host
-    (``host_layout``)."""
-    key = _key(config, media_per_prompt)
+    """``shared_engine`` for the job that read ``host``, and the layout its engine was built
+    with (for the job's summary: ``KEPT`` where an earlier ask built it); ``layout``: the one
+    chosen for the job (``host.layout``)."""
+    key = _key(host.config, media_per_prompt)
     kept = _ENGINES.get(key)
     if kept is not None:  # laid out for the job that built it, which the summary says
         engine, built_for = kept
         return engine, replace(built_for, reason=f"{built_for.reason}; {KEPT}", kept=True)
-    layout = layout or host_layout(config)
-    engine = build_engine(config, media_per_prompt, layout)
+    engine = builder.start_engine(host, media_per_prompt, layout)
     _ENGINES[key] = (engine, layout)
     on_close = getattr(engine, "on_close", None)
     if on_close is not None:

@@ -1,4 +1,9 @@
-"""The vLLM adapter: the only module that imports vllm.
+"""The vLLM adapter: the engine's one module that imports vllm's engine and checks settings
+as vLLM reads them. Beside it, ``engine/vllm_counts.py`` reads vLLM's per-model processing
+info (the budget's token counts), ``openai_batch/vllm_protocol.py`` imports vLLM's models of
+chat completions alone (the OpenAI batch format), and the benchmark (``mmbatch/bench``)
+records vLLM's version and, for its naive sides, builds ``vllm.LLM`` itself, as a user's
+script would. Each imports vllm when first used, never at its own import.
 
 It drives vLLM's offline engine through its request-level API (``LLMEngine.add_request`` and
 ``step``) rather than one blocking ``LLM.generate`` call, for three reasons:
@@ -22,15 +27,18 @@ import itertools
 import json
 import math
 import re
+import threading
+import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.clock import milestone
-from mmbatch.engine.config import EngineConfig, check_model_name
+from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
@@ -110,6 +118,9 @@ class VLLMEngine:
             self.llm: LLM = LLM(**settings.llm_kwargs)
         milestone("llm_built")
         self._engine = self.llm.llm_engine
+        if _core_in_process(self._engine):
+            with _CLOSING:
+                _IN_PROCESS.add(self)
         trust = bool(settings.llm_kwargs.get("trust_remote_code", False))
         self._template = ChatTemplate(config.model, trust)
         self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left
@@ -248,7 +259,8 @@ class VLLMEngine:
         self._pending.clear()
         shutdown = getattr(getattr(self._engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
-            shutdown(timeout=ENGINE_STOP_SECONDS)
+            with _shared_state_kept_for_others(self):
+                shutdown(timeout=ENGINE_STOP_SECONDS)
         del self.llm, self._engine
         _free_memory()
 
@@ -316,6 +328,41 @@ class VLLMEngine:
             prompt["multi_modal_data"] = data
             prompt["multi_modal_uuids"] = uuids
         return prompt
+
+
+_IN_PROCESS: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()
+"""The open engines whose vLLM engine core runs in this process (a ``Dataset.map`` worker's,
+under ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): they share vLLM's distributed state there."""
+_CLOSING = threading.Lock()
+
+
+def _core_in_process(llm_engine: Any) -> bool:
+    from vllm.v1.engine.core_client import InprocClient
+
+    return isinstance(getattr(llm_engine, "engine_core", None), InprocClient)
+
+
+@contextmanager
+def _shared_state_kept_for_others(engine: VLLMEngine) -> Iterator[None]:
+    """Shut ``engine`` down without the teardown of this process's vLLM distributed state
+    while another in-process engine is open: vLLM's in-process engine core ends with
+    ``cleanup_dist_env_and_memory``, which destroys the model-parallel groups that every
+    in-process engine of the process runs on (a notebook's held engine would fail its next
+    step: "pipeline model parallel group is not initialized"). The last one to close tears
+    it down, as vLLM does."""
+    with _CLOSING:
+        _IN_PROCESS.discard(engine)
+        import vllm.v1.engine.core as core
+
+        teardown = getattr(core, "cleanup_dist_env_and_memory", None)
+        if not _IN_PROCESS or teardown is None:
+            yield
+            return
+        core.cleanup_dist_env_and_memory = _free_memory  # what else it does, the groups kept
+        try:
+            yield
+        finally:
+            core.cleanup_dist_env_and_memory = teardown
 
 
 def _free_memory() -> None:
@@ -500,8 +547,9 @@ def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Mo
     """Check ``config`` as vLLM will read it, without starting an engine: the model can be
     found, every engine argument is one vLLM has and holds a value it takes, and the model
     fits the settings (a ``max_model_len`` within its context). A mistake is a
-    ``ConfigError`` of one line naming the bad value and what would be valid."""
-    check_model_name(config.model)
+    ``ConfigError`` of one line naming the bad value and what would be valid. A model folder
+    that is not there is said best by ``check_model_name``, which the caller runs first (an
+    engine's start: ``mmbatch.engine.builder.read_host``)."""
     check_engine_arguments(config.engine_kwargs)
     try:
         vllm_config = engine_args(config, media_per_prompt).create_engine_config()
@@ -513,8 +561,8 @@ def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Mo
 def model_config(config: EngineConfig) -> Any:
     """vLLM's ``ModelConfig`` of ``config`` (its model as vLLM reads it, with the user's
     settings), without starting an engine; a ``ConfigError`` of one line, as ``preflight``
-    gives, for a model or a setting vLLM does not take."""
-    check_model_name(config.model)
+    gives, for a model or a setting vLLM does not take (its name checked by the caller, as
+    for ``preflight``)."""
     check_engine_arguments(config.engine_kwargs)
     try:
         return engine_args(config, None).create_model_config()

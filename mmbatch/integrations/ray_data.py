@@ -26,8 +26,9 @@ ids already in the folder skipped, ``--retry-errors``, items whose prompt change
 file cut short set aside and redone, and the summary, the quarantine file and the exit code
 counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
-its engine the way every face does (``mmbatch.engine.builder.start_engine``), its start-up
-log in the engine's log file and a failure said as a ``FatalEngineError``. A job stopped by
+its engine the way every face does (``mmbatch.engine.builder``: its own host read once, then
+``start_engine``), its start-up log in the engine's log file and a failure said as a
+``FatalEngineError``. A job stopped by
 Ctrl-C (or SIGTERM) says what the folder holds, as the local runner does
 (``say_interrupted``), and the command line shuts down the Ray it started (``connected``):
 nothing the job started outlives it.
@@ -63,7 +64,7 @@ from mmbatch.output.folders import folder_format
 from mmbatch.output.rows import FLAT, RowShape, output_row
 from mmbatch.output.stats import JobStats
 from mmbatch.output.summary import JobReport
-from mmbatch.types import ItemError, MediaRef, Request, Result, Sampling
+from mmbatch.types import ItemError, MediaRef, Modality, Request, Result, Sampling
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -117,6 +118,9 @@ class RayJob:
     """What makes two runs the same job; kept in the folder's job record."""
     info: Mapping[str, Any] = field(default_factory=dict)
     """What the summary records about the job."""
+    requests_per_replica: int | None = None
+    """The requests each replica runs (None: unknown), which its engines are laid out for
+    as the local runner lays out a job of that size: engines per GPU, compiled or not."""
 
     @property
     def shape(self) -> RowShape:
@@ -190,20 +194,46 @@ def connected(address: str | None) -> Iterator[None]:
     ``ray.init`` takes SIGTERM over in the process that calls it: a Python handler that
     exits with code 15, then its core worker's own, which prints a C++ stack and aborts. The
     caller's handler is put back (the command line's: SIGTERM stops the job as Ctrl-C does,
-    exit code 143), so that a job a scheduler stops says so and resumes as a local one."""
+    exit code 143), so that a job a scheduler stops says so and resumes as a local one.
+
+    A Ray that cannot be reached or started (no cluster at ``auto``, an address that does
+    not answer, a local Ray that fails to start) is a ``ConfigError`` in one line, before
+    the job writes anything: Ray's own exception would be a traceback, and exit code 1,
+    which says that some items failed."""
     ray = import_ray()
     if ray.is_initialized():
         yield
         return
     main_thread = threading.current_thread() is threading.main_thread()
     on_sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
-    ray.init(address=address or None)
     try:
+        ray.init(address=address or None)
+    except Exception as exc:
+        with suppress(Exception):
+            ray.shutdown()  # whatever it started before it failed
+        raise ConfigError(ray_unreachable(address, exc)) from exc
+    finally:
         if on_sigterm is not None:
             signal.signal(signal.SIGTERM, on_sigterm)
+    try:
         yield
     finally:
         ray.shutdown()
+
+
+def ray_unreachable(address: str | None, exc: Exception) -> str:
+    """One line saying that Ray at ``address`` could not be reached or started, in Ray's
+    words, and, for a cluster named by address, how to run on a Ray of the job's own."""
+    reason = " ".join(str(exc).split()).rstrip(".") or "no reason given"
+    said = f"{type(exc).__name__}: {reason}"
+    if not address:
+        return f"could not reach or start a local Ray: {said}"
+    if address == "local":
+        return f"could not start a local Ray: {said}"
+    return (
+        f"could not reach the Ray cluster at {address!r}: {said} (start one with "
+        "`ray start --head`, or run on a Ray of the job's own with --ray local)"
+    )
 
 
 def requests_dataset(requests: Sequence[Request]) -> Dataset:
@@ -295,14 +325,17 @@ def run_on_ray(
     out.record(whole)
     started = time.perf_counter()
     pending = {r.row_id for r in plan.pending}
-    figures = ReplicaFigures()
     ready_at: float | None = None
+    job = replace(job, requests_per_replica=-(-len(plan.pending) // resources.replicas))
+    figures, layouts = ReplicaFigures(), []
     if pending:
         tally = start_tally(ray)
         try:
             rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
             _write(rows, out)
-            figures, ready_at = ray.get(tally.total.remote()), ray.get(tally.ready_at.remote())
+            figures, layouts, ready_at = ray.get(
+                [tally.total.remote(), tally.layouts.remote(), tally.ready_at.remote()]
+            )
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -320,7 +353,9 @@ def run_on_ray(
     startup, started = startup_split(ready_at, started)
     run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
-    return out.summarise(whole, plan, run, whole.info, startup)
+    laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
+    info = {**whole.info, **(laid_out if layouts else {})}
+    return out.summarise(whole, plan, run, info, startup)
 
 
 def startup_split(ready_at: float | None, started: float) -> tuple[float | None, float]:
@@ -395,6 +430,8 @@ class ReplicaTally:
         self._batches: dict[str, ReplicaFigures] = {}
         self._ready_at: float | None = None
 
+        self._layouts: set[str] = set()
+
     def add(self, batch: str, figures: ReplicaFigures, ready_at: float | None = None) -> None:
         """``figures`` of ``batch``; ``ready_at``: when its replica's engine was ready (the
         wall clock), of which the first is when the job's work began."""
@@ -405,6 +442,13 @@ class ReplicaTally:
     def ready_at(self) -> float | None:
         """When the first replica's engine was ready (None: none said)."""
         return self._ready_at
+
+    def laid_out(self, layout: str) -> None:
+        """A replica's engines, as ``Layout.describe`` says them."""
+        self._layouts.add(layout)
+
+    def layouts(self) -> list[str]:
+        return sorted(self._layouts)
 
     def total(self) -> ReplicaFigures:
         return sum(self._batches.values(), ReplicaFigures())
@@ -479,7 +523,6 @@ class EngineReplica:
         self.tally = tally
         self.failed: MmbatchError | None = None
         if engine is None:
-            from mmbatch.engine.builder import start_engine
             from mmbatch.lifetime import orphan_resource_tracker
 
             # Ray kills this worker's direct children as it ends: the tracker, which unlinks
@@ -487,7 +530,7 @@ class EngineReplica:
             orphan_resource_tracker()
             kind = job.recipe.media.kind if job.recipe else "image"
             try:
-                engine = start_engine(job.engine, {kind: 1})
+                engine = _replica_engine(job, {kind: 1}, tally)
             except MmbatchError as exc:
                 self.failed = exc
         self.engine = engine
@@ -522,6 +565,29 @@ class EngineReplica:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)
         return pa.Table.from_pylist(rows, schema=_flat_schema())
+
+
+def _replica_engine(
+    job: RayJob, media_per_prompt: dict[Modality, int], tally: Any | None
+) -> Engine:
+    """The engine(s) of one replica, laid out on the actor's GPUs for its share of the job
+    as the local runner lays out a job (``Host.layout``): a job of thousands of pictures
+    gets two engines on a large GPU and starts them eager, where one engine compiled for
+    every batch size took minutes to start and left its GPU waiting on its one thread. One
+    engine runs in the actor's process, which is itself the replica Ray restarts; more run
+    as engine processes of the actor. The layout is said as the local runner says it, here
+    and (through the tally) in the driver's summary."""
+    from mmbatch.engine import builder
+
+    host = builder.read_host(job.engine)
+    layout = host.layout(job.requests_per_replica)
+    if layout.replicas == 1 and layout.tensor_parallel == 1:
+        host = replace(host, in_process=True)
+    engine = builder.start_engine(host, media_per_prompt, layout)
+    print(f"mmbatch: {layout.describe()}", file=sys.stderr)
+    if tally is not None:
+        tally.laid_out.remote(layout.describe())
+    return engine
 
 
 def _flat_schema() -> pa.Schema:

@@ -50,11 +50,12 @@ def test_the_engine_started_is_the_engine_checked(tiny_vl_model: Path) -> None:
     """vLLM's whole configuration, read by the pre-flight check and by the engine it starts,
     agrees on what the settings decide: the media limits and the processor cache that several
     render threads turn off, the context and the KV cache."""
-    from mmbatch.engine.builder import start_engine
+    from mmbatch.engine.builder import read_host, start_engine
 
     config = EngineConfig(str(tiny_vl_model), TINY_ENGINE_KWARGS, render_threads=3)
     expected = engine_args(config, MEDIA).create_engine_config()
-    engine = start_engine(config, MEDIA)
+    host = read_host(config, in_process=True)
+    engine = start_engine(host, MEDIA, host.layout())
     try:
         started = engine.llm.llm_engine.vllm_config
         assert started.model_config.multimodal_config == expected.model_config.multimodal_config

@@ -15,7 +15,7 @@ from fake_engine import FakeEngine
 
 from mmbatch import jobs
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK, main
-from mmbatch.engine import invariance
+from mmbatch.engine import builder, invariance
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Gpu
 from mmbatch.errors import ConfigError
@@ -112,7 +112,7 @@ def test_the_mode_is_in_the_job_record_and_summary_and_a_resume_keeps_it(
 ) -> None:
     """On a host that gives it (NVML's answer replaced by an H200's), the job runs with the
     variable set, says so, and records it; resuming without it is refused as another job."""
-    monkeypatch.setattr(invariance, "visible_gpus", lambda: [H200])
+    monkeypatch.setattr(builder, "visible_gpus", lambda: [H200])
     monkeypatch.setattr(invariance, "vllm_version", lambda: "0.26.0")
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     seen: list[str | None] = []

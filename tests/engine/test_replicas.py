@@ -422,7 +422,7 @@ def test_two_vllm_engines_give_each_id_the_text_one_engine_gives(
     tiny_vl_model: Path,
     samples: Path,
 ) -> None:
-    from mmbatch.engine.builder import build_engine
+    from mmbatch.engine.builder import read_host, start_engine
     from mmbatch.engine.layout import Layout
 
     names = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]
@@ -435,7 +435,7 @@ def test_two_vllm_engines_give_each_id_the_text_one_engine_gives(
     one = MemorySink()
     run_requests(requests, vl_engine, MediaOptions(), one, sampling, RunConfig(progress=False))
     config = EngineConfig(str(tiny_vl_model), TINY_ENGINE_KWARGS)
-    engine = build_engine(config, {"image": 1}, Layout(1, ((), ()), "two CPU engines"))
+    engine = start_engine(read_host(config), {"image": 1}, Layout(1, ((), ()), "two CPU engines"))
     assert isinstance(engine, ReplicaEngine)
     try:
         two = MemorySink()
@@ -624,7 +624,7 @@ def test_a_shared_engine_is_kept_until_it_closes(monkeypatch: pytest.MonkeyPatch
     """The registry gives every ask with the same settings the same engine, and drops it
     through the engine's close hook when it closes: the next ask builds another. The engine
     knows nothing of the registry."""
-    from mmbatch.engine import registry
+    from mmbatch.engine import builder, registry
     from mmbatch.engine.layout import Layout
 
     built: list[ReplicaEngine] = []
@@ -633,17 +633,18 @@ def test_a_shared_engine_is_kept_until_it_closes(monkeypatch: pytest.MonkeyPatch
         built.append(fakes(1))
         return built[-1]
 
-    monkeypatch.setattr(registry, "build_engine", build)
-    config, media, layout = EngineConfig("org/kept"), {"image": 1}, Layout(1, ((),), "one")
+    monkeypatch.setattr(builder, "start_engine", build)
+    host, media = builder.Host(EngineConfig("org/kept"), ()), {"image": 1}
+    layout = Layout(1, ((),), "one")
 
     def ask() -> object:
-        return registry.shared_engine_and_layout(config, media, layout)[0]
+        return registry.shared_engine_and_layout(host, media, layout)[0]
 
     first = ask()
     try:
         assert ask() is first
         assert len(built) == 1
-        kept = registry.shared_engine_and_layout(config, media, replace(layout, reason="new"))[1]
+        kept = registry.shared_engine_and_layout(host, media, replace(layout, reason="new"))[1]
         assert kept.describe() == f"one engine on this machine (one; {registry.KEPT})"
     finally:
         built[0].close()

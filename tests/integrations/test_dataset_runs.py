@@ -80,15 +80,15 @@ def imagefolder(photos: Path, hf_cache: Path, **kwargs: Any) -> Any:
 def builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The models of the engines built from here on, each a fake one: a test that must build
     none shows it, and one that needs an engine only for bookkeeping gets a fast one."""
-    from mmbatch.engine import registry
+    from mmbatch.engine import builder, registry
 
     built: list[str] = []
 
-    def fake(config, *args):  # type: ignore[no-untyped-def]
-        built.append(config.model)
+    def fake(host, *args):  # type: ignore[no-untyped-def]
+        built.append(host.config.model)
         return FakeEngine()
 
-    monkeypatch.setattr(registry, "build_engine", fake)
+    monkeypatch.setattr(builder, "start_engine", fake)
     yield built
     for key, (engine, _) in list(registry._ENGINES.items()):
         if isinstance(engine, FakeEngine):  # kept by the registry: gone with the test

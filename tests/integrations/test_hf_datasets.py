@@ -41,16 +41,16 @@ GOOD = ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotate
 def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The models of the engines built from here on (asks the registry could not answer
     with an engine it keeps)."""
-    from mmbatch.engine import registry
+    from mmbatch.engine import builder
 
     built: list[str] = []
-    real = registry.build_engine
+    real = builder.start_engine
 
-    def counting(config, *args):  # type: ignore[no-untyped-def]
-        built.append(config.model)
-        return real(config, *args)
+    def counting(host, *args):  # type: ignore[no-untyped-def]
+        built.append(host.config.model)
+        return real(host, *args)
 
-    monkeypatch.setattr(registry, "build_engine", counting)
+    monkeypatch.setattr(builder, "start_engine", counting)
     return built
 
 

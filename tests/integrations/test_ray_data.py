@@ -153,6 +153,10 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     assert summary["stats"]["total"] == len(requests)
     assert summary["stats"]["rows_from_earlier_runs"] == 2
     assert summary["stats"]["failed"] == 6  # three bad files, each asked two prompts
+    # The replica's engines, laid out for its share of the job as a command's are.
+    assert (
+        summary["job"]["engines"] == "each replica: one engine on this machine (no GPU is visible)"
+    )
     quarantine = (tmp_path / "ray-out.quarantine.jsonl").read_text().splitlines()
     assert len(quarantine) == 6
     for item_id in earlier:

@@ -20,7 +20,7 @@ import datasets
 from PIL import Image
 
 from mmbatch import DatasetMap, RunConfig, run_dataset
-from mmbatch.engine import registry
+from mmbatch.engine import builder
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests/, where the fake engine is
 from fake_engine import FakeEngine
@@ -48,7 +48,7 @@ def fake_engine(*args: Any) -> FakeEngine:
 
 
 def main(cache_dir: str, out: str, items: str) -> None:
-    with mock.patch.object(registry, "build_engine", fake_engine):
+    with mock.patch.object(builder, "start_engine", fake_engine):
         result = run_dataset(
             pictures(int(items)),
             DatasetMap("fake", PROMPT),
