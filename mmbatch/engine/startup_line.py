@@ -54,6 +54,8 @@ TICK = 0.25
 READY = re.compile(r"engine_\d+_ready$")
 """A replica's milestone once it is ready (``ReplicaEngine``)."""
 CLEAR = "\r\x1b[K"
+PARTIAL_BYTES = 4096
+"""The most of an unended log line kept for the next look (the phases' pieces are short)."""
 
 
 def phase_of(line: str, after: int = 0) -> int:
@@ -93,8 +95,7 @@ class StartupLine:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._drawn = ""
-        self._held = False
-        """A line printed meanwhile is not finished yet: the status waits for its end."""
+        self._held = False  # a line printed meanwhile is not ended yet: the status waits
         self._out: int | None = None
         self._thread: threading.Thread | None = None
         self._stderr: TextIO | None = None
@@ -125,7 +126,9 @@ class StartupLine:
         except OSError:
             return  # not there yet: the engine has not begun its log
         self._offset += len(fresh)
-        *lines, self._partial = (self._partial + fresh).split(b"\n")
+        # A progress bar's updates end in a carriage return; an unended line is kept short.
+        *lines, partial = (self._partial + fresh).replace(b"\r", b"\n").split(b"\n")
+        self._partial = partial[-PARTIAL_BYTES:]
         for line in lines:
             self._phase = phase_of(line.decode("utf-8", "replace"), self._phase)
 
