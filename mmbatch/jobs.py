@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.clock import milestone, process_seconds
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
-from mmbatch.engine.decode_only import NoEngine
+from mmbatch.engine.decode_only import DecodeOnly, NoEngine
 from mmbatch.errors import FatalEngineError, OutputError, StorageError, StorageUnavailable
 from mmbatch.media.decoders import start_decoders
 from mmbatch.media.options import MediaOptions
@@ -124,7 +124,9 @@ def run_job(
     progress = out.paths.progress
     if plan.pending or progress != out.path or progress.exists():
         stats = _write_rows(job, out, plan.pending, live, run)
-    return out.summarise(job, plan, stats, info, startup)
+    report = out.summarise(job, plan, stats, info, startup)
+    report.model = not isinstance(live, DecodeOnly)  # frames only extracted: no tokens
+    return report
 
 
 def engine_stopped(exc: FatalEngineError, job: Job, out: FileOutput) -> FatalEngineError:
@@ -306,12 +308,16 @@ def _engine(engine: Engine | Host, requests: Sequence[Request], info: dict[str, 
     said at once)."""
     from mmbatch.engine.builder import Host
     from mmbatch.engine.registry import shared_engine_and_layout
+    from mmbatch.engine.startup_line import StartupLine
 
     if not isinstance(engine, Host):
         return engine
     layout = engine.layout(len(requests))
     media = media_per_prompt(requests)
-    built, layout = shared_engine_and_layout(engine, media, layout)
+    with StartupLine(engine.config.log_file, layout.replicas):
+        built, layout = shared_engine_and_layout(engine, media, layout)
     info["engines"] = layout.describe()
-    print(f"mmbatch: {layout.describe()}", file=sys.stderr)
+    print(f"mmbatch: {layout.plainly()}", file=sys.stderr)
+    if engine.config.log_file is None:  # -v: the reasons beside vLLM's own log
+        print(f"mmbatch: engines: {layout.describe()}", file=sys.stderr)
     return built

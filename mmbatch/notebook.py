@@ -52,7 +52,7 @@ def caption(
     *,
     model: str | EngineConfig | None = None,
     engine: Engine | None = None,
-    prompt: str = DEFAULT_PROMPT,
+    prompt: str | None = None,
     system: str | None = None,
     sampling: Sampling | None = None,
     media: MediaOptions | None = None,
@@ -66,6 +66,8 @@ def caption(
     file's bytes. Run on ``engine``, or on a new engine for ``model`` (a name, with vLLM's
     log in a file of its own as ``load_engine`` puts it; or an ``EngineConfig``, with its
     ``vllm.LLM`` arguments and its ``log_file``), closed again before this returns.
+    ``prompt``: the question for every item (None: each kind of media its own, a picture
+    ``DEFAULT_PROMPT``, a clip, an audio window its own: ``mmbatch.sources.DEFAULT_PROMPTS``).
     ``media``: how media are decoded (``ImageOptions(max_pixels=...)``); ``run``: the
     progress bar, decode workers and media memory."""
     if (engine is None) == (model is None):
@@ -100,15 +102,17 @@ def _as_list(inputs: Any) -> list[Any]:
 
 def _requests(
     inputs: list[Any],
-    prompt: str,
+    prompt: str | None,
     system: str | None,
     config: EngineConfig | None,
 ) -> list[Request]:
     """The requests of ``inputs``, in order: paths listed as ``mmbatch caption`` lists them
     (ids are paths), pictures in memory named by their place (``#3``). Files that are not
     pictures are taken if the model's processor takes them (``config``; every kind for an
-    engine that names no model)."""
+    engine that names no model). ``prompt``: None asks each kind of media its own
+    question (``DEFAULT_PROMPTS``)."""
     requests: list[Request] = []
+    picture = prompt or DEFAULT_PROMPT
     for index, item in enumerate(inputs):
         if isinstance(item, (str, Path)):
             files = list_media([str(item)])
@@ -120,9 +124,9 @@ def _requests(
                 take = set(model_modalities(config)) if config else set(MODALITIES)
             requests += media_requests(files, prompt, system, takes=Takes(take, as_clip=True))
         elif isinstance(item, (bytes, bytearray, memoryview)):
-            requests.append(Request(f"#{index}", prompt, (_in_memory(index, data=item),), system))
+            requests.append(Request(f"#{index}", picture, (_in_memory(index, data=item),), system))
         elif _is_image(item):
-            requests.append(Request(f"#{index}", prompt, (_in_memory(index, image=item),), system))
+            requests.append(Request(f"#{index}", picture, (_in_memory(index, image=item),), system))
         else:
             raise ConfigError(
                 f"inputs[{index}]: expected a path, a PIL image or bytes, got {type(item).__name__}"

@@ -26,12 +26,13 @@ from repo_paths import PACKAGE
 
 BASE = frozenset(
     {"types", "errors", "jsonl", "planner", "lifetime", "validation", "mainguard", "clock"}
+    | {"words"}
     | {"row_schema", "storage"}
 )
 """The leaves every stage uses: the values that flow, the exception tree, JSON lines, the
 whole-job plan, helper processes' lifetime, validation messages, the main-guard check, the
-process's clock, the columns of mmbatch's rows, and object storage (URLs and the file
-systems behind them)."""
+process's clock, how counts are said, the columns of mmbatch's rows, and object storage (URLs
+and the file systems behind them)."""
 
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "types": frozenset(),
@@ -42,6 +43,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "validation": frozenset({"types", "errors"}),
     "mainguard": frozenset({"types", "errors"}),
     "clock": frozenset(),
+    "words": frozenset(),
     # The row schema is a leaf, so that every floor may name the columns it reads or writes.
     "row_schema": frozenset({"types"}),
     # Sources and outputs ask it for every URL; it knows nothing of what they hold.

@@ -30,10 +30,12 @@ from mmbatch.cli.options import (
     run_to_file,
     sampling_from,
     source_policy_from,
+    unused_flag_warnings,
     url_policy_from,
     video_options_from,
 )
-from mmbatch.sources import DEFAULT_PROMPT
+from mmbatch.sources import DEFAULT_PROMPT, DEFAULT_PROMPTS
+from mmbatch.words import counted
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
@@ -67,7 +69,7 @@ def register(commands: Commands) -> None:
     )
     dataset.add_argument("--split", default=None, help="the dataset split (default: the only one)")
     dataset.add_argument("--id-column", default=None, help="row ids (default: the row index)")
-    add_prompt_options(parser, DEFAULT_PROMPT, "item")
+    add_prompt_options(parser, None, "item")
     parser.add_argument(
         "--as-clip", action="store_true", help="caption each video whole, as one clip"
     )
@@ -117,7 +119,9 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             "caption",
             args.model,
             sampling,
-            prompt=args.prompt,
+            # Given no --prompt, as recorded before each kind had its own: a job's own
+            # prompts are checked row by row on resume.
+            prompt=args.prompt or DEFAULT_PROMPT,
             system=args.system,
             image_options=asdict(media.image),
             video_options=asdict(media.video),
@@ -126,10 +130,13 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
             keep_columns=args.keep_columns,
             **cutting,
         ),
-        info=info | {"model": args.model, "prompt": args.prompt} | log.to_dict(),
+        info=info | {"model": args.model, "prompt": args.prompt or DEFAULT_PROMPTS} | log.to_dict(),
         notes=log.lines(),
     )
-    print(f"mmbatch: {len(job.item_ids)} items, model {args.model}", file=sys.stderr)
+    print(f"mmbatch: {counted(len(job.item_ids), 'item')}, model {args.model}", file=sys.stderr)
+    kinds = {ref.modality for request in requests for ref in request.media}
+    for line in unused_flag_warnings(args, kinds | ({"video"} if clips is not None else set())):
+        print(line, file=sys.stderr)
     if args.ray is not None:
         return ray.run(args, job, config, dataset=ray_rows)
     return run_to_file(job, engine or config, args)
@@ -167,7 +174,9 @@ def _inputs(
     if args.ray is not None:
         return _ray_dataset(spec, args)
     keep = keep_columns_from(args, "all")
-    requests = dataset_requests(spec, args.prompt, args.system, keep, local_paths_from(args))
+    requests = dataset_requests(
+        spec, args.prompt or DEFAULT_PROMPT, args.system, keep, local_paths_from(args)
+    )
     return requests, {"inputs": list(args.inputs), "dataset": asdict(spec)}
 
 
@@ -190,7 +199,7 @@ def _ray_dataset(
     if args.split is not None:
         raise ConfigError("on Ray a Parquet dataset is one split: drop --split")
     layout = parquet_layout(spec)
-    requests = layout.requests(spec, args.prompt, args.system)
+    requests = layout.requests(spec, args.prompt or DEFAULT_PROMPT, args.system)
     return requests, {"inputs": list(args.inputs), "dataset": asdict(spec), "ray_rows": layout}
 
 

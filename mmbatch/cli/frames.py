@@ -23,13 +23,15 @@ from mmbatch.cli.options import (
     source_policy_from,
     video_options_from,
 )
+from mmbatch.sources import DEFAULT_PROMPTS
+from mmbatch.words import counted
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.media.options import MediaOptions
     from mmbatch.types import Request
 
-DEFAULT_FRAME_PROMPT = "Describe this video frame in one sentence."
+DEFAULT_FRAME_PROMPT = DEFAULT_PROMPTS["frame"]
 """What ``mmbatch frames`` asks of each frame when it is given no ``--prompt``."""
 
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         info=info,
         notes=log.lines(),
     )
-    print(f"mmbatch: {len(job.item_ids)} frames, model {args.model}", file=sys.stderr)
+    print(f"mmbatch: {counted(len(job.item_ids), 'frame')}, model {args.model}", file=sys.stderr)
     return run_to_file(job, engine or config, args)
 
 
@@ -124,5 +126,8 @@ def _extract(
         notes=notes,
     )
     where = f" to {media.frame_dir}" if media.frame_dir else " (add --save-frames DIR to keep them)"
-    print(f"mmbatch: {len(job.item_ids)} frames, no model: extracting{where}", file=sys.stderr)
+    print(
+        f"mmbatch: {counted(len(job.item_ids), 'frame')}, no model: extracting{where}",
+        file=sys.stderr,
+    )
     return run_to_file(job, engine or DecodeOnly(), args)

@@ -37,12 +37,21 @@ Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """What each command module's ``register`` adds its parser to."""
 
 
-def add_prompt_options(parser: argparse.ArgumentParser, default: str, item: str) -> None:
+def add_prompt_options(parser: argparse.ArgumentParser, default: str | None, item: str) -> None:
     """--prompt, --system, --max-pixels and --max-source-pixels: what is asked of each
-    ``item``, and how large its pictures may be."""
+    ``item`` (``default``; None: each kind of media's own, ``DEFAULT_PROMPTS``), and how large
+    its pictures may be."""
     from mmbatch.media.options import DEFAULT_MAX_IMAGE_PIXELS
+    from mmbatch.sources import DEFAULT_PROMPTS
 
-    parser.add_argument("--prompt", default=default, help=f"the question for each {item}")
+    said = (
+        f'"{default}"' if default else ", ".join(f'{k}: "{v}"' for k, v in DEFAULT_PROMPTS.items())
+    )
+    parser.add_argument(
+        "--prompt",
+        default=default,
+        help=f"the question for each {item} (default: {said})".replace("%", "%%"),
+    )
     parser.add_argument("--system", default=None, help="system prompt (default: the model's)")
     parser.add_argument(
         "--max-pixels", type=int, default=None, help=f"downscale each {item} to at most this"
@@ -54,6 +63,47 @@ def add_prompt_options(parser: argparse.ArgumentParser, default: str, item: str)
         help="refuse, before decoding, pictures and video frames larger than this "
         "(default %(default)s)",
     )
+
+
+MEDIA_FLAGS: dict[str, tuple[str, str, Any]] = {
+    "fps": ("--fps", "video", None),
+    "num_frames": ("--num-frames", "video", None),
+    "keyframes": ("--keyframes", "video", False),
+    "timestamps": ("--timestamps", "video", None),
+    "max_frames": ("--max-frames", "video", None),
+    "min_frames": ("--min-frames", "video", None),
+    "min_pixels": ("--min-pixels", "video", None),
+    "as_clip": ("--as-clip", "video", False),
+    "clip_seconds": ("--clip-seconds", "video", None),
+    "stride": ("--stride", "video", None),
+    "scenes": ("--scenes", "video", False),
+    "clip_frame": ("--clip-frame", "video", None),
+    "sample_rate": ("--sample-rate", "audio", None),
+    "audio_window": ("--audio-window", "audio", 30.0),
+    "audio_overlap": ("--audio-overlap", "audio", 0.0),
+}
+"""The flags that shape how one kind of media is read: each flag's attribute, its spelling,
+the kind it affects and its default (a flag left at it was not given)."""
+
+
+def unused_flag_warnings(args: argparse.Namespace, kinds: set[str]) -> list[str]:
+    """One line per kind of media a given flag affects that none of the job's items is
+    (``--fps`` on a folder of pictures), so that a flag with no effect is not silently
+    ignored; ``kinds``: the media the job's items hold."""
+    unused: dict[str, list[str]] = {}
+    for name, (flag, kind, default) in MEDIA_FLAGS.items():
+        if kind not in kinds and getattr(args, name, default) != default:
+            unused.setdefault(kind, []).append(flag)
+    lines = []
+    for kind, flags in unused.items():
+        one = len(flags) == 1
+        said = f"{', '.join(flags)} {'has' if one else 'have'} no effect"
+        item = "a video" if kind == "video" else "audio"
+        lines.append(
+            f"mmbatch: warning: {said}: {'it applies' if one else 'they apply'} to {kind}, "
+            f"and none of the inputs is {item}"
+        )
+    return lines
 
 
 def add_model_options(parser: argparse.ArgumentParser, without: str | None = None) -> None:
@@ -514,6 +564,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         args.model,
         engine_args_from(args),
         engine_log_from(args),
+        "-v",
         gpus=args.gpus,
         engines_per_gpu=args.engines_per_gpu,
         batch_invariant=args.batch_invariant,

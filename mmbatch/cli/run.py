@@ -69,6 +69,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         model,
         kwargs,
         engine_log_from(args),
+        "-v",
         gpus=args.gpus,
         engines_per_gpu=args.engines_per_gpu,
     )

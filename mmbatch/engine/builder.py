@@ -167,8 +167,8 @@ def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
     log = config.log_file
     if log is not None:
         print(
-            f"mmbatch: starting vLLM; its log goes to {log} (to see it here: -v, or "
-            "vllm_log=None from Python)",
+            f"mmbatch: starting vLLM; its log goes to {log} (to see it here: "
+            f"{config.log_shown_by})",
             file=sys.stderr,
         )
 

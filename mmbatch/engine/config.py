@@ -28,6 +28,10 @@ class EngineConfig:
     log_file: str | None = None
     """Where vLLM's log goes once the engine starts (``mmbatch.engine.logs``); None: where
     vLLM sends it (the terminal)."""
+    log_shown_by: str = "vllm_log=None"
+    """How a user of the face that made this config sends vLLM's log to the terminal instead
+    of ``log_file``, said beside the file's name: ``-v`` on the command line, the default
+    ``vllm_log=None`` from Python."""
     gpus: int | None = None
     """How many of the visible GPUs to use (None: all); how they run the model is chosen
     by ``mmbatch.engine.layout``."""

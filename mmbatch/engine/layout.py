@@ -29,6 +29,7 @@ from typing import Any
 
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
+from mmbatch.words import counted
 
 VLLM_MEMORY_SHARE = 0.9
 """vLLM's default ``gpu_memory_utilization``: the share of a GPU its engines may take."""
@@ -89,6 +90,9 @@ class Layout:
     short_job: int = 0
     """Requests per engine of a short job (``SHORT_JOB_REQUESTS``), which starts its engines
     uncompiled (``short_job_compilation``); 0 for a long job or one of unknown size."""
+    kept: bool = False
+    """The engines were started for an earlier job of this process, and kept for this one
+    (``mmbatch.engine.registry``)."""
 
     @property
     def replicas(self) -> int:
@@ -112,6 +116,27 @@ class Layout:
     def devices(self) -> list[str | None]:
         """Each replica's ``CUDA_VISIBLE_DEVICES`` (None: leave the environment alone)."""
         return [",".join(group) or None for group in self.groups]
+
+    def plainly(self) -> str:
+        """The engines in a user's words (``1 engine on the CPU; starts without compiling,
+        which is faster for a job this short``); ``describe`` says why, for ``-v`` and the
+        summary."""
+        engines = counted(self.replicas, "engine")
+        each = " on" if self.replicas == 1 else ", each on"
+        if not any(self.groups):
+            where = " on the CPU"
+        elif self.per_gpu > 1:
+            where = f", {self.per_gpu} on each of {counted(self.replicas // self.per_gpu, 'GPU')}"
+        elif self.tensor_parallel > 1:
+            where = f"{each} {self.tensor_parallel} GPUs"
+        else:
+            where = " on 1 GPU" if self.replicas == 1 else ", one per GPU"
+        if self.kept:
+            return f"{engines}{where}, already running (started for an earlier job)"
+        if not self.short_job:
+            return f"{engines}{where}"
+        starts = "starts" if self.replicas == 1 else "start"
+        return f"{engines}{where}; {starts} without compiling, which is faster for a job this short"
 
     def describe(self) -> str:
         if not any(self.groups):

@@ -51,7 +51,7 @@ def shared_engine_and_layout(
     kept = _ENGINES.get(key)
     if kept is not None:  # laid out for the job that built it, which the summary says
         engine, built_for = kept
-        return engine, replace(built_for, reason=f"{built_for.reason}; {KEPT}")
+        return engine, replace(built_for, reason=f"{built_for.reason}; {KEPT}", kept=True)
     engine = builder.start_engine(host, media_per_prompt, layout)
     _ENGINES[key] = (engine, layout)
     on_close = getattr(engine, "on_close", None)

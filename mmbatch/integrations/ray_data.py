@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mmbatch.clock import process_seconds
 from mmbatch.engine.base import Engine
 from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
@@ -324,6 +325,7 @@ def run_on_ray(
     out.record(whole)
     started = time.perf_counter()
     pending = {r.row_id for r in plan.pending}
+    ready_at: float | None = None
     job = replace(job, requests_per_replica=-(-len(plan.pending) // resources.replicas))
     figures, layouts = ReplicaFigures(), []
     if pending:
@@ -331,7 +333,9 @@ def run_on_ray(
         try:
             rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
             _write(rows, out)
-            figures, layouts = ray.get([tally.total.remote(), tally.layouts.remote()])
+            figures, layouts, ready_at = ray.get(
+                [tally.total.remote(), tally.layouts.remote(), tally.ready_at.remote()]
+            )
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -346,10 +350,26 @@ def run_on_ray(
         finally:
             ray.kill(tally)
     out.refresh()
+    startup, started = startup_split(ready_at, started)
     run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
     laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
-    return out.summarise(whole, plan, run, {**whole.info, **(laid_out if layouts else {})})
+    info = {**whole.info, **(laid_out if layouts else {})}
+    return out.summarise(whole, plan, run, info, startup)
+
+
+def startup_split(ready_at: float | None, started: float) -> tuple[float | None, float]:
+    """The driver's start-up (seconds from its process's start to the first replica's engine
+    ready; None: no engine was started) and when the work began on this process's
+    ``perf_counter`` (``started``, the run's start, when no engine was), from ``ready_at``:
+    the first replica's engine ready, by the wall clock. So that a Ray job's summary splits
+    its time as a local job's does, instead of counting the engines' start as work."""
+    if ready_at is None:
+        return None, started
+    since = max(0.0, time.time() - ready_at)  # a replica on a clock ahead: no time since
+    now = time.perf_counter()
+    startup = min(process_seconds(), max(0.0, process_seconds() - since))
+    return startup, max(started, now - since)
 
 
 def _write(rows: Dataset, out: FileOutput) -> None:
@@ -408,11 +428,20 @@ class ReplicaTally:
 
     def __init__(self) -> None:
         self._batches: dict[str, ReplicaFigures] = {}
+        self._ready_at: float | None = None
 
         self._layouts: set[str] = set()
 
-    def add(self, batch: str, figures: ReplicaFigures) -> None:
+    def add(self, batch: str, figures: ReplicaFigures, ready_at: float | None = None) -> None:
+        """``figures`` of ``batch``; ``ready_at``: when its replica's engine was ready (the
+        wall clock), of which the first is when the job's work began."""
         self._batches[batch] = figures
+        if ready_at is not None:
+            self._ready_at = ready_at if self._ready_at is None else min(self._ready_at, ready_at)
+
+    def ready_at(self) -> float | None:
+        """When the first replica's engine was ready (None: none said)."""
+        return self._ready_at
 
     def laid_out(self, layout: str) -> None:
         """A replica's engines, as ``Layout.describe`` says them."""
@@ -505,6 +534,9 @@ class EngineReplica:
             except MmbatchError as exc:
                 self.failed = exc
         self.engine = engine
+        # When this replica's engine was ready, by the wall clock: the driver's summary
+        # splits start-up from work by the first replica's (``startup_split``).
+        self.ready_at = time.time()
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         import asyncio
@@ -528,7 +560,7 @@ class EngineReplica:
                 "that do not match its ids one to one"
             )
         if self.tally is not None and items:
-            await self.tally.add.remote(min(written), ReplicaFigures.of(stats))
+            await self.tally.add.remote(min(written), ReplicaFigures.of(stats), self.ready_at)
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)

@@ -42,6 +42,7 @@ from mmbatch.output.formats import read_output
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.rows import RowShape, asked_of
 from mmbatch.types import Request
+from mmbatch.words import counted
 
 RECORD_VERSION = 1
 _TAIL_CHUNK = 1 << 16
@@ -90,7 +91,8 @@ class ResumePlan:
         kept = self.kept_ok + self.kept_failed
         if not (kept or self.retried or self.changed or self.repaired_bytes):
             return None
-        parts = [f"resuming {out}: {kept} items already have a row"]
+        have = "has" if kept == 1 else "have"
+        parts = [f"resuming {out}: {counted(kept, 'item')} already {have} a row"]
         if self.kept_failed:
             parts.append(f"{self.kept_failed} of them errors (--retry-errors redoes those)")
         if self.retried:
@@ -102,7 +104,7 @@ class ResumePlan:
             )
         if self.repaired_bytes:
             parts.append(f"a torn last line ({self.repaired_bytes} bytes) was cut off")
-        return ", ".join(parts) + f"; {self.pending_items} items to do"
+        return ", ".join(parts) + f"; {counted(self.pending_items, 'item')} to do"
 
 
 def prepare(

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from mmbatch.jsonl import write_atomic
 from mmbatch.output.rows import RowShape
 from mmbatch.types import CacheStats, Result
+from mmbatch.words import counted
 
 
 @dataclass
@@ -139,32 +140,41 @@ class JobStats(Tally):
         end = self.finished if self.finished is not None else time.perf_counter()
         return end - self.started
 
-    def summary(self) -> str:
-        """A few human lines for the end of a run."""
+    def summary(self, time_line: str | None = None, model: bool = True) -> str:
+        """A few human lines for the end of a run. ``time_line``: how long the whole command
+        took and its parts (``mmbatch.output.summary.time_split``), said before the speed of
+        the work; None: the work's own seconds. ``model``: whether a model answered (without
+        one, frames are only extracted: no tokens, no engine queue, no cache)."""
         wall = self.wall_seconds
         rate = self.done / wall if wall > 0 else 0.0
         tok_rate = self.decoded_tokens / wall if wall > 0 else 0.0
         lines = [
-            f"{self.done} of {self.total} items: {self.ok} ok, {self.failed} failed"
+            f"{self.done} of {counted(self.total, 'item')}: {self.ok} ok, {self.failed} failed"
             + (f" ({_by_stage(self.failed_by_stage)})" if self.failed else ""),
-            f"tokens: {self.prompt_tokens} prompt ({self.cached_tokens} from prefix cache), "
-            f"{self.output_tokens} output",
-            f"time: {wall:.1f} s, {rate:.2f} items/s, {tok_rate:.1f} output tok/s",
         ]
-        if self.decodes or self.bytes_read:  # counted where the media were loaded
+        if model:
             lines.append(
-                f"media: {self.decodes} decoded, {_size(self.bytes_read)} read; "
-                f"cache hit rates: prefix {_pct(self.cache.prefix_hit_rate)}, "
-                f"multimodal {_pct(self.cache.mm_hit_rate)}"
+                f"tokens: {self.prompt_tokens} prompt ({self.cached_tokens} from prefix cache), "
+                f"{self.output_tokens} output"
             )
+        lines.append(time_line or f"time: {wall:.1f} s of work")
+        speed = f"{rate:.2f} items/s" + (f", {tok_rate:.1f} output tok/s" if model else "")
+        lines.append(f"speed: {speed}, over the {wall:.1f} s of work")
+        if self.decodes or self.bytes_read:  # counted where the media were loaded
+            caches = (
+                f"; cache hit rates: prefix {_pct(self.cache.prefix_hit_rate)}, "
+                f"multimodal {_pct(self.cache.mm_hit_rate)}"
+                if model
+                else ""
+            )
+            lines.append(f"media: {self.decodes} decoded, {_size(self.bytes_read)} read{caches}")
         if self.answered_by_identical:
             lines.append(
-                f"repeats: {self.answered_by_identical} "
-                f"request{'s' if self.answered_by_identical != 1 else ''} answered by an "
+                f"repeats: {counted(self.answered_by_identical, 'request')} answered by an "
                 f"identical request's answer, not decoded again ({self.repeated_output_tokens} "
                 "of the output tokens, left out of tok/s)"
             )
-        queue = self.queue_summary()
+        queue = self.queue_summary() if model else None
         if queue is not None:
             starved = (
                 f"; waiting empty in {queue['starved_share']:.0%} of the "

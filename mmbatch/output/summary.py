@@ -77,6 +77,21 @@ def read_summary(paths: OutputPaths) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
+def time_split(whole: float | None, startup: float | None, work: float | None) -> str | None:
+    """``time: 50.2 s for the whole command: start-up 47.7 s, work 0.7 s, finishing 1.8 s``:
+    the command's seconds (``whole``: from the process's start to the summary written), then
+    its parts: ``startup`` to the engine ready, ``work`` (the run's rows), and what is left
+    (the rows put in order, the output counted, the summary written). None where the job
+    started no engine in this process (its work is then all a figure can say)."""
+    if whole is None or startup is None or work is None:
+        return None
+    finishing = max(0.0, whole - startup - work)
+    return (
+        f"time: {whole:.1f} s for the whole command: start-up {startup:.1f} s, "
+        f"work {work:.1f} s, finishing {finishing:.1f} s"
+    )
+
+
 @dataclass
 class JobReport:
     """What a run did, and what the whole output now holds."""
@@ -98,19 +113,18 @@ class JobReport:
     """From the process's start to its engine ready (None: no engine was started)."""
     process_seconds: float = 0.0
     """From the process's start to the summary written."""
+    model: bool = True
+    """Whether a model answered (False: frames only extracted, ``DecodeOnly``)."""
 
     @property
     def failed(self) -> int:
         return self.output.failed
 
     def lines(self) -> list[str]:
-        """The summary a face prints at the end of the job."""
-        lines = [self.run.summary()] if self.run.total else []
-        if self.startup_seconds is not None:
-            lines.append(
-                f"start-up: {self.startup_seconds:.1f} s from the command to the engine ready; "
-                f"{self.process_seconds:.1f} s in all"
-            )
+        """The summary a face prints at the end of the job: the whole command's time first,
+        then its parts, so that no figure of one part reads as the command's."""
+        timing = time_split(self.process_seconds, self.startup_seconds, self.run.wall_seconds)
+        lines = [self.run.summary(timing, self.model)] if self.run.total else []
         lines.append(
             f"rows written to {self.out}: {self.output.ok} ok, {self.output.failed} failed; "
             f"summary in {self.summary_path}"

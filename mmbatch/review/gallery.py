@@ -18,7 +18,9 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
+from mmbatch.output.summary import time_split
 from mmbatch.row_schema import FLAT_COLUMNS, RECIPE_COLUMNS
+from mmbatch.words import counted
 
 KNOWN_FIELDS = frozenset(column.name for column in FLAT_COLUMNS + RECIPE_COLUMNS)
 """Fields shown in a card's body; any other field of a row is listed under "more"."""
@@ -116,7 +118,8 @@ def _summary(summary: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]
     if summary is None:
         failed = sum(1 for row in rows if row.get("error"))
         return (
-            f'<p class="counts">{len(rows)} items: {len(rows) - failed} ok, {failed} failed</p>'
+            f'<p class="counts">{counted(len(rows), "item")}: {len(rows) - failed} ok, '
+            f"{failed} failed</p>"
             '<p class="note">No summary file beside the output, so no throughput or cache '
             "figures.</p>"
         )
@@ -150,7 +153,7 @@ def _summary(summary: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]
             f"multimodal {_percent(stats.get('mm_cache_hit_rate'))}",
         ),
         ("media", f"{stats.get('decodes', '?')} decoded"),
-        ("wall time", f"{_number(stats.get('wall_seconds'))} s"),
+        ("wall time", _wall_time(stats)),
         ("model", str(job.get("model", "?"))),
         ("finished", str(summary.get("finished_at", "?"))),
     ]
@@ -162,6 +165,17 @@ def _summary(summary: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]
         )
         + "</dl>"
     )
+
+
+def _wall_time(stats: Mapping[str, Any]) -> str:
+    """The whole command's seconds, then its parts (``time_split``); a summary without them
+    (written before they were recorded, or by a job that started no engine) says its work's."""
+    parts = [stats.get(name) for name in ("process_seconds", "startup_seconds", "wall_seconds")]
+    if all(isinstance(part, (int, float)) for part in parts):
+        split = time_split(*parts)
+        if split is not None:
+            return split.removeprefix("time: ")
+    return f"{_number(stats.get('wall_seconds'))} s of work"
 
 
 def _number(value: Any) -> str:

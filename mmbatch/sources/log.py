@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from mmbatch.words import counted_phrase
+
 MAX_NOTES = 20
 """Notes kept word for word; past this many, only their number is."""
 
@@ -40,7 +42,7 @@ class ListingLog:
         lines = []
         if self.skipped:
             ranked = sorted(self.skipped.items(), key=lambda c: (-c[1], c[0]))
-            counts = ", ".join(f"{n} {reason}" for reason, n in ranked)
+            counts = ", ".join(counted_phrase(n, reason) for reason, n in ranked)
             lines.append(f"passed over while listing the inputs: {counts}")
         return lines + self.note_lines()
 

@@ -71,7 +71,7 @@ class Takes:
 
 def media_requests(
     files: Sequence[InputFile],
-    prompt: str,
+    prompt: str | None,
     system: str | None = None,
     *,
     takes: Takes = Takes(),
@@ -80,7 +80,8 @@ def media_requests(
 ) -> list[Request]:
     """The requests of ``files`` (from ``list_media``) for a job that ``takes`` some kinds
     of media; walked files it does not take are counted in ``log``. ``media``: how audio is
-    cut into windows, and the cap on a video clip's frames' pixels."""
+    cut into windows, and the cap on a video clip's frames' pixels. ``prompt``: the question
+    for every file without one of its own (None: ``DEFAULT_PROMPTS``' for its kind)."""
     media = media or MediaOptions()
     log = log if log is not None else ListingLog()
     wanted = takes.wanted()
@@ -90,8 +91,8 @@ def media_requests(
         cuts = cut_videos(videos, takes.clips, media.video, log) if videos else {}
     requests: list[Request] = []
     for file in files:
-        text = file.prompt or prompt
         kind = modality_of(file.path)
+        text = file.prompt or prompt or _default_prompt(kind, takes)
         if file.refused is not None or kind not in wanted:
             # A path its manifest may not name, or a kind the job does not take.
             error = file.refused or _not_wanted(file, kind, takes, log)
@@ -112,6 +113,15 @@ def media_requests(
         names = ", ".join(sorted({f.path for f in files})[:3])
         raise SourceError(f"no {kinds} the model takes found among {names}")
     return requests
+
+
+def _default_prompt(kind: Modality, takes: Takes) -> str:
+    """The question for a file of ``kind`` given none: its kind's, a video's clips cut as
+    single frames being frames."""
+    from mmbatch.sources import DEFAULT_PROMPTS
+
+    frames = kind == "video" and takes.clips is not None and takes.clips.frame
+    return DEFAULT_PROMPTS["frame" if frames else kind]
 
 
 def _not_wanted(file: InputFile, kind: Modality, takes: Takes, log: ListingLog) -> ItemError | None:

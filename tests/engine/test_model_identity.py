@@ -112,7 +112,7 @@ def test_an_edited_manifest_prompt_is_redone_not_kept(
     assert main(argv, FakeEngine()) == EXIT_OK
     err = capsys.readouterr().err
     assert "1 items whose prompt changed since their row was written (e.g. 'b') are redone" in err
-    assert "1 items to do" in err
+    assert "1 item to do" in err
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert len(out.read_text().splitlines()) == 3
     assert rows["b"]["prompt"] == "Is it raining?"

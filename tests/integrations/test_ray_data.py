@@ -146,6 +146,9 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
         env.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
         code = main([*argv, "--force"])
     assert code == EXIT_ITEMS_FAILED  # the truncated, missing and empty files
+    # Its time split as a local job's: the replicas' engine start is start-up, not work.
+    said = capsys.readouterr().err
+    assert "for the whole command: start-up" in said, said
     ray_rows = rows_on_disk(out)
     assert sorted(ray_rows) == sorted(r.id for r in requests)  # one row per input, no more
     assert (out / ".partial-earlier_000001.json").exists()
@@ -153,6 +156,9 @@ def test_ray_run_gives_the_local_runs_rows_and_resumes(
     assert summary["stats"]["total"] == len(requests)
     assert summary["stats"]["rows_from_earlier_runs"] == 2
     assert summary["stats"]["failed"] == 6  # three bad files, each asked two prompts
+    stats = summary["stats"]
+    assert 0 < stats["startup_seconds"] < stats["process_seconds"]
+    assert stats["startup_seconds"] + stats["wall_seconds"] <= stats["process_seconds"] + 0.1
     # The replica's engines, laid out for its share of the job as a command's are.
     assert (
         summary["job"]["engines"] == "each replica: one engine on this machine (no GPU is visible)"
@@ -557,7 +563,7 @@ def test_a_row_folder_resumes_by_the_local_runners_rules(
     assert [r.id for r in plan.pending] == ["y", "z", "w"]
     assert (plan.kept_ok, plan.retried, plan.changed) == (1, 1, 1)
     said = capsys.readouterr().err
-    assert f"mmbatch: resuming {folder}: 1 items already have a row" in said
+    assert f"mmbatch: resuming {folder}: 1 item already has a row" in said
     assert "1 error rows removed to be retried" in said
     assert [FLAT.row_id(row) for row in read_folder(folder, "jsonl", FLAT)] == ["x"]
 

@@ -93,13 +93,13 @@ def test_resuming_a_recipe_counts_items_not_requests(
     capsys.readouterr()
     assert main([*argv, "--no-progress"]) == EXIT_OK
     err = capsys.readouterr().err
-    assert "1 items already have a row; 2 items to do" in err
+    assert "1 item already has a row; 2 items to do" in err
     assert "2 of 2 items: 2 ok" in err
     stats = json.loads(out.with_name(out.name + ".summary.json").read_text())["stats"]
     assert (stats["total"], stats["ok"], stats["rows_from_earlier_runs"]) == (3, 3, 1)
     # What a user timing the command sees: from the process's start, imports included.
     assert 0 < stats["startup_seconds"] <= stats["process_seconds"]
-    assert f"{stats['process_seconds']:.1f} s in all" in err
+    assert f"time: {stats['process_seconds']:.1f} s for the whole command: start-up" in err
 
 
 def test_the_gallery_reads_a_row_whose_frame_fields_are_not_numbers(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ def test_a_prefix_is_walked_like_a_folder_and_gives_the_local_rows(
     assert run("caption", str(local), "--out", str(tmp_path / "local.jsonl")) == EXIT_ITEMS_FAILED
     assert run("caption", prefix, "--out", str(tmp_path / "s3.jsonl")) == EXIT_ITEMS_FAILED
     err = capsys.readouterr().err
-    assert "hidden folders (not walked)" in err
+    assert "1 hidden folder (not walked)" in err
     rows = read_rows(tmp_path / "s3.jsonl")
     assert sorted(row["id"] for row in rows) == sorted(
         f"{prefix}/{'sub/' if n == 'sunset.jpg' else ''}{n}" for n in PICTURES

@@ -93,7 +93,7 @@ def test_each_format_written_to_storage_holds_the_local_rows_and_resumes_there(
     assert idle.added == []
     assert "4 items already have a row" in capsys.readouterr().err
     assert caption(pictures, s3.url(name), *extra, "--retry-errors") == EXIT_ITEMS_FAILED
-    assert "1 error rows removed to be retried; 1 items to do" in capsys.readouterr().err
+    assert "1 error rows removed to be retried; 1 item to do" in capsys.readouterr().err
     again = download(s3, name, tmp_path / f"again-{name}")
     assert rows_of(again) == rows_of(local)
     assert not [k for k in s3.keys("") if ".parts" in k]
