@@ -235,23 +235,9 @@ def quiet_unless_verbose(args: argparse.Namespace) -> Iterator[None]:
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:
     """What inputs may point at: the manifest root and URLs."""
-    from mmbatch.media.fetch import DEFAULT_URL_MAX_BYTES, DEFAULT_URL_TIMEOUT_S
-
     group = parser.add_argument_group("input safety")
     add_local_path_options(group)
-    group.add_argument("--allow-urls", action="store_true", help="fetch http(s) inputs")
-    group.add_argument(
-        "--url-max-bytes",
-        type=int,
-        default=DEFAULT_URL_MAX_BYTES,
-        help="largest download per URL (default %(default)s)",
-    )
-    group.add_argument(
-        "--url-timeout",
-        type=float,
-        default=DEFAULT_URL_TIMEOUT_S,
-        help="seconds allowed per URL (default %(default)s)",
-    )
+    add_url_options(group)
     parser.add_argument(
         "--keep-columns",
         default=None,
@@ -277,6 +263,26 @@ def add_local_path_options(group: argparse._ActionsContainer) -> None:
         "--allow-outside-root",
         action="store_true",
         help="let paths named inside an input lead anywhere",
+    )
+
+
+def add_url_options(group: argparse._ActionsContainer) -> None:
+    """Whether http(s) URLs named in the inputs are fetched, and within which bounds
+    (``url_policy_from``): one set of options for every command that reads them."""
+    from mmbatch.media.fetch import DEFAULT_URL_MAX_BYTES, DEFAULT_URL_TIMEOUT_S
+
+    group.add_argument("--allow-urls", action="store_true", help="fetch http(s) inputs")
+    group.add_argument(
+        "--url-max-bytes",
+        type=int,
+        default=DEFAULT_URL_MAX_BYTES,
+        help="largest download per URL (default %(default)s)",
+    )
+    group.add_argument(
+        "--url-timeout",
+        type=float,
+        default=DEFAULT_URL_TIMEOUT_S,
+        help="seconds allowed per URL (default %(default)s)",
     )
 
 

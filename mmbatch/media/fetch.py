@@ -49,6 +49,13 @@ def is_url(source: str) -> bool:
     return "://" in source
 
 
+def is_fetched_url(source: str) -> bool:
+    """Whether ``source`` is a URL fetched with ``--allow-urls`` (http, https, or another
+    protocol that is neither storage nor ``file://``, refused when fetched), rather than a
+    path or a storage URL, which the path rule holds (``mmbatch.sources.paths``)."""
+    return is_url(source) and not is_storage_url(source) and source[:7].lower() != "file://"
+
+
 @dataclass(frozen=True)
 class UrlPolicy:
     """Permission to fetch http(s) URLs, with the limits each fetch must stay within."""

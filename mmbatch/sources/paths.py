@@ -45,6 +45,11 @@ prefix the person running the job allowed (``--input-root s3://bucket/other``), 
 with ``--allow-outside-root``. A local path named inside an input in storage, or a URL named
 inside a local one, leads out of the input's folder by definition and needs the same
 widening. Objects have no links to swap, so a URL is not pinned.
+
+An http(s) URL named inside an input is fetched only where the person running the job
+allowed it (``--allow-urls``, which bounds each download in size and time:
+``mmbatch.media.fetch``); otherwise it is its item's error (``url_not_allowed``), as a path
+out of the input's folder is.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from mmbatch.errors import ItemFailure
+from mmbatch.media.fetch import is_fetched_url as is_fetched_url  # the rule's URL half
 from mmbatch.storage.urls import is_inside as url_is_inside
 from mmbatch.storage.urls import is_storage_url, join, normalised, scheme, shown
 from mmbatch.types import FileId, MediaRef, Modality
@@ -71,6 +77,14 @@ class PathNotAllowed(ItemFailure):
 
     stage = "source"
     kind = "not_allowed"
+
+
+def url_not_allowed(url: str, where: str) -> PathNotAllowed:
+    """A URL named inside an input of a job that does not fetch URLs: that item's error."""
+    return PathNotAllowed(
+        f"{where}: {shown(url)!r} is a URL; URLs are fetched only with --allow-urls "
+        "(which bounds each download in size and time)"
+    )
 
 
 class LinkedOut(PathNotAllowed):
