@@ -33,6 +33,7 @@ from mmbatch.clock import milestone
 from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
+from mmbatch.engine.vllm_arguments import LLM_ONLY_ARGUMENTS
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.types import (
     MODALITIES,
@@ -469,10 +470,6 @@ def cpu_build() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-LLM_ONLY_ARGUMENTS = frozenset({"chat_template"})
-"""``vllm.LLM`` arguments that are not ``EngineArgs`` fields."""
 
 
 @dataclass(frozen=True)
