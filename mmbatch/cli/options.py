@@ -221,6 +221,21 @@ def engine_log_from(args: argparse.Namespace) -> str | None:
     return str(OutputPaths(rows).vllm_log)
 
 
+def engine_log_shown_from(args: argparse.Namespace) -> str | None:
+    """Where the person running the job finds vLLM's log (``engine_log_from``) when that is
+    not where it is written: for an output in storage, the URL beside the output that the
+    log is uploaded to when the job ends (the local mirror is removed then)."""
+    from mmbatch.output.paths import OutputPaths
+    from mmbatch.output.remote import RemoteOutput, staging
+    from mmbatch.storage.urls import is_storage_url, shown
+
+    if args.verbose or not is_storage_url(args.out):
+        return None
+    url = args.out.rstrip("/")
+    mirror = RemoteOutput(url, staging(url))
+    return shown(mirror.remote(OutputPaths(mirror.local).vllm_log))
+
+
 @contextmanager
 def quiet_unless_verbose(args: argparse.Namespace) -> Iterator[None]:
     """What vLLM prints while a command reads the model's configuration (no engine, no
@@ -507,6 +522,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         engine_args_from(args),
         engine_log_from(args),
         gpus=args.gpus,
+        log_shown=engine_log_shown_from(args),
         engines_per_gpu=args.engines_per_gpu,
         batch_invariant=args.batch_invariant,
     )

@@ -32,7 +32,7 @@ def engine_argument_names() -> frozenset[str] | None:
     if not folders:
         return None
     try:
-        tree = ast.parse((Path(list(folders)[0]) / "engine" / "arg_utils.py").read_bytes())
+        tree = ast.parse((Path(next(iter(folders))) / "engine" / "arg_utils.py").read_bytes())
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:

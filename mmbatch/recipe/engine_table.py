@@ -16,7 +16,8 @@ Everything else is refused when the recipe is read, before any vLLM code runs (`
 check`` imports nothing a recipe names), with a line that names the key and says how to set
 it on the command line (``--engine-arg KEY=VALUE``), where the person running the job
 chooses it; a key that is none of vLLM's settings (as the installed vLLM's source declares
-them: ``mmbatch.engine.vllm_arguments``) gets the setting it likely misspells instead. The command line and a Python caller's own ``EngineConfig`` are not restricted.
+them: ``mmbatch.engine.vllm_arguments``) gets the setting it likely misspells instead. The
+command line and a Python caller's own ``EngineConfig`` are not restricted.
 
 What a recipe may start: the engine of the job, as processes of this machine talking over
 local pipes and sockets (``distributed_executor_backend`` ``"mp"`` or ``"uni"``, or
