@@ -232,8 +232,11 @@ def engine_log_shown_from(args: argparse.Namespace) -> str | None:
     if args.verbose or not is_storage_url(args.out):
         return None
     url = args.out.rstrip("/")
-    mirror = RemoteOutput(url, staging(url))
-    return shown(mirror.remote(OutputPaths(mirror.local).vllm_log))
+    try:
+        mirror = RemoteOutput(url, staging(url))
+        return shown(mirror.remote(OutputPaths(mirror.local).vllm_log))
+    except ValueError:  # a URL no output can be at: the output's own check says why
+        return None
 
 
 @contextmanager
