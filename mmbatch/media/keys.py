@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
@@ -234,14 +234,7 @@ class Keyer:
     def _fetch_urls(self, requests: Sequence[Request]) -> dict[str, bytes | MediaError]:
         """The whole pictures at http(s) URLs that ``requests`` name and that no reader
         thread fetched before in the job, fetched at once (``URL_FETCHES`` in flight)."""
-        wanted: dict[str, None] = {}
-        for request in requests:
-            if request.error is not None:
-                continue
-            for ref in request.media:
-                whole = ref.modality == "image" and ref.part is None and ref.data is None
-                if whole and ref.image is None and is_fetched_url(ref.source):
-                    wanted[ref.source] = None
+        wanted = _whole_pictures(requests, is_fetched_url)
         with self._lock:
             new = [url for url in wanted if url not in self._url_keys]
         if len(new) <= 1:
@@ -410,17 +403,23 @@ def _fetch_pictures(requests: Sequence[Request]) -> dict[str, bytes | MediaError
     """The whole pictures in storage that ``requests`` name, read at once: a store answers
     each GET after a round trip, and a unit's pictures wait for one round trip instead of
     one each (``read_many``). Only one store's at a time (the usual case: all of them)."""
+    urls = _whole_pictures(requests, is_storage_url)
+    same_store = [u for u in urls if u.split("://", 1)[0] == urls[0].split("://", 1)[0]]
+    return read_many(same_store, DEFAULT_MAX_FILE_BYTES) if len(same_store) > 1 else {}
+
+
+def _whole_pictures(requests: Sequence[Request], named: Callable[[str], bool]) -> list[str]:
+    """The distinct sources of the whole pictures ``requests`` name (read whole, not decoded
+    from a file, not held in memory) for which ``named(source)`` holds, in order."""
     wanted: dict[str, None] = {}
     for request in requests:
         if request.error is not None:
             continue
         for ref in request.media:
             whole = ref.modality == "image" and ref.part is None and ref.data is None
-            if whole and ref.image is None and is_storage_url(ref.source):
+            if whole and ref.image is None and named(ref.source):
                 wanted[ref.source] = None
-    urls = list(wanted)
-    same_store = [u for u in urls if u.split("://", 1)[0] == urls[0].split("://", 1)[0]]
-    return read_many(same_store, DEFAULT_MAX_FILE_BYTES) if len(same_store) > 1 else {}
+    return list(wanted)
 
 
 def _from_a_file(ref: MediaRef) -> MediaRef:
