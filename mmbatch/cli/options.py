@@ -272,6 +272,24 @@ def engine_log_from(args: argparse.Namespace) -> str | None:
     return str(OutputPaths(rows).vllm_log)
 
 
+def engine_log_shown_from(args: argparse.Namespace) -> str | None:
+    """Where the person running the job finds vLLM's log (``engine_log_from``) when that is
+    not where it is written: for an output in storage, the URL beside the output that the
+    log is uploaded to when the job ends (the local mirror is removed then)."""
+    from mmbatch.output.paths import OutputPaths
+    from mmbatch.output.remote import RemoteOutput, staging
+    from mmbatch.storage.urls import is_storage_url, shown
+
+    if args.verbose or not is_storage_url(args.out):
+        return None
+    url = args.out.rstrip("/")
+    try:
+        mirror = RemoteOutput(url, staging(url))
+        return shown(mirror.remote(OutputPaths(mirror.local).vllm_log))
+    except ValueError:  # a URL no output can be at: the output's own check says why
+        return None
+
+
 @contextmanager
 def quiet_unless_verbose(args: argparse.Namespace) -> Iterator[None]:
     """What vLLM prints while a command reads the model's configuration (no engine, no
@@ -286,23 +304,9 @@ def quiet_unless_verbose(args: argparse.Namespace) -> Iterator[None]:
 
 def add_input_options(parser: argparse.ArgumentParser) -> None:
     """What inputs may point at: the manifest root and URLs."""
-    from mmbatch.media.fetch import DEFAULT_URL_MAX_BYTES, DEFAULT_URL_TIMEOUT_S
-
     group = parser.add_argument_group("input safety")
     add_local_path_options(group)
-    group.add_argument("--allow-urls", action="store_true", help="fetch http(s) inputs")
-    group.add_argument(
-        "--url-max-bytes",
-        type=int,
-        default=DEFAULT_URL_MAX_BYTES,
-        help="largest download per URL (default %(default)s)",
-    )
-    group.add_argument(
-        "--url-timeout",
-        type=float,
-        default=DEFAULT_URL_TIMEOUT_S,
-        help="seconds allowed per URL (default %(default)s)",
-    )
+    add_url_options(group)
     parser.add_argument(
         "--keep-columns",
         default=None,
@@ -342,6 +346,26 @@ def folder_or_store(text: str) -> str:
     if refusal is not None:
         raise argparse.ArgumentTypeError(refusal)
     return text
+
+
+def add_url_options(group: argparse._ActionsContainer) -> None:
+    """Whether http(s) URLs named in the inputs are fetched, and within which bounds
+    (``url_policy_from``): one set of options for every command that reads them."""
+    from mmbatch.media.fetch import DEFAULT_URL_MAX_BYTES, DEFAULT_URL_TIMEOUT_S
+
+    group.add_argument("--allow-urls", action="store_true", help="fetch http(s) inputs")
+    group.add_argument(
+        "--url-max-bytes",
+        type=int,
+        default=DEFAULT_URL_MAX_BYTES,
+        help="largest download per URL (default %(default)s)",
+    )
+    group.add_argument(
+        "--url-timeout",
+        type=float,
+        default=DEFAULT_URL_TIMEOUT_S,
+        help="seconds allowed per URL (default %(default)s)",
+    )
 
 
 def local_paths_from(args: argparse.Namespace) -> LocalPaths:
@@ -566,6 +590,7 @@ def engine_config_from(args: argparse.Namespace) -> EngineConfig:
         engine_log_from(args),
         "-v",
         gpus=args.gpus,
+        log_shown=engine_log_shown_from(args),
         engines_per_gpu=args.engines_per_gpu,
         batch_invariant=args.batch_invariant,
     )

@@ -16,6 +16,7 @@ from mmbatch.cli.options import (
     add_sampling_options,
     engine_args_from,
     engine_log_from,
+    engine_log_shown_from,
     quiet_unless_verbose,
     run_to_file,
     sampling_from,
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         engine_log_from(args),
         "-v",
         gpus=args.gpus,
+        log_shown=engine_log_shown_from(args),
         engines_per_gpu=args.engines_per_gpu,
     )
     job = recipe_job(recipe, args.inputs, model, source_policy_from(args), url_policy_from(args))

@@ -164,7 +164,7 @@ def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
 
     with _quietly(config):
         preflight(config, media_per_prompt)
-    log = config.log_file
+    log = config.log_shown or config.log_file
     if log is not None:
         print(
             f"mmbatch: starting vLLM; its log goes to {log} (to see it here: "

@@ -48,6 +48,10 @@ class EngineConfig:
     ``VLLM_BATCH_INVARIANT=1``; see ``mmbatch.engine.invariance`` for the guarantee, its
     limits and the GPUs that give it): a resumed or Ray job writes the texts an uninterrupted
     local run writes. Refused where the platform lacks it."""
+    log_shown: str | None = None
+    """Where the person running the job will find vLLM's log, when not at ``log_file``: an
+    output in storage has it written in a temporary folder and uploaded beside the output,
+    to this URL, when the job ends."""
 
     def __post_init__(self) -> None:
         if not self.model:

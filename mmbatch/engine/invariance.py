@@ -42,9 +42,10 @@ from mmbatch.errors import ConfigError
 ENV_VAR = "VLLM_BATCH_INVARIANT"
 WHAT = "batch-invariant decoding (--batch-invariant, VLLM_BATCH_INVARIANT=1)"
 CAPABILITY = (9, 0)
-"""The compute capability vLLM's batch invariance needs (its documentation, before 0.32)."""
+"""The compute capability vLLM's batch invariance needs from 0.26 (the oldest supported) to
+0.31 (its documentation), and where the version is not known."""
 CAPABILITY_FROM_0_32 = (8, 0)
-"""From vLLM 0.32, which added kernels for Ampere."""
+"""From vLLM 0.32 (the newest supported: the CPU build's), which added kernels for Ampere."""
 
 
 def prepare_batch_invariance(config: EngineConfig, gpus: Sequence[Gpu]) -> None:

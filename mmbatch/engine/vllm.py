@@ -41,6 +41,7 @@ from mmbatch.clock import milestone
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.processor import ChatTemplate
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
+from mmbatch.engine.vllm_arguments import LLM_ONLY_ARGUMENTS
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.types import (
     MODALITIES,
@@ -518,10 +519,6 @@ def cpu_build() -> bool:
     return bool(current_platform.is_cpu())
 
 
-LLM_ONLY_ARGUMENTS = frozenset({"chat_template"})
-"""``vllm.LLM`` arguments that are not ``EngineArgs`` fields."""
-
-
 @dataclass(frozen=True)
 class ModelFacts:
     """What vLLM's own configuration says about the model, read without starting an engine."""
@@ -627,6 +624,38 @@ def engine_args(config: EngineConfig, media_per_prompt: dict[Modality, int] | No
     return EngineArgs(**args)
 
 
+def _hub_problem(model: str, exc: OSError) -> str:
+    """Why the hub name ``model`` gave no model, in our words: the library's own advice
+    (``local_files_only=False``, a token to pass) is about arguments the user never wrote."""
+    from huggingface_hub import constants
+
+    missing = f"model {model!r} is not a local folder nor in the Hugging Face cache"
+    if constants.HF_HUB_OFFLINE:
+        return f"{missing}, and HF_HUB_OFFLINE is set, so the hub was not asked"
+    if _unreachable(exc):
+        return f"{missing}, and the Hugging Face hub cannot be reached"
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (
+        f"model {model!r} is not a local folder, and the Hugging Face hub has no such model: "
+        f"{detail}"
+    )
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the hub could not be reached, as
+    opposed to answering that there is no such model."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (LocalEntryNotFoundError, ConnectionError, TimeoutError)):
+            return True
+        if "couldn't connect to" in str(seen):  # transformers' words for the same
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _config_problem(config: EngineConfig, exc: Exception) -> str:
     """vLLM's complaint about a configuration, as one line for the user."""
     import pydantic
@@ -652,10 +681,6 @@ def _config_problem(config: EngineConfig, exc: Exception) -> str:
             return f"engine argument {name}={value!r}: {message}"
         return f"vLLM refuses the engine settings: {message}"
     if isinstance(exc, OSError):
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return (
-            f"model {config.model!r} is not a local folder, and the Hugging Face hub has no "
-            f"such model or could not be reached: {detail}"
-        )
+        return _hub_problem(config.model, exc)
     lines = str(exc).strip().splitlines()
     return f"vLLM refuses the engine settings: {type(exc).__name__}: {lines[0] if lines else ''}"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 from mmbatch.errors import MediaError
+from mmbatch.media.fetch import UrlPolicy
 from mmbatch.media.options import AudioOptions, ImageOptions, VideoOptions
 from mmbatch.media.video import VideoIndex
 from mmbatch.types import ClipSpan, FileId, FrameAt, ItemError, MediaItem, TimeSpan
@@ -78,15 +79,17 @@ class ImageJob(_OneItem):
 
 @dataclass(frozen=True)
 class ImageFileJob(_OneItem, _ReadsItsFile):
-    """A picture file keyed earlier in the job (``Keyer``: a file is hashed once per job),
-    read again only if its item must be decoded again (the store let it go). Its bytes must
-    still be those of ``key``: a file changed since is that item's error, never another
-    picture under the key."""
+    """A picture file (or URL) keyed earlier in the job (``Keyer``: a file is hashed, a URL
+    fetched, once per job), read again only if its item must be decoded again (the store let
+    it go). Its bytes must still be those of ``key``: a file changed since is that item's
+    error, never another picture under the key."""
 
     key: str
     source: str
     options: ImageOptions
     pinned: FileId | None = None
+    urls: UrlPolicy | None = None
+    """The job's bounds on a fetch, for a picture fetched from an http(s) URL."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +177,7 @@ def _image_file(job: ImageFileJob) -> Decoded:
     from mmbatch.media.hashing import media_key
     from mmbatch.media.image import decode_image
 
-    data = read_source(job.source, None, pinned=job.pinned)
+    data = read_source(job.source, job.urls, pinned=job.pinned)
     if media_key("image", data, job.options.cache_token()) != job.key:
         raise MediaError(
             f"{job.source!r} changed while the job ran; run the job again to caption it",

@@ -33,7 +33,7 @@ from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
 from mmbatch.storage.objects import read_object
-from mmbatch.storage.urls import is_storage_url, scheme, shown, unsupported
+from mmbatch.storage.urls import is_storage_url, is_web_url, scheme, shown, unsupported
 from mmbatch.types import FileId
 
 URL_SCHEMES = ("http://", "https://")
@@ -49,6 +49,13 @@ def is_url(source: str) -> bool:
     """Whether ``source`` names a URL (of any protocol: whatever comes before its first
     ``://``, as fsspec reads it) rather than a local path."""
     return scheme(source) is not None
+
+
+def is_fetched_url(source: str) -> bool:
+    """Whether ``source`` is a URL fetched with ``--allow-urls`` (http, https), rather than
+    a path or a storage URL, which the path rule holds (``mmbatch.sources.paths``); a URL of
+    any other protocol is refused before it is read (``mmbatch.storage.urls.PROTOCOLS``)."""
+    return is_web_url(source)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
@@ -40,7 +41,13 @@ from mmbatch.media.decode import (
     clip_token,
     frame_token,
 )
-from mmbatch.media.fetch import DEFAULT_MAX_FILE_BYTES, is_url, read_file, read_source
+from mmbatch.media.fetch import (
+    DEFAULT_MAX_FILE_BYTES,
+    is_fetched_url,
+    is_url,
+    read_file,
+    read_source,
+)
 from mmbatch.media.hashing import file_digest, media_key
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.limits import PromptLimits
@@ -58,6 +65,13 @@ V = TypeVar("V")
 CACHE_ENTRIES = 4096
 """Sources whose digest or index is remembered: a job's requests on one source are planned
 together, so a small cache catches every repeat (a source also named by a later group)."""
+URL_FETCHES = 8
+"""A unit's URLs fetched at once: a remote server answers each GET after a round trip, and a
+unit's pictures wait for about one round trip instead of one each."""
+URL_BYTES_HELD = 64 * 1024**2
+"""The most bytes of fetched pictures kept by their key for other units naming the same URL
+(a unit's URLs are fetched before it is keyed, so a unit keyed at the same time as the one
+that fetched a URL would otherwise fetch it again to decode it)."""
 INDEX_ENTRIES = 16
 """Video indices remembered (an hour's index is a few megabytes): a job's clips of one video
 are planned together, so the video being keyed is always among them."""
@@ -73,7 +87,8 @@ class KeyedUnit:
     failures: list[Result] = field(default_factory=list)
     bytes_read: int = 0
     fetched: dict[str, bytes | MediaError] = field(default_factory=dict, repr=False)
-    """Pictures in storage read for this unit all at once, before it is keyed."""
+    """Pictures in storage, and at http(s) URLs not fetched before in the job, read for this
+    unit all at once, before it is keyed."""
 
 
 class Keyer:
@@ -87,8 +102,15 @@ class Keyer:
         """Streamed files' digests: a video's frames may be keyed in several units."""
         self._image_keys: dict[FileState, str] = {}
         """Picture files' keys by the file's status: each file is read and hashed once."""
-        self._reading: dict[FileState, threading.Event] = {}
-        """Picture files being read by one reader thread, for the others to wait on."""
+        self._url_keys: dict[str, str | MediaError] = {}
+        """Pictures at http(s) URLs: each URL's key, or why it could not be fetched. Each is
+        fetched once per job, however many requests name it."""
+        self._url_bytes = HeldBytes(URL_BYTES_HELD)
+        """The bytes fetched, by their key: a unit naming a URL fetched for another unit
+        decodes them if it must, rather than fetching them again."""
+        self._reading: dict[Hashable, threading.Event] = {}
+        """Picture files (by status) and URLs being read by one reader thread, for the
+        others to wait on."""
         self._indices: dict[str, VideoIndex] = {}
         """Videos' indices: the clips cut from one video are keyed one request at a time."""
         self._spill: str | None = None
@@ -97,7 +119,7 @@ class Keyer:
     def key(self, requests: Sequence[Request]) -> KeyedUnit:
         """Key every request of ``requests`` (a request already failed by its source is a
         failure at once)."""
-        unit = KeyedUnit(fetched=_fetch_pictures(requests))
+        unit = KeyedUnit(fetched=_fetch_pictures(requests) | self._fetch_urls(requests))
         frames: dict[str, tuple[VideoIndex, dict[str, FrameAt]]] = {}
         jobs: dict[str, DecodeJob] = {}
         unusable: dict[str, MediaError] = {}
@@ -162,11 +184,25 @@ class Keyer:
         options = self.options.image
         read: bytes | None
         fetched = unit.fetched.get(ref.source)
+        with self._lock:
+            known = self._url_keys.get(ref.source)
         if isinstance(fetched, MediaError):
             raise fetched
         if fetched is not None:
             read = fetched
             key = media_key("image", read, options.cache_token())
+        elif isinstance(known, MediaError):
+            raise known
+        elif known is not None:  # fetched for another unit: its bytes, if they are still held
+            with self._lock:
+                held = self._url_bytes.get(known)
+            job: DecodeJob
+            if held is None:  # fetched again only if its item must be decoded again
+                job = ImageFileJob(known, ref.source, options, urls=self.options.urls)
+            else:
+                job = ImageJob(known, held, options)
+            jobs.setdefault(known, job)
+            return known
         elif is_url(ref.source):
             read = read_source(ref.source, self.options.urls)
             key = media_key("image", read, options.cache_token())
@@ -184,16 +220,8 @@ class Keyer:
         them (None: the file was read earlier in the job, and is still as it was). One
         reader thread reads a file while the others wanting it wait for its key."""
         state = _state(ref)
-        while state is not None:
-            with self._lock:
-                known, reading = self._image_keys.get(state), self._reading.get(state)
-                if known is None and reading is None:
-                    self._reading[state] = threading.Event()
-                    break  # this thread reads it
-            if known is not None:
-                return known, None
-            assert reading is not None
-            reading.wait()  # then look again: read, or failed (then read here, failing alike)
+        if state is not None and (known := self._claim(self._image_keys, state)) is not None:
+            return known, None
         try:
             data, info = read_file(ref.source, pinned=ref.pinned)
             key = media_key("image", data, self.options.image.cache_token())
@@ -201,10 +229,62 @@ class Keyer:
                 _remember(self._image_keys, file_state(info), key)
             return key, data
         finally:
+            self._release(state)
+
+    def _fetch_urls(self, requests: Sequence[Request]) -> dict[str, bytes | MediaError]:
+        """The whole pictures at http(s) URLs that ``requests`` name and that no reader
+        thread fetched before in the job, fetched at once (``URL_FETCHES`` in flight)."""
+        wanted = _whole_pictures(requests, is_fetched_url)
+        with self._lock:
+            new = [url for url in wanted if url not in self._url_keys]
+        if len(new) <= 1:
+            fetched = [self._fetch_once(url) for url in new]
+        else:
+            with ThreadPoolExecutor(min(URL_FETCHES, len(new))) as pool:
+                fetched = list(pool.map(self._fetch_once, new))
+        return {url: data for url, data in zip(new, fetched, strict=True) if data is not None}
+
+    def _fetch_once(self, url: str) -> bytes | MediaError | None:
+        """The bytes at ``url`` (or why they cannot be had), None when another reader thread
+        fetched it (its key, or its error, is in ``_url_keys`` now)."""
+        if self._claim(self._url_keys, url) is not None:
+            return None
+        try:
+            try:
+                data = read_source(url, self.options.urls)
+            except MediaError as exc:
+                with self._lock:
+                    _remember(self._url_keys, url, exc)
+                return exc
+            key = media_key("image", data, self.options.image.cache_token())
             with self._lock:
-                done = self._reading.pop(state, None) if state is not None else None
-            if done is not None:
-                done.set()
+                self._url_bytes.put(key, data)
+                _remember(self._url_keys, url, key)
+            return data
+        finally:
+            self._release(url)
+
+    def _claim(self, known: dict[K, V], identity: K) -> V | None:
+        """What ``known`` holds for ``identity``, waiting while another reader thread reads
+        it; None when no thread holds it: then this thread must read it, and ``_release``
+        it after (read, or failed: a waiting thread then reads it itself, failing alike)."""
+        while True:
+            with self._lock:
+                value, reading = known.get(identity), self._reading.get(identity)
+                if value is None and reading is None:
+                    self._reading[identity] = threading.Event()
+                    return None
+            if value is not None:
+                return value
+            assert reading is not None
+            reading.wait()
+
+    def _release(self, identity: Hashable | None) -> None:
+        """This thread is done reading ``identity`` (see ``_claim``)."""
+        with self._lock:
+            done = self._reading.pop(identity, None) if identity is not None else None
+        if done is not None:
+            done.set()
 
     def _in_memory_image(self, ref: MediaRef, unit: KeyedUnit, jobs: dict[str, DecodeJob]) -> str:
         # Never remembered by name: in-memory items may share a label, not content.
@@ -323,17 +403,23 @@ def _fetch_pictures(requests: Sequence[Request]) -> dict[str, bytes | MediaError
     """The whole pictures in storage that ``requests`` name, read at once: a store answers
     each GET after a round trip, and a unit's pictures wait for one round trip instead of
     one each (``read_many``). Only one store's at a time (the usual case: all of them)."""
+    urls = _whole_pictures(requests, is_storage_url)
+    same_store = [u for u in urls if u.split("://", 1)[0] == urls[0].split("://", 1)[0]]
+    return read_many(same_store, DEFAULT_MAX_FILE_BYTES) if len(same_store) > 1 else {}
+
+
+def _whole_pictures(requests: Sequence[Request], named: Callable[[str], bool]) -> list[str]:
+    """The distinct sources of the whole pictures ``requests`` name (read whole, not decoded
+    from a file, not held in memory) for which ``named(source)`` holds, in order."""
     wanted: dict[str, None] = {}
     for request in requests:
         if request.error is not None:
             continue
         for ref in request.media:
             whole = ref.modality == "image" and ref.part is None and ref.data is None
-            if whole and ref.image is None and is_storage_url(ref.source):
+            if whole and ref.image is None and named(ref.source):
                 wanted[ref.source] = None
-    urls = list(wanted)
-    same_store = [u for u in urls if u.split("://", 1)[0] == urls[0].split("://", 1)[0]]
-    return read_many(same_store, DEFAULT_MAX_FILE_BYTES) if len(same_store) > 1 else {}
+    return list(wanted)
 
 
 def _from_a_file(ref: MediaRef) -> MediaRef:
@@ -344,6 +430,26 @@ def _from_a_file(ref: MediaRef) -> MediaRef:
     if not is_storage_url(ref.source) or (ref.modality == "image" and ref.part is None):
         return ref
     return replace(ref, source=local_copy(ref.source))
+
+
+class HeldBytes:
+    """Bytes by key, the most recently put kept, at most ``limit`` of them in all."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self._held: dict[str, bytes] = {}
+
+    def put(self, key: str, data: bytes) -> None:
+        if len(data) > self.limit or key in self._held:
+            return
+        self._held[key] = data
+        self.size += len(data)
+        while self.size > self.limit:
+            self.size -= len(self._held.pop(next(iter(self._held))))
+
+    def get(self, key: str) -> bytes | None:
+        return self._held.get(key)
 
 
 FileState: TypeAlias = "tuple[int, int, int, int, int]"

@@ -10,11 +10,13 @@ defaults and rules ``vllm run-batch`` gives them; those served are the token lim
 ``repetition_penalty`` and ``ignore_eos``, ``response_format``, and ``logprobs`` with
 ``top_logprobs``. Messages are optional system (or developer) messages, then user and
 assistant turns ending with a user message, whose content is a string or a list of
-``text`` and ``image_url`` parts; image URLs are ``data:`` URIs (decoded in memory) or local
+``text`` and ``image_url`` parts; image URLs are ``data:`` URIs (decoded in memory), local
 paths (``file://`` or plain, relative to the requests file), which must lead inside the
 requests file's folder or a folder the person running the job allowed
-(``mmbatch.sources.paths``). What a line leaves out takes the model's ``generation_config``,
-else vLLM's default (temperature 1.0, as the hosted API).
+(``mmbatch.sources.paths``), or http(s) URLs, fetched by the loader beside the engine when
+the job allows URLs (``--allow-urls``, bounded in size and time as every input's are). What
+a line leaves out takes the model's ``generation_config``, else vLLM's default (temperature
+1.0, as the hosted API).
 
 Output: one line per request, ``{"id", "custom_id", "response": {"status_code",
 "request_id", "body"}, "error": null}``, the body a ``chat.completion`` (choices, usage with
@@ -25,13 +27,14 @@ The requests go through the same loader, planner and engine windows as every oth
 lines sharing an image share its decode, its encoder output and their common prefix.
 
 What is refused, per line (a 400 row, the other lines go on): other URLs or methods,
-streaming, tool or function messages, remote image URLs, local paths outside the allowed
-folders (``not_allowed``), a body vLLM's model refuses, and any other parameter of vLLM's
-set to other than its default (``tools``, ``logit_bias``, ``echo``, ...) or that vLLM does
-not know: they would change the answer, and dropping them would return another answer than
-the hosted API or ``run-batch`` would. A file that cannot be read as a batch (a line that is
-not JSON, no ``custom_id``, a ``custom_id`` used twice) is refused whole, before any work,
-as the hosted API refuses it.
+streaming, tool or function messages, http(s) image URLs in a job that does not fetch URLs
+and local paths outside the allowed folders (both ``not_allowed``), an image URL that cannot
+be fetched (a 404, too large, too slow: the loader's error), a body vLLM's model refuses,
+and any other parameter of vLLM's set to other than its default (``tools``, ``logit_bias``,
+``echo``, ...) or that vLLM does not know: they would change the answer, and dropping them
+would return another answer than the hosted API or ``run-batch`` would. A file that cannot
+be read as a batch (a line that is not JSON, no ``custom_id``, a ``custom_id`` used twice)
+is refused whole, before any work, as the hosted API refuses it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any
 
 from mmbatch.errors import ConfigError, ItemFailure, SourceError
 from mmbatch.jsonl import JsonlError, objects_in, read_objects
-from mmbatch.sources.paths import LocalPaths
+from mmbatch.sources.paths import LocalPaths, is_fetched_url, url_not_allowed
 from mmbatch.storage.objects import read_whole
 from mmbatch.storage.urls import is_storage_url, parent, shown, unsupported
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
@@ -95,11 +98,12 @@ class InvalidLine(ValueError):
 @dataclass(frozen=True)
 class _Place:
     """Where a batch file's local image paths start from, and where they may lead; whether
-    the lines' parameters are read too."""
+    its http(s) image URLs may be fetched; whether the lines' parameters are read too."""
 
     folder: str
     paths: LocalPaths
     bodies: bool = True
+    urls: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,9 +124,12 @@ def read_batch(
     paths: LocalPaths | None = None,
     *,
     bodies: bool = True,
+    allow_urls: bool = False,
 ) -> BatchInput:
     """Read an OpenAI batch input file into requests (ids are the lines' ``custom_id``);
-    ``paths`` says where its local image paths may lead besides the file's own folder.
+    ``paths`` says where its local image paths may lead besides the file's own folder;
+    ``allow_urls`` lets its http(s) image URLs through, to be fetched by the loader (within
+    the job's ``UrlPolicy``), else each is its line's error.
     ``bodies=False`` reads each line's messages alone (its prompt and pictures, for the
     gallery), leaving its parameters unchecked and vLLM unimported."""
     refusal = unsupported(str(path))
@@ -130,7 +137,7 @@ def read_batch(
         raise SourceError(f"the batch file {refusal}")
     in_storage = is_storage_url(str(path))
     folder = parent(str(path)) if in_storage else str(Path(path).parent)
-    place = _Place(folder, paths or LocalPaths(), bodies)
+    place = _Place(folder, paths or LocalPaths(), bodies, allow_urls)
     lines = _lines(str(path) if in_storage else Path(path))
     path = shown(str(path)) if in_storage else Path(path)
     requests: list[Request] = []
@@ -265,11 +272,10 @@ def _image_ref(url: str, label: str, place: _Place) -> MediaRef:
         except (binascii.Error, ValueError) as exc:
             raise InvalidLine(f"the data: image URL is not valid base64 ({exc})") from None
         return MediaRef("image", label, data=data)
-    if url.startswith(("http://", "https://")):
-        raise InvalidLine(
-            "remote image URLs are not fetched; download the images and name their paths, "
-            "or embed them as data: URIs"
-        )
+    if is_fetched_url(url):
+        if not place.urls:
+            raise url_not_allowed(url, label)
+        return MediaRef("image", url)
     return place.paths.resolve(url, place.folder, label).ref("image")
 
 

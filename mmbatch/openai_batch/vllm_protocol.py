@@ -34,7 +34,8 @@ PROTOCOL_MODULES = (
     "vllm.entrypoints.openai.chat_completion.protocol",
     "vllm.entrypoints.openai.protocol",
 )
-"""Where vLLM keeps its chat completion models, newest layout first."""
+"""Where vLLM keeps its chat completion models: the first in every supported release (0.26
+through 0.32), the second in releases before them."""
 
 MISSING_LOGPROB = -9999.0
 """The least log probability vLLM's OpenAI server writes (its stand-in for none)."""

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmbatch.errors import MmbatchError
+from mmbatch.errors import MmbatchError, StorageError, StorageUnavailable
 from mmbatch.jsonl import encode_line, objects_in, read_objects, write_bytes_atomic
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.rows import RowShape
@@ -124,7 +124,13 @@ class RemoteOutput:
         self.local.parent.mkdir(parents=True)
         # A write first: a store that refuses one says so now. The one listing that follows
         # finds everything the output holds (and this probe, and any a killed run left).
-        put_object(f"{self.parts_url}/probe-{self.token}", b"")
+        probe = f"{self.parts_url}/probe-{self.token}"
+        try:
+            put_object(probe, b"")
+        except (StorageError, StorageUnavailable) as exc:  # said of the output named
+            if isinstance(exc, StorageError):
+                kind_of(self.url)  # a bucket that does not exist: said so, by its name
+            raise type(exc)(str(exc).replace(shown(probe), shown(self.url))) from None
         found = set(list_beside(self.url))
         delete_objects(sorted(u for u in found if name(u).startswith("probe-")))
         if self.url in found and paths.row_folder:

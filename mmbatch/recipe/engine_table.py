@@ -15,7 +15,9 @@ name. Nested tables (``compilation_config``, ``limit_mm_per_prompt``,
 Everything else is refused when the recipe is read, before any vLLM code runs (``mmbatch
 check`` imports nothing a recipe names), with a line that names the key and says how to set
 it on the command line (``--engine-arg KEY=VALUE``), where the person running the job
-chooses it. The command line and a Python caller's own ``EngineConfig`` are not restricted.
+chooses it; a key that is none of vLLM's settings (as the installed vLLM's source declares
+them: ``mmbatch.engine.vllm_arguments``) gets the setting it likely misspells instead. The
+command line and a Python caller's own ``EngineConfig`` are not restricted.
 
 What a recipe may start: the engine of the job, as processes of this machine talking over
 local pipes and sockets (``distributed_executor_backend`` ``"mp"`` or ``"uni"``, or
@@ -349,12 +351,30 @@ def engine_problems(engine: Mapping[str, Any]) -> list[str]:
         if key == "trust_remote_code" and value is True:
             continue
         shape = ENGINE_SETTINGS.get(key)
-        found = (
-            [(key, _not_settable(key, ENGINE_SETTINGS), True)]
-            if shape is None
-            else shape.problems(value, key)
-        )
-        for path, why, refused in found:
+        if shape is None:
+            lines.append(f"[engine] {_unknown_key(key)}")
+            continue
+        for path, why, refused in shape.problems(value, key):
             how = f"; {HOW.format(key=key)}" if refused else ""
             lines.append(f"[engine] {path}: {why}{how}")
     return lines
+
+
+def _unknown_key(key: str) -> str:
+    """Why the [engine] table may not hold ``key``, and what to do: pass it on the command
+    line if it is one of vLLM's settings, else use the setting it likely misspells."""
+    from mmbatch.engine.vllm_arguments import engine_argument_names
+
+    vllms = engine_argument_names()
+    if vllms is None or key in vllms:  # vLLM's (or vLLM is not here to ask)
+        return f"{key}: {_not_settable(key, ENGINE_SETTINGS)}; {HOW.format(key=key)}"
+    settable = difflib.get_close_matches(key, sorted(ENGINE_SETTINGS), n=1)
+    if settable:
+        return f"{key}: not a vLLM engine setting (did you mean {settable[0]!r}?)"
+    close = difflib.get_close_matches(key, sorted(vllms), n=1)
+    if close:
+        return (
+            f"{key}: not a vLLM engine setting (did you mean {close[0]!r}? a recipe may not "
+            f"set it; {HOW.format(key=close[0])})"
+        )
+    return f"{key}: not a vLLM engine setting (see `vllm serve --help`)"

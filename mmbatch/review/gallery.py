@@ -1,11 +1,15 @@
 """The review gallery: one self-contained HTML page to look at a job's results.
 
 One card per output row (its thumbnail, what was asked, the text or the error with its
-stage), the job summary on top (counts, throughput, cache hit rates, from
-``OUT.summary.json``), and a filter for errors. Everything is inline (pictures as ``data:``
-URIs, the style and the few lines of script), so the page can be mailed or archived as one
-file and opens without a network. The filter also reads the URL's fragment (``#errors``,
-``#ok``), so a link can open the page already filtered.
+stage, a clip's or an audio window's span), the job summary on top (counts, throughput,
+cache hit rates, from ``OUT.summary.json``), a filter for errors and a search box that keeps
+the cards whose text (answer, id, source, prompt, error) holds what is typed. Everything is
+inline (pictures as ``data:`` URIs, the style and the few lines of script), so the page can
+be mailed or archived as one file and opens without a network. The filter also reads the
+URL's fragment (``#errors``, ``#ok``), so a link can open the page already filtered.
+
+The page fits any width, a phone's included: a long unbroken answer (a URL, a hash, a run
+of one character) wraps anywhere rather than widening its card or the page.
 
 Every value from the rows is escaped: captions are model output and file names are user
 input, and neither may turn into markup.
@@ -50,12 +54,15 @@ def render(
 def _card(index: int, row: Mapping[str, Any], preview: Callable[[Mapping[str, Any]], str]) -> str:
     error = row.get("error")
     status = "error" if error else "ok"
+    stage, message = _error_parts(error) if error else ("", "")
     try:
         picture = f'<img src="{preview(row)}" alt="preview of {escape(str(row.get("id")))}">'
     except Exception as reason:  # NoPreview, or anything else: a preview never stops the page
-        picture = f'<div class="nopreview">no preview: {escape(str(reason))}</div>'
+        why = str(reason)
+        # The row's error says it already (the picture the job could not decode either).
+        shown = "no preview" if message and message in why else f"no preview: {why}"
+        picture = f'<div class="nopreview">{escape(shown)}</div>'
     if error:
-        stage, message = _error_parts(error)
         outcome = (
             f'<p class="error"><span class="stage">{escape(stage)}</span> {escape(message)}</p>'
         )
@@ -82,10 +89,25 @@ def _card(index: int, row: Mapping[str, Any], preview: Callable[[Mapping[str, An
         f'<article class="item {status}" data-status="{status}" id="item-{index}">'
         f'<div class="thumb">{picture}</div><div class="body">'
         f'<h2 class="id">{escape(str(row.get("id")))}</h2>'
-        f'<p class="source">{escape(_source(row))}</p>'
+        f'<p class="source">{escape(_source(row))}</p>{_span(row)}'
         f'<p class="prompt">{escape(str(row.get("prompt") or ""))}</p>'
         f'{outcome}<p class="meta">{escape(tokens)}</p>{more}</div></article>'
     )
+
+
+def _span(row: Mapping[str, Any]) -> str:
+    """The part of its video or audio a row is about (a clip, a window): where it starts and
+    ends, and how long it is; nothing for a row about a whole file."""
+    start, end = row.get("start"), row.get("end")
+    if not isinstance(start, (int, float)) or not isinstance(end, (int, float)):
+        return ""
+    span = f"{_seconds(start)} to {_seconds(end)} s ({_seconds(end - start)} s long)"
+    return f'<p class="span">{escape(span)}</p>'
+
+
+def _seconds(value: float) -> str:
+    """Seconds to the millisecond, without trailing zeros (``12.5``, ``3``)."""
+    return f"{value:.3f}".rstrip("0").rstrip(".")
 
 
 def _answer(name: str, answer: Any) -> str:
@@ -190,49 +212,69 @@ _STYLE = """
 body { font: 14px/1.4 system-ui, sans-serif; margin: 0; background: #f4f4f5; color: #18181b; }
 header { background: #fff; padding: 12px 20px 0; }
 nav { background: #fff; padding: 8px 20px; border-bottom: 1px solid #ddd;
-      position: sticky; top: 0; z-index: 1; }
+      position: sticky; top: 0; z-index: 1; display: flex; flex-wrap: wrap; gap: 4px 14px;
+      align-items: center; }
 h1 { font-size: 18px; margin: 0 0 6px; }
-dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 12px; margin: 6px 0; }
+dl { display: grid; grid-template-columns: max-content minmax(0, 1fr); gap: 2px 12px;
+     margin: 6px 0; }
 dt { color: #71717a; } dd { margin: 0; }
-nav label { margin-right: 14px; cursor: pointer; }
+nav label { cursor: pointer; }
+#search { flex: 1 1 12em; max-width: 28em; min-width: 0; font: inherit; padding: 2px 6px; }
 #showing { color: #71717a; }
-main { display: grid; grid-template-columns: repeat(auto-fill, minmax(420px, 1fr));
+main { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(420px, 100%), 1fr));
        gap: 12px; padding: 16px 20px; }
-.item { display: flex; gap: 12px; background: #fff; border: 1px solid #e4e4e7;
-        border-radius: 6px; padding: 10px; }
+.item { display: flex; flex-wrap: wrap; gap: 12px; background: #fff;
+        border: 1px solid #e4e4e7; border-radius: 6px; padding: 10px; min-width: 0; }
 .item.error { border-left: 4px solid #dc2626; }
-.thumb { flex: 0 0 192px; } .thumb img { max-width: 192px; max-height: 192px; display: block; }
-.nopreview { width: 180px; color: #a1a1aa; font-size: 12px; }
-.body { min-width: 0; } .body h2 { font-size: 13px; margin: 0; word-break: break-all; }
-.source, .meta, .prompt { color: #71717a; font-size: 12px; margin: 2px 0; word-break: break-all; }
+.item[hidden] { display: none; }
+.thumb { flex: 0 1 192px; min-width: 0; }
+.thumb img { max-width: 100%; max-height: 192px; display: block; }
+.nopreview { width: 180px; max-width: 100%; color: #a1a1aa; font-size: 12px; }
+.body { flex: 1 1 180px; min-width: 0; } .body h2 { font-size: 13px; margin: 0; }
+.source, .meta, .prompt, .span { color: #71717a; font-size: 12px; margin: 2px 0; }
 .text { white-space: pre-wrap; margin: 6px 0; }
 p.error { color: #b91c1c; white-space: pre-wrap; margin: 6px 0; }
+details pre { white-space: pre-wrap; }
+h1, dd, .body, .body * { overflow-wrap: anywhere; word-break: break-word; }
 .stage { font-weight: 600; text-transform: uppercase; font-size: 11px; }
-body[data-filter="errors"] .item.ok, body[data-filter="ok"] .item.error { display: none; }
 """
 
 _SCRIPT = """
 (function () {
   var filters = ["all", "errors", "ok"];
-  function apply(name) {
+  var items = document.querySelectorAll(".item");
+  var search = document.getElementById("search");
+  var texts = Array.prototype.map.call(items, function (item) {
+    return item.querySelector(".body").textContent.toLowerCase();
+  });
+  function apply() {
+    var name = document.body.dataset.filter;
+    var words = search.value.toLowerCase().split(/\\s+/).filter(Boolean);
+    var shown = 0;
+    items.forEach(function (item, i) {
+      var status = name === "all" || (name === "errors") === (item.dataset.status === "error");
+      var found = words.every(function (word) { return texts[i].indexOf(word) >= 0; });
+      item.hidden = !(status && found);
+      if (!item.hidden) { shown++; }
+    });
+    document.getElementById("showing").textContent =
+      "showing " + shown + " of " + items.length;
+  }
+  function choose(name) {
     if (filters.indexOf(name) < 0) { name = "all"; }
     document.body.dataset.filter = name;
     document.querySelector('input[name="filter"][value="' + name + '"]').checked = true;
-    var shown = 0;
-    document.querySelectorAll(".item").forEach(function (item) {
-      if (name === "all" || (name === "errors") === (item.dataset.status === "error")) { shown++; }
-    });
-    document.getElementById("showing").textContent =
-      "showing " + shown + " of " + document.querySelectorAll(".item").length;
+    apply();
   }
   document.querySelectorAll('input[name="filter"]').forEach(function (input) {
     input.addEventListener("change", function () {
       history.replaceState(null, "", input.value === "all" ? "#" : "#" + input.value);
-      apply(input.value);
+      choose(input.value);
     });
   });
-  window.addEventListener("hashchange", function () { apply(location.hash.slice(1)); });
-  apply(location.hash.slice(1));
+  search.addEventListener("input", apply);
+  window.addEventListener("hashchange", function () { choose(location.hash.slice(1)); });
+  choose(location.hash.slice(1));
 })();
 """
 
@@ -253,6 +295,8 @@ _PAGE = """<!doctype html>
 <label><input type="radio" name="filter" value="all" checked> all ({total})</label>
 <label><input type="radio" name="filter" value="errors"> errors only ({failed})</label>
 <label><input type="radio" name="filter" value="ok"> ok only ({ok})</label>
+<input type="search" id="search" placeholder="search answers, ids, errors"
+ aria-label="show only the cards whose text holds these words">
 <span id="showing"></span>
 </nav>
 <main id="items">

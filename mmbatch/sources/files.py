@@ -56,7 +56,13 @@ from mmbatch.jsonl import JsonlError, objects_in, printable, read_objects
 from mmbatch.media.fetch import is_url, unreadable
 from mmbatch.row_schema import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
-from mmbatch.sources.paths import LINKED_OUT_FILES, LinkedOut, LocalPaths
+from mmbatch.sources.paths import (
+    LINKED_OUT_FILES,
+    LinkedOut,
+    LocalPaths,
+    is_fetched_url,
+    url_not_allowed,
+)
 from mmbatch.storage.objects import (
     file_system,
     glob_objects,
@@ -65,7 +71,7 @@ from mmbatch.storage.objects import (
     local_copy,
     read_whole,
 )
-from mmbatch.storage.urls import is_storage_url, is_web_url, parent, shown, spelled, unsupported
+from mmbatch.storage.urls import is_storage_url, parent, shown, spelled, unsupported
 from mmbatch.types import (
     ClipSpan,
     FileId,
@@ -435,7 +441,7 @@ def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_List
         kept = input_columns(row, policy.keep_columns, _MANIFEST_FIELDS)
         if prompt is not None and not isinstance(prompt, str):
             raise SourceError(f"{where}: 'prompt' must be a string, got {prompt!r}")
-        if _fetched(raw_path):
+        if is_fetched_url(raw_path):
             # A manifest's URL is its row's matter, as a path out of its folder is.
             refused = None if policy.allow_urls else _url_refused(raw_path, where)
             yield _Listed(str(item_id), raw_path, prompt or None, kept, refused, own_id=True)
@@ -449,13 +455,6 @@ def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_List
         if is_storage_url(path):
             file_system(path)  # a store this machine cannot read is said now, not per row
         yield _Listed(str(item_id), path, prompt or None, kept, pinned=pinned, own_id=True)
-
-
-def _fetched(path: str) -> bool:
-    """Whether a manifest's ``path`` is a URL fetched with ``--allow-urls`` (http, https),
-    rather than a path or a storage URL, which the path rule holds (and which refuses a URL
-    of any other protocol)."""
-    return is_web_url(path)
 
 
 _MANIFEST_FIELDS = frozenset({"path", "id", "prompt"})
@@ -493,12 +492,8 @@ def _check_url(url: str, where: str, policy: SourcePolicy) -> None:
 
 
 def _url_refused(url: str, where: str) -> ItemError:
-    return ItemError(
-        "source",
-        f"{where}: {shown(url)!r} is a URL; URLs are fetched only with --allow-urls "
-        "(which bounds each download in size and time)",
-        "not_allowed",
-    )
+    refused = url_not_allowed(url, where)
+    return ItemError(refused.stage, str(refused), refused.kind)
 
 
 def _manifest_rows(manifest: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -50,6 +50,11 @@ A URL of any other protocol (``ftp://``, ``zip://``, ``github://``, ...: the all
 ``mmbatch.storage.urls.PROTOCOLS``) is refused wherever it is named inside an input, before
 the rule is asked (stage ``source``, kind ``unsupported``); an allowed folder must be a
 local folder or a storage prefix (``ConfigError``).
+
+An http(s) URL named inside an input is fetched only where the person running the job
+allowed it (``--allow-urls``, which bounds each download in size and time:
+``mmbatch.media.fetch``); otherwise it is its item's error (``url_not_allowed``), as a path
+out of the input's folder is.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from mmbatch.errors import ConfigError, ItemFailure
+from mmbatch.media.fetch import is_fetched_url as is_fetched_url  # the rule's URL half
 from mmbatch.storage.urls import is_inside as url_is_inside
 from mmbatch.storage.urls import (
     is_storage_url,
@@ -84,6 +90,14 @@ class PathNotAllowed(ItemFailure):
 
     stage = "source"
     kind = "not_allowed"
+
+
+def url_not_allowed(url: str, where: str) -> PathNotAllowed:
+    """A URL named inside an input of a job that does not fetch URLs: that item's error."""
+    return PathNotAllowed(
+        f"{where}: {shown(url)!r} is a URL; URLs are fetched only with --allow-urls "
+        "(which bounds each download in size and time)"
+    )
 
 
 class LinkedOut(PathNotAllowed):

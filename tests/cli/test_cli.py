@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from repo_paths import RECIPES
 
-from mmbatch.cli import EXIT_JOB_FAILED, main
+from mmbatch.cli import EXIT_JOB_FAILED, build_parser, main
 from mmbatch.engine.config import EngineConfig, parse_engine_args
 from mmbatch.errors import ConfigError
 
@@ -133,3 +133,19 @@ def test_check_shows_vllm_log_with_v(tiny_vl_model: Path) -> None:
     shown = subprocess.run([*argv, "-v"], capture_output=True, text=True, check=True)
     assert "Resolved architecture" in shown.stdout + shown.stderr
     assert "can run it" in shown.stdout
+
+
+def test_an_output_in_storage_names_vllms_log_by_the_url_it_is_uploaded_to(
+    tiny_vl_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its local file is in a temporary mirror removed when the job ends: the line says
+    where the log will be, beside the output."""
+    from mmbatch.cli.options import engine_config_from
+    from mmbatch.engine.builder import check_engine
+
+    argv = ["caption", "x.jpg", "--model", str(tiny_vl_model), "--out", "s3://b/job/o.jsonl"]
+    check_engine(engine_config_from(build_parser().parse_args(argv)), {"image": 1})
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "mmbatch: starting vLLM; its log goes to s3://b/job/o.jsonl.vllm.log (to see it here: "
+        "-v, or vllm_log=None from Python)"
+    )

@@ -108,7 +108,11 @@ def test_engine_settings_vllm_refuses_are_one_line_before_anything_is_written(
     ("model", "message"),
     [
         ("/no/such/model", "model '/no/such/model': no such model folder"),
-        ("nope/no-such-model", "is not a local folder, and the Hugging Face hub has no such"),
+        (
+            "nope/no-such-model",
+            "model 'nope/no-such-model' is not a local folder nor in the Hugging "
+            "Face cache, and HF_HUB_OFFLINE is set, so the hub was not asked",
+        ),
     ],
 )
 def test_a_model_that_is_not_there_is_one_line(
@@ -129,6 +133,27 @@ def test_a_model_that_is_not_there_is_one_line(
     assert caption(samples, out, "--model", model) == EXIT_JOB_FAILED
     assert message in one_error(capsys)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_hub_that_cannot_be_reached_is_said_in_our_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What transformers raises when the hub cannot be reached, said without the hub
+    library's advice about arguments the user never wrote."""
+    import huggingface_hub.constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.vllm import _config_problem
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    cause = LocalEntryNotFoundError("Connection refused; pass 'local_files_only=False'")
+    exc = OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+    exc.__cause__ = cause
+    assert _config_problem(EngineConfig("org/model"), exc) == (
+        "model 'org/model' is not a local folder nor in the Hugging Face cache, and the "
+        "Hugging Face hub cannot be reached"
+    )
 
 
 MISSING_MODEL_FACES = """

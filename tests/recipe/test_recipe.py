@@ -158,16 +158,55 @@ def test_engine_takes_only_the_allow_listed_settings(tmp_path: Path) -> None:
     )
     assert "6 problems" in message
     assert (
-        "[engine] an_option_only_a_future_vllm_knows: not a setting a recipe may set; pass it "
-        "on the command line instead: --engine-arg an_option_only_a_future_vllm_knows=VALUE"
+        "[engine] an_option_only_a_future_vllm_knows: not a vLLM engine setting (see `vllm "
+        "serve --help`)\n"
     ) in message
-    assert "[engine] max_model_length: not a setting a recipe may set (did you mean " in message
+    assert (
+        "[engine] max_model_length: not a vLLM engine setting (did you mean 'max_model_len'?)\n"
+    ) in message
     assert "[engine] max_num_seqs: must be an integer, got '64'\n" in message
     assert "[engine] limit_mm_per_prompt.smell: must be one of image, video, audio" in message
     assert "[engine] mm_processor_kwargs.max_pixels: must be an integer, got 1.5" in message
     assert (
         "[engine] structured_outputs_config.backend: a recipe may set one of 'auto', 'xgrammar'"
     ) in message
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        # A misspelt setting a recipe may hold: the right name, not the misspelt one to pass.
+        (
+            "max_num_seq = 4",
+            "[engine] max_num_seq: not a vLLM engine setting (did you mean 'max_num_seqs'?)",
+        ),
+        (
+            "gpu_memory_utilisation = 0.5",
+            "[engine] gpu_memory_utilisation: not a vLLM engine setting (did you mean "
+            "'gpu_memory_utilization'?)",
+        ),
+        # One of vLLM's settings that a recipe may not hold: the command line may pass it.
+        (
+            'download_dir = "/tmp/x"',
+            "[engine] download_dir: not a setting a recipe may set; pass it on the command "
+            "line instead: --engine-arg download_dir=VALUE",
+        ),
+        # A misspelt one of those: its right name, to pass on the command line.
+        (
+            'chat_templat = "x"',
+            "[engine] chat_templat: not a vLLM engine setting (did you mean 'chat_template'? "
+            "a recipe may not set it; pass it on the command line instead: --engine-arg "
+            "chat_template=VALUE)",
+        ),
+        ("banana = 1", "[engine] banana: not a vLLM engine setting (see `vllm serve --help`)"),
+    ],
+)
+def test_an_unknown_engine_key_is_named_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, said: str
+) -> None:
+    recipe = write(tmp_path, f'[prompt]\ntext = "x"\n[engine]\n{line}\n')
+    assert main(["check", str(recipe)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"mmbatch: error: {recipe}: {said}"]
 
 
 def test_the_allow_list_names_vllms_own_settings_and_choices() -> None:

@@ -10,7 +10,7 @@ from html import escape
 from pathlib import Path
 
 import pytest
-from browser import browse
+from browser import browse, probe
 from fake_engine import FakeEngine
 from PIL import Image
 
@@ -56,7 +56,9 @@ def test_chromium_renders_every_caption_and_filters_errors(
     assert 'document.title="owned"' not in dom.split("<title>")[1].split("</title>")[0]
     assert "<b>bold</b>" not in dom
     assert dom.count('src="data:image/jpeg;base64,') == 5
-    assert "no preview: " in dom  # the truncated JPEG
+    assert (
+        '<div class="nopreview">no preview</div>' in dom
+    )  # the truncated JPEG: its error says why
     assert "decode</span>" in dom
     assert "showing 6 of 6" in dom  # written by the page's script: it ran
     # The summary: counts, throughput and cache hit rates from captions.jsonl.summary.json.
@@ -75,6 +77,83 @@ def test_chromium_renders_every_caption_and_filters_errors(
         assert image.size == (1280, 900)
         # Not a blank page: the thumbnails put many colours on it.
         assert len(image.convert("RGB").getcolors(maxcolors=1 << 20) or []) > 500
+
+
+LONG_ANSWER = "x" * 5000
+"""An answer with no place to break a line: 5,000 characters of one word."""
+
+FITS_AND_FILTERS = """
+var page = doc.documentElement;
+function shown() {
+  return Array.prototype.filter.call(doc.querySelectorAll(".item"), function (item) {
+    return item.getClientRects().length > 0;
+  }).map(function (item) { return item.querySelector(".id").textContent; });
+}
+result = {width: win.innerWidth,
+          scrolled: Math.max(page.scrollWidth, doc.body.scrollWidth), all: shown()};
+var search = doc.getElementById("search");
+if (search) {
+  search.value = "SUNSET";
+  search.dispatchEvent(new win.Event("input"));
+  result.sunset = shown();
+  search.value = "truncated 39";
+  search.dispatchEvent(new win.Event("input"));
+  result.error = shown();
+  result.showing = doc.getElementById("showing").textContent;
+}
+"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_page_fits_a_phone_and_a_desktop_and_its_search_filters_cards(
+    samples: Path, tmp_path: Path, width: int
+) -> None:
+    out = tmp_path / "captions.jsonl"
+    requests = image_requests([str(samples)], "Describe.")
+    requests[0] = type(requests[0])(requests[0].id, LONG_ANSWER, requests[0].media)
+    run_job(Job(requests, Sampling()), FakeEngine(), FileOutput.at(out), RunConfig(progress=False))
+    assert any(LONG_ANSWER in (row["text"] or "") for row in read_output(out))
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "--html", str(page)]) == 0
+
+    found = probe(page, tmp_path / "profile", width, FITS_AND_FILTERS)
+    assert found["width"] == width
+    assert found["scrolled"] <= width, found  # no card, answer or title widens the page
+    assert len(found["all"]) == 6
+    # The search keeps the cards whose text holds the words typed, in any case: the two
+    # sunsets by their ids, then the error by its message.
+    assert sorted(Path(card).name for card in found["sunset"]) == ["sunset.jpg", "sunset_copy.jpg"]
+    assert [Path(card).name for card in found["error"]] == ["truncated.jpg"]
+    assert found["showing"] == "showing 1 of 6"
+
+
+def test_an_error_card_says_its_message_once(samples: Path, tmp_path: Path) -> None:
+    """The picture the job could not decode has no preview either: the card says why once."""
+    out = tmp_path / "captions.jsonl"
+    requests = image_requests([str(samples / "truncated.jpg")], "Describe.")
+    run_job(Job(requests, Sampling()), FakeEngine(), FileOutput.at(out), RunConfig(progress=False))
+    [row] = read_output(out)
+    message = row["error"]["message"]
+    assert "truncated" in message
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "--html", str(page)]) == 0
+    html = page.read_text()
+    assert html.count(escape(message, quote=False)) == 1
+    assert '<div class="nopreview">no preview</div>' in html
+
+
+def test_a_clip_card_shows_where_the_clip_starts_and_ends_and_how_long_it_is() -> None:
+    rows = [
+        {"id": "v.mp4@12.5", "source": "v.mp4", "start": 12.5, "end": 17.25, "text": "a"},
+        {"id": "w.mp4", "source": "w.mp4", "text": "b"},
+    ]
+
+    def no_preview(row: object) -> str:
+        raise NoPreview("not on disk")
+
+    page = render(rows, None, no_preview, "t")
+    assert '<p class="span">12.5 to 17.25 s (4.75 s long)</p>' in page
+    assert page.count('class="span"') == 1  # a whole video has no span
 
 
 def test_rows_from_a_dataset_map_and_unknown_fields_render(tmp_path: Path) -> None:

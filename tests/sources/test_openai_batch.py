@@ -130,7 +130,11 @@ def test_lines_become_requests(tmp_path: Path, samples: Path) -> None:
         (line("x", "hi", temperature="warm"), "temperature must be a number"),
         (line("x", "hi", max_tokens=1.5), "max_tokens must be an integer"),
         (line("x", "hi", max_tokens=0), "max_tokens must be an integer >= 1, got 0"),
-        (line("x", image("https://example.com/a.jpg")), "remote image URLs are not fetched"),
+        (
+            line("x", image("https://example.com/a.jpg")),
+            "x#image0: 'https://example.com/a.jpg' is a URL; URLs are fetched only with "
+            "--allow-urls (which bounds each download in size and time)",
+        ),
         (line("x", image("data:image/png;base64,@@@")), "not valid base64"),
         (line("x", image("data:image/png,raw")), "must be base64"),
         (line("x", {"type": "input_audio"}), "is not supported (text, image_url)"),
