@@ -18,7 +18,7 @@ from mmbatch.cli.options import (
     add_prompt_options,
     add_video_options,
     engine_config_from,
-    run_to_file,
+    launch,
     sampling_from,
     source_policy_from,
     video_options_from,
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         notes=log.lines(),
     )
     print(f"mmbatch: {len(job.item_ids)} frames, model {args.model}", file=sys.stderr)
-    return run_to_file(job, engine or config, args)
+    return launch(job, engine or config, args)
 
 
 def _extract(
@@ -125,4 +125,4 @@ def _extract(
     )
     where = f" to {media.frame_dir}" if media.frame_dir else " (add --save-frames DIR to keep them)"
     print(f"mmbatch: {len(job.item_ids)} frames, no model: extracting{where}", file=sys.stderr)
-    return run_to_file(job, engine or DecodeOnly(), args)
+    return launch(job, engine or DecodeOnly(), args)

@@ -12,8 +12,8 @@ from mmbatch.cli.options import (
     add_local_path_options,
     add_output_options,
     engine_config_from,
+    launch,
     local_paths_from,
-    run_to_file,
 )
 
 if TYPE_CHECKING:
@@ -64,4 +64,4 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         f"mmbatch: {len(batch.requests)} requests ({batch.refused} refused), model {args.model}",
         file=sys.stderr,
     )
-    return run_to_file(job, engine or config, args)
+    return launch(job, engine or config, args)
