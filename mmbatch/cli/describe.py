@@ -39,8 +39,11 @@ def describe_recipe(path: str, recipe: Recipe, model: str | None) -> str:
     )
 
 
-def describe_job(job: Job, engine: Engine | EngineConfig, on_ray: bool = False) -> list[str]:
-    """The lines of a dry run of ``job`` on ``engine`` (``on_ray``: on Ray's actors)."""
+def describe_job(
+    job: Job, engine: Engine | EngineConfig, on_ray: bool = False, out: str | None = None
+) -> list[str]:
+    """The lines of a dry run of ``job`` on ``engine`` (``on_ray``: on Ray's actors) into
+    ``out`` (None: not given)."""
     from mmbatch.planner import plan
 
     requests = list(job.requests)
@@ -65,9 +68,22 @@ def describe_job(job: Job, engine: Engine | EngineConfig, on_ray: bool = False) 
         f"plan: {len(runnable)} requests, {len(sources)} distinct media (by source), "
         f"{len(plan(runnable))} groups"
     )
-    lines.append(f"token budget: {token_budget(job, engine, runnable)}")
+    if not isinstance(engine, DecodeOnly):  # without a model nothing is answered
+        lines.append(f"token budget: {token_budget(job, engine, runnable)}")
     lines.append(f"engines: {_engines(engine, len(runnable), on_ray)}")
+    if out is not None:
+        lines.append(f"output: {_output(out)}")
     return lines
+
+
+def _output(out: str) -> str:
+    """What a run would do with ``out``: begin it, or resume it (its rows are not read
+    here: a run checks them, and passes over the items they answer)."""
+    from mmbatch.storage.urls import is_storage_url
+
+    if not is_storage_url(out) and not Path(out).exists():
+        return f"{out}, new"
+    return f"{out}; a run resumes there, passing over the items that have a row"
 
 
 def token_budget(job: Job, engine: Engine | EngineConfig, requests: Sequence[Request]) -> str:

@@ -603,7 +603,7 @@ def launch(
     if args.dry_run:
         from mmbatch.cli.describe import describe_job
 
-        print("\n".join(describe_job(job, engine, on_ray is not None)))
+        print("\n".join(describe_job(job, engine, on_ray is not None, args.out)))
         return EXIT_OK
     if on_ray is not None:
         return on_ray(job)

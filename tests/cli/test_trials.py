@@ -41,6 +41,10 @@ def test_limit_2_of_a_thousand_pictures_captions_the_first_2_and_resume_runs_the
     first = [str(thousand / "p0000.png"), str(thousand / "p0001.png")]
     assert [r["id"] for r in rows(out)] == first  # the first 2 in listing order
     assert sorted(added.split(":", 1)[1] for added in trial.added) == first
+    written, files = out.read_bytes(), sorted(tmp_path.iterdir())
+    assert main([*argv, "--dry-run"], FakeEngine()) == EXIT_OK
+    assert out.read_bytes() == written  # a dry run of an output there leaves it be
+    assert sorted(tmp_path.iterdir()) == files
     rest = FakeEngine()
     assert main(argv, rest) == EXIT_OK  # the whole job: the 2 rows are kept
     assert len(rest.added) == 998
