@@ -78,6 +78,21 @@ class Job:
     def item_ids(self) -> set[str]:
         return {r.row_id for r in self.requests}
 
+    def first(self, items: int) -> Job:
+        """This job cut to its first ``items`` items in listing order, every request of each
+        (a recipe's questions) kept: a trial before the whole job. Still the same job
+        (its fingerprint unchanged): a later run of the whole job keeps these rows and goes
+        on with the rest."""
+        kept: set[str] = set()
+        requests = []
+        for request in self.requests:
+            if request.row_id not in kept:
+                if len(kept) == items:
+                    continue
+                kept.add(request.row_id)
+            requests.append(request)
+        return replace(self, requests=requests, info={**self.info, "limit": items})
+
 
 def fingerprint(command: str, model: str, sampling: Sampling, **task: Any) -> dict[str, Any]:
     """What makes two runs the same job: the command, the model (by name and by content:

@@ -426,7 +426,7 @@ def test_a_recipe_cannot_make_code_run_or_files_be_read(
     assert f"--engine-arg {key.split('.')[0]}=" in error
     assert len(error.strip().splitlines()) == 1
     out = tmp_path / "o.jsonl"
-    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--out", str(out)]
+    argv = ["run", str(recipe), str(samples / "sunset.jpg"), "--out", str(out)]
     assert main([*argv, "--no-progress"], FakeEngine()) == EXIT_JOB_FAILED
     assert f"[engine] {key}" in capsys.readouterr().err
     assert not out.exists()
@@ -456,7 +456,7 @@ def test_check_and_run_import_nothing_a_recipe_names(
         assert cli.main(["check", str(recipe), *model]) == EXIT_JOB_FAILED
         assert not payload.exists()
         out = tmp_path / "o.jsonl"
-        argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--out", str(out)]
+        argv = ["run", str(recipe), str(samples / "sunset.jpg"), "--out", str(out)]
         assert cli.main([*argv, *model, "--no-progress"]) == EXIT_JOB_FAILED
         assert not payload.exists()
         assert not out.exists()
@@ -476,7 +476,7 @@ def test_a_recipe_on_ray_or_in_python_is_held_to_the_same_rule(
     engine, key = ATTACKS[0]
     recipe = shared_recipe(tmp_path, engine)
     out = tmp_path / "ray-out"
-    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--out", str(out)]
+    argv = ["run", str(recipe), str(samples / "sunset.jpg"), "--out", str(out)]
     assert main([*argv, "--ray", "--gpus-per-replica", "0"], FakeEngine()) == EXIT_JOB_FAILED
     assert f"[engine] {key}" in capsys.readouterr().err
     assert not out.exists()
@@ -509,7 +509,7 @@ def test_the_command_line_allows_what_a_recipe_cannot(tmp_path: Path, samples: P
     recipe = tmp_path / "r.toml"
     recipe.write_text('[prompt]\ntext = "Describe."\n[engine]\ntrust_remote_code = false\n')
     assert load_recipe(recipe).engine_kwargs() == {"trust_remote_code": False}  # harmless
-    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg")]
+    argv = ["run", str(recipe), str(samples / "sunset.jpg")]
     argv += ["--out", str(tmp_path / "o.jsonl"), "--model", "m", "--no-progress"]
     chosen = [
         "worker_extension_cls=mine.X",

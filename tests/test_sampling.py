@@ -44,7 +44,7 @@ def test_run_takes_sampling_flags_over_the_recipe(samples: Path, tmp_path: Path)
     recipe = RECIPES / "structured_extraction.toml"
     out = tmp_path / "o.jsonl"
     engine = FakeEngine()
-    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--model", "m"]
+    argv = ["run", str(recipe), str(samples / "sunset.jpg"), "--model", "m"]
     flags = ["--max-tokens", "7", "--temperature", "0.3", "--stop", "END", "--stop", "STOP"]
     flags += ["--repetition-penalty", "1.1", "--out", str(out), "--no-progress"]
     # The fake's answers are not JSON: the row is an error, but the request went out.

@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from mmbatch.cli import (
     bench,
@@ -35,6 +35,7 @@ from mmbatch.cli.options import (
     EXIT_OK,
     EXIT_TERMINATED,
 )
+from mmbatch.cli.parsing import Parser
 from mmbatch.errors import MmbatchError
 
 if TYPE_CHECKING:
@@ -53,24 +54,16 @@ __all__ = [
 ]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage mistake said the way every other mistake is: one line,
-    ``mmbatch: error: ...``, exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_JOB_FAILED, f"mmbatch: error: {message} (see {self.prog} --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from mmbatch import __version__
 
-    parser = _Parser(
+    parser = Parser(
         prog="mmbatch",
         description="Multimodal batch captioning and extraction on vLLM's offline engine.",
     )
     parser.add_argument("--version", action="version", version=f"mmbatch {__version__}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+        dest="command", required=True, metavar="COMMAND", parser_class=Parser
     )
     for command in COMMANDS:
         command.register(commands)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.cli import ray
@@ -26,8 +27,8 @@ from mmbatch.cli.options import (
     engine_config_from,
     file_output_from,
     keep_columns_from,
+    launch,
     local_paths_from,
-    run_to_file,
     sampling_from,
     source_policy_from,
     unused_flag_warnings,
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     clips = clip_split_from(args)
     if clips is not None and args.ray is not None:
         raise ConfigError("--clip-seconds and --scenes run on this machine, not on Ray")
-    if args.ray is None:
+    if args.ray is None and args.out is not None:
         file_output_from(args)  # a bad --out is said before the inputs are read
     log = ListingLog()
     requests, info = _inputs(args, config, media, clips, log)
@@ -137,9 +138,8 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     kinds = {ref.modality for request in requests for ref in request.media}
     for line in unused_flag_warnings(args, kinds | ({"video"} if clips is not None else set())):
         print(line, file=sys.stderr)
-    if args.ray is not None:
-        return ray.run(args, job, config, dataset=ray_rows)
-    return run_to_file(job, engine or config, args)
+    on_ray = None if args.ray is None else partial(ray.run, args, engine=config, dataset=ray_rows)
+    return launch(job, engine or config, args, on_ray)
 
 
 def _inputs(
@@ -223,6 +223,12 @@ def _file_requests(
     # On Ray (pictures only) the model is not asked either: its workers load it.
     if found <= pictures or args.ray is not None:
         take = pictures
+    elif args.dry_run:  # the processor's import is torch's: seconds a dry run does not spend
+        take = frozenset(found)
+        log.note(
+            "videos and audio are planned as if the model takes them (the job asks its "
+            "processor, which a dry run does not load)"
+        )
     else:
         from mmbatch.engine.config import check_model_name
         from mmbatch.engine.processor import model_modalities

@@ -1,4 +1,7 @@
-"""``mmbatch check RECIPE... [--model M]``: validate recipes without starting an engine."""
+"""``mmbatch check RECIPE... [--model M]``: validate recipes without starting an engine.
+
+A recipe is described as a dry run describes it (``mmbatch.cli.describe``); check goes on to
+vLLM's own reading of the recipe's engine settings and of the model it names."""
 
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(path: str, model_option: str | None) -> list[str]:
+    from mmbatch.cli.describe import describe_recipe
     from mmbatch.engine.config import EngineConfig, check_model_name
     from mmbatch.engine.processor import model_is_here
     from mmbatch.engine.vllm import check_engine_arguments
@@ -57,14 +61,8 @@ def _check(path: str, model_option: str | None) -> list[str]:
 
     recipe = load_recipe(path)
     check_engine_arguments(recipe.engine_kwargs())
-    questions = ", ".join(q.name for q in recipe.questions)
-    output = "json (schema enforced)" if recipe.output.format == "json" else "text"
     model = model_option or recipe.model
-    lines = [
-        f"{path}: ok: {recipe.name}: {recipe.media.kind} input, "
-        f"{len(recipe.questions)} question(s) [{questions}], {output} output, "
-        f"max_tokens {recipe.sampling.max_tokens}, model {model or '(pass --model)'}"
-    ]
+    lines = [describe_recipe(path, recipe, model)]
     if model is None:
         return lines
     check_model_name(model)

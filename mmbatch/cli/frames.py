@@ -18,7 +18,7 @@ from mmbatch.cli.options import (
     add_prompt_options,
     add_video_options,
     engine_config_from,
-    run_to_file,
+    launch,
     sampling_from,
     source_policy_from,
     video_options_from,
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         notes=log.lines(),
     )
     print(f"mmbatch: {counted(len(job.item_ids), 'frame')}, model {args.model}", file=sys.stderr)
-    return run_to_file(job, engine or config, args)
+    return launch(job, engine or config, args)
 
 
 def _extract(
@@ -130,4 +130,4 @@ def _extract(
         f"mmbatch: {counted(len(job.item_ids), 'frame')}, no model: extracting{where}",
         file=sys.stderr,
     )
-    return run_to_file(job, engine or DecodeOnly(), args)
+    return launch(job, engine or DecodeOnly(), args)

@@ -13,8 +13,8 @@ from mmbatch.cli.options import (
     add_output_options,
     add_url_options,
     engine_config_from,
+    launch,
     local_paths_from,
-    run_to_file,
     url_policy_from,
 )
 
@@ -72,4 +72,4 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         f"mmbatch: {len(batch.requests)} requests ({batch.refused} refused), model {args.model}",
         file=sys.stderr,
     )
-    return run_to_file(job, engine or config, args)
+    return launch(job, engine or config, args)

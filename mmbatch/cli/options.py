@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -156,10 +156,11 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
     if formats:
         parser.add_argument(
             "--out",
-            required=True,
+            default=None,
             type=folder_or_store,
             help="output: a JSONL file, a .parquet file, or a datasets folder (--out-format); "
-            "local, or in object storage (s3://bucket/prefix/out.jsonl)",
+            "local, or in object storage (s3://bucket/prefix/out.jsonl); required but with "
+            "--dry-run",
         )
         parser.add_argument(
             "--out-format",
@@ -177,7 +178,13 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
             "10000 by default)",
         )
     else:
-        parser.add_argument("--out", required=True, type=folder_or_store, help="the output .jsonl")
+        parser.add_argument(
+            "--out",
+            default=None,
+            type=folder_or_store,
+            help="the output .jsonl; required but with --dry-run",
+        )
+    add_trial_options(parser)
     resume = parser.add_argument_group(
         "resuming", "rerun the same command with the same --out to continue a stopped job"
     )
@@ -189,6 +196,36 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
         action="store_true",
         help="append to an --out written with other settings (model, prompt, sampling, decode)",
     )
+
+
+def add_trial_options(parser: argparse.ArgumentParser) -> None:
+    """--limit and --dry-run: a small or an empty run before the whole job, on every job
+    command (``launch`` applies them, for every command alike)."""
+    group = parser.add_argument_group("trials", "try a job before running all of it")
+    group.add_argument(
+        "--limit",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="run only the first N items, in listing order; the same command without "
+        "--limit later keeps their rows and runs the rest",
+    )
+    group.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what the job would do (the items, what is passed over and why, the plan, "
+        "the token budget, the engines) and stop: no engine, no output",
+    )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a count of items (1 or more): {text!r}")
+    return value
 
 
 def add_engine_options(
@@ -266,7 +303,7 @@ def engine_log_from(args: argparse.Namespace) -> str | None:
     from mmbatch.output.remote import staging
     from mmbatch.storage.urls import is_storage_url
 
-    if args.verbose:
+    if args.verbose or args.out is None:  # with no --out, a dry run: no engine, no log
         return None
     rows = staging(args.out.rstrip("/")) if is_storage_url(args.out) else Path(args.out)
     return str(OutputPaths(rows).vllm_log)
@@ -280,7 +317,7 @@ def engine_log_shown_from(args: argparse.Namespace) -> str | None:
     from mmbatch.output.remote import RemoteOutput, staging
     from mmbatch.storage.urls import is_storage_url, shown
 
-    if args.verbose or not is_storage_url(args.out):
+    if args.verbose or args.out is None or not is_storage_url(args.out):
         return None
     url = args.out.rstrip("/")
     try:
@@ -639,6 +676,31 @@ def file_output_from(args: argparse.Namespace) -> FileOutput:
         retry_errors=args.retry_errors,
         force=args.force,
     )
+
+
+def launch(
+    job: Job,
+    engine: Engine | EngineConfig,
+    args: argparse.Namespace,
+    on_ray: Callable[[Job], int] | None = None,
+) -> int:
+    """What every job command does with the job its inputs became: cut it to ``--limit``
+    items, then describe it (``--dry-run``), or run it into ``--out`` (on Ray: ``on_ray``)."""
+    if args.limit is not None:
+        listed = len(job.item_ids)
+        job = job.first(args.limit)
+        print(
+            f"mmbatch: --limit {args.limit}: the first {len(job.item_ids)} of {listed} items",
+            file=sys.stderr,
+        )
+    if args.dry_run:
+        from mmbatch.cli.describe import describe_job
+
+        print("\n".join(describe_job(job, engine, on_ray is not None, args.out)))
+        return EXIT_OK
+    if on_ray is not None:
+        return on_ray(job)
+    return run_to_file(job, engine, args)
 
 
 def run_to_file(job: Job, engine: Engine | EngineConfig, args: argparse.Namespace) -> int:

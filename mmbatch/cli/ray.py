@@ -76,6 +76,8 @@ def run(
     # The driver checks the engine settings before any actor starts (``run_on_ray``); here
     # too, before Ray starts (and prints its own lines): a mistake is then one line.
     check_engine_without_devices(engine)
+    if dataset is not None and args.limit is not None:
+        raise ConfigError("on Ray a Parquet dataset is read whole: drop --limit")
     out_format = _out_format(args)
     items = _one_row_per_item(job.requests)
     if dataset is None:

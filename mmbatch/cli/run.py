@@ -1,11 +1,12 @@
-"""``mmbatch run RECIPE --input ... --out ...``: a job described by a recipe file."""
+"""``mmbatch run RECIPE INPUT... --out OUT``: a job described by a recipe file."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.cli import ray
 from mmbatch.cli.options import (
@@ -17,8 +18,8 @@ from mmbatch.cli.options import (
     engine_args_from,
     engine_log_from,
     engine_log_shown_from,
+    launch,
     quiet_unless_verbose,
-    run_to_file,
     sampling_from,
     source_policy_from,
     url_policy_from,
@@ -40,7 +41,8 @@ def register(commands: Commands) -> None:
         ".jsonl/.csv manifests). Each item's row holds every answer the recipe asks for.",
     )
     parser.add_argument("recipe", metavar="RECIPE", help="a recipe TOML file")
-    parser.add_argument("--input", nargs="+", required=True, metavar="INPUT", dest="inputs")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="what to run it over")
+    parser.add_argument("--input", nargs=0, action=_OldInputFlag, help=argparse.SUPPRESS)
     add_output_options(parser)
     parser.add_argument("--model", default=None, help="overrides the recipe's [engine] model")
     add_sampling_options(parser, over="the recipe's [sampling]")
@@ -55,6 +57,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     replaces the vLLM engine the recipe describes (for the tests' fake engine)."""
     from dataclasses import replace
 
+    from mmbatch.cli.describe import describe_recipe
     from mmbatch.engine.config import EngineConfig
     from mmbatch.errors import ConfigError
     from mmbatch.recipe import load_recipe
@@ -76,7 +79,9 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         engines_per_gpu=args.engines_per_gpu,
     )
     job = recipe_job(recipe, args.inputs, model, source_policy_from(args), url_policy_from(args))
-    if engine is None:  # the vLLM engine: sized for what the recipe needs of the model
+    if args.dry_run:
+        print(describe_recipe(args.recipe, recipe, model))
+    elif engine is None:  # the vLLM engine: sized for what the recipe needs of the model
         from mmbatch.recipe.fit import fit_engine
 
         with quiet_unless_verbose(args):
@@ -88,9 +93,20 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         f"question(s), model {model}",
         file=sys.stderr,
     )
-    if args.ray is not None:
-        return ray.run(args, job, config, recipe)
-    return run_to_file(job, engine or config, args)
+    on_ray = None if args.ray is None else partial(ray.run, args, engine=config, recipe=recipe)
+    return launch(job, engine or config, args, on_ray)
+
+
+class _OldInputFlag(argparse.Action):
+    """``--input`` before the inputs, as ``run`` once took them: still understood (the
+    inputs that follow it are RECIPE's INPUT...), and said to be on its way out."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        print(
+            "mmbatch: note: --input is no longer needed and will go: mmbatch run RECIPE "
+            "INPUT... --out OUT",
+            file=sys.stderr,
+        )
 
 
 def recipe_job(

@@ -146,6 +146,5 @@ def test_an_output_in_storage_names_vllms_log_by_the_url_it_is_uploaded_to(
     argv = ["caption", "x.jpg", "--model", str(tiny_vl_model), "--out", "s3://b/job/o.jsonl"]
     check_engine(engine_config_from(build_parser().parse_args(argv)), {"image": 1})
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "mmbatch: starting vLLM; its log goes to s3://b/job/o.jsonl.vllm.log (to see it here: "
-        "-v, or vllm_log=None from Python)"
+        "mmbatch: starting vLLM; its log goes to s3://b/job/o.jsonl.vllm.log (to see it here: -v)"
     )

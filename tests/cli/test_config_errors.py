@@ -211,7 +211,7 @@ def test_a_recipe_engine_typo_and_a_too_small_model_fail_run_before_any_output(
 ) -> None:
     typo = recipe(tmp_path, '[prompt]\ntext = "x"\n[engine]\nmax_model_length = 4096\n')
     out = tmp_path / "out" / "a.jsonl"
-    argv = ["--input", str(samples / "sunset.jpg"), "--model", str(tiny_vl_model)]
+    argv = [str(samples / "sunset.jpg"), "--model", str(tiny_vl_model)]
     assert main(["run", str(typo), *argv, "--out", str(out)]) == EXIT_JOB_FAILED
     assert "did you mean 'max_model_len'?" in one_error(capsys)
     # A clip recipe whose answers alone outgrow the tiny model's 4096-token context.
@@ -228,7 +228,7 @@ def test_a_recipe_engine_typo_and_a_too_small_model_fail_run_before_any_output(
         as_clip = true
         """,
     )
-    clip = ["--input", str(samples / "clip.mp4"), "--model", str(tiny_vl_model)]
+    clip = [str(samples / "clip.mp4"), "--model", str(tiny_vl_model)]
     assert main(["run", str(long), *clip, "--out", str(out)]) == EXIT_JOB_FAILED
     error = one_error(capsys)
     assert "holds 4096 tokens of context; the recipe 'long-clips' needs" in error

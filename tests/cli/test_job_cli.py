@@ -164,7 +164,7 @@ def test_columnar_outputs_resume_too(good: Path, tmp_path: Path, suffix: str) ->
 def test_a_multi_question_recipe_resumes_by_item(good: Path, tmp_path: Path) -> None:
     recipe = RECIPES / "multi_question.toml"
     out = tmp_path / "answers.jsonl"
-    argv = ["run", str(recipe), "--input", str(good), "--model", "fake", "--out", str(out)]
+    argv = ["run", str(recipe), str(good), "--model", "fake", "--out", str(out)]
     argv.append("--no-progress")
     # Dies after 5 answers: at most two of the four items are complete, none is half written.
     assert main(argv, FakeEngine(per_step=1, faults=Faults(die_after_steps=5))) == EXIT_JOB_FAILED
@@ -189,7 +189,7 @@ def test_a_recipe_run_into_parquet_writes_parquet(good: Path, tmp_path: Path) ->
 
     recipe = RECIPES / "multi_question.toml"
     out = tmp_path / "answers.parquet"
-    argv = ["run", str(recipe), "--input", str(good), "--model", "fake", "--out", str(out)]
+    argv = ["run", str(recipe), str(good), "--model", "fake", "--out", str(out)]
     assert main([*argv, "--no-progress"], FakeEngine()) == EXIT_OK
     assert out.read_bytes()[:4] == b"PAR1"
     table = pq.read_table(out)

@@ -129,7 +129,7 @@ def test_an_edited_prompt_is_redone_in_a_recipe_job(tmp_path: Path, samples: Pat
     recipe = tmp_path / "r.toml"
     recipe.write_text('[prompt]\ntext = "Describe."\n[engine]\nmodel = "fake"\n')
     out = tmp_path / "o.jsonl"
-    argv = ["run", str(recipe), "--out", str(out), "--no-progress", "--input"]
+    argv = ["run", str(recipe), "--out", str(out), "--no-progress"]
     assert main([*argv, str(manifest(tmp_path, {"a": "One.", "b": "Two."}))]) == EXIT_OK
     assert main([*argv, str(manifest(tmp_path, {"a": "One.", "b": "Three."}))]) == EXIT_OK
     rows = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}

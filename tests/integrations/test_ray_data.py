@@ -231,7 +231,7 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
     names = ["sunset.jpg", "sunset_copy.jpg", "truncated.jpg", "checkerboard.png"]
     inputs = [str(samples / name) for name in names]
     out = tmp_path / "recipe-out"
-    argv = ["run", str(recipe_file), "--input", *inputs, "--model", str(tiny_vl_model)]
+    argv = ["run", str(recipe_file), *inputs, "--model", str(tiny_vl_model)]
     argv += ["--out", str(out), *TINY_ENGINE_FLAGS, "--ray", "--gpus-per-replica", "0"]
     code = main(argv)
     assert code == EXIT_ITEMS_FAILED  # truncated.jpg

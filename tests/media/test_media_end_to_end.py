@@ -71,6 +71,31 @@ def read_rows(path: Path) -> dict[str, dict]:  # type: ignore[type-arg]
     return {row["id"]: row for row in map(json.loads, path.read_text().splitlines())}
 
 
+def test_limit_2_of_a_folder_captions_the_first_2_on_the_tiny_model(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--limit 2`` on vLLM: two of a folder's pictures answered, the first two by name."""
+    from PIL import Image
+
+    from mmbatch.cli import main
+
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for n in range(30):
+        Image.new("RGB", (8, 8), (8 * n, 0, 0)).save(folder / f"p{n:02d}.png")
+    out = tmp_path / "captions.jsonl"
+    argv = ["caption", str(folder), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += ["--limit", "2", "--max-tokens", "4", "--no-progress", *TINY_ENGINE_FLAGS]
+    assert main(argv) == 0
+    rows = read_rows(out)
+    assert list(rows) == [str(folder / "p00.png"), str(folder / "p01.png")]
+    assert all(row["error"] is None and row["output_tokens"] > 0 for row in rows.values())
+    assert "--limit 2: the first 2 of 30 items" in capsys.readouterr().err
+
+
 def test_frames_cli_rows_and_saved_frames(
     vl_engine,  # type: ignore[no-untyped-def]
     tiny_vl_model: Path,

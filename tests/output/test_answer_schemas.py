@@ -112,7 +112,7 @@ def test_check_run_and_run_on_ray_refuse_it_in_one_line(
     assert main(["check", str(recipe)]) == EXIT_JOB_FAILED
     assert said in one_error(capsys)
     out = tmp_path / "out" / "rows.jsonl"
-    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--model", "m"]
+    argv = ["run", str(recipe), str(samples / "sunset.jpg"), "--model", "m"]
     argv += ["--out", str(out), "--no-progress"]
     assert fake_main(argv) == EXIT_JOB_FAILED
     assert said in one_error(capsys)

@@ -62,7 +62,7 @@ def test_a_manifest_keeps_the_columns_named(manifest: Path, tmp_path: Path, samp
 def test_a_recipe_row_keeps_them_too(manifest: Path, tmp_path: Path, samples: Path) -> None:
     recipe = RECIPES / "multi_question.toml"
     out = tmp_path / "o.jsonl"
-    argv = ["run", str(recipe), "--input", str(manifest), "--out", str(out)]
+    argv = ["run", str(recipe), str(manifest), "--out", str(out)]
     argv += ["--input-root", str(samples.parent), "--keep-columns", "label"]
     assert run(argv) == EXIT_OK
     assert rows(out)["s"]["label"] == "sky"

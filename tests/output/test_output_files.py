@@ -87,7 +87,7 @@ def test_resuming_a_recipe_counts_items_not_requests(
         (folder / f"p{i}.jpg").write_bytes((samples / "sunset.jpg").read_bytes())
     out = tmp_path / "answers.jsonl"
     recipe = RECIPES / "multi_question.toml"
-    argv = ["run", str(recipe), "--input", str(folder), "--model", "fake", "--out", str(out)]
+    argv = ["run", str(recipe), str(folder), "--model", "fake", "--out", str(out)]
     assert main([*argv, "--no-progress"]) == EXIT_OK
     out.write_text(out.read_text().splitlines(keepends=True)[0])  # two items lost
     capsys.readouterr()

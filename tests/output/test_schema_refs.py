@@ -175,7 +175,7 @@ def test_check_and_run_refuse_a_recipe_whose_schema_names_a_url(
     assert main(["check", str(recipe)]) == EXIT_JOB_FAILED
     assert f"$ref '{listener.url}' leaves the schema" in one_error(capsys)
     out = tmp_path / "out" / "rows.jsonl"
-    argv = ["run", str(recipe), "--input", str(samples / "sunset.jpg"), "--model", "m"]
+    argv = ["run", str(recipe), str(samples / "sunset.jpg"), "--model", "m"]
     assert fake_main([*argv, "--out", str(out), "--no-progress"]) == EXIT_JOB_FAILED
     assert f"$ref '{listener.url}'" in one_error(capsys)
     assert not out.parent.exists()

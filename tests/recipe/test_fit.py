@@ -26,7 +26,7 @@ def test_run_sizes_the_context_to_the_recipe_and_its_prompts_fit(
     recipe = RECIPES / "short_caption.toml"
     out = tmp_path / "c.jsonl"
     inputs = [str(samples / name) for name in ("sunset.jpg", "checkerboard.png")]
-    argv = ["run", str(recipe), "--input", *inputs, "--model", str(tiny_vl_model)]
+    argv = ["run", str(recipe), *inputs, "--model", str(tiny_vl_model)]
     argv += ["--engine-arg", "enforce_eager=true", "--out", str(out), "--no-progress"]
     assert main(argv) == EXIT_OK
     err = capsys.readouterr().err

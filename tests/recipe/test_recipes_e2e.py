@@ -248,7 +248,6 @@ def test_run_command_writes_one_row_per_item(
     code, stderr = mmbatch(
         "run",
         str(RECIPES / "multi_question.toml"),
-        "--input",
         str(samples / "sunset.jpg"),
         str(samples / "truncated.jpg"),
         "--model",
