@@ -57,9 +57,7 @@ def differences(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str
     at most ``MOST_SAID`` lines' worth (empty: the same job)."""
     old, new = comparable(before), comparable(after)
     said = []
-    if old.get("model_content") != new.get("model_content") or old.get("model") != new.get(
-        "model"
-    ):
+    if old.get("model_content") != new.get("model_content") or old.get("model") != new.get("model"):
         said.append(_model_change(before, after))
     for name, was, now in _leaves(old, new):
         if name.split(".")[0] not in ("model", "model_content"):
