@@ -72,7 +72,7 @@ def _model_change(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     was, now = before.get("model"), after.get("model")
     if was == now or was is None:
         return f"the model's files changed ({now})"
-    return f"the model changed: {was} -> {now}"
+    return f"the model changed: {was} -> {now or 'no model'}"
 
 
 def _said(name: str, was: Any, now: Any) -> str:
