@@ -113,6 +113,21 @@ def test_the_datasetmap_fingerprint_sees_replaced_weights_of_the_same_size(
     assert DatasetMap(str(model), "Describe.").fingerprint != before
 
 
+def test_the_datasetmap_fingerprint_is_the_same_for_the_model_spelled_another_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "model"
+    build(model, 1)
+    (tmp_path / "link").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    spelled = {DatasetMap(name, "Describe.").fingerprint for name in ("model", str(model), "link")}
+    assert len(spelled) == 1
+    assert (
+        DatasetMap("org/one", "Describe.").fingerprint
+        != DatasetMap("org/two", "Describe.").fingerprint
+    )
+
+
 def manifest(folder: Path, prompts: dict[str, str]) -> Path:
     path = folder / "items.jsonl"
     path.write_text(
