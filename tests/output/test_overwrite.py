@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,14 @@ from fake_engine import FakeEngine, Faults
 from repo_paths import FAKE_CLI
 
 from mmbatch.cli import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.jobs import Job
 from mmbatch.output import replacing
+from mmbatch.output.file_output import FileOutput
 from mmbatch.output.formats import read_output
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.replacing import draft_of
+from mmbatch.output.stats import JobStats
+from mmbatch.types import MediaRef, Request
 
 
 @pytest.fixture
@@ -152,3 +157,33 @@ def test_an_overwrite_of_an_output_in_object_storage_is_one_line_before_anything
         "storage, name another --out"
     )
     assert idle.added == []
+
+
+def test_an_overwrite_of_a_row_folder_replaces_the_folder_once_finished(tmp_path: Path) -> None:
+    """Ray's output, a folder its writers add row files to, is replaced whole, as a file is."""
+    picture = (MediaRef("image", "x.jpg"),)
+
+    def job(prompt: str) -> Job:
+        return Job([Request(i, prompt, picture) for i in "xy"], fingerprint={"prompt": prompt})
+
+    def write(folder: Path, name: str, prompt: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = [{"id": i, "prompt": prompt, "text": prompt, "error": None} for i in "xy"]
+        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    folder = tmp_path / "rows"
+    old = replace(FileOutput.at(folder), row_folder=True)
+    old.ready(job("old"))
+    old.record(job("old"))
+    write(folder, "a.json", "old")
+    new = replace(FileOutput.at(folder, overwrite=True), row_folder=True)
+    plan = new.ready(job("new"))
+    assert [r.id for r in plan.pending] == ["x", "y"]  # afresh
+    new.record(job("new"))
+    write(new.path, "b.json", "new")
+    assert sorted(p.name for p in folder.iterdir()) == ["a.json"]  # the old, until finished
+    report = new.summarise(job("new"), plan, JobStats(), {})
+    assert sorted(p.name for p in folder.iterdir()) == ["b.json"]
+    assert report.out == folder
+    assert json.loads(OutputPaths(folder).record.read_text())["fingerprint"] == {"prompt": "new"}
+    assert not draft_of(folder).parent.exists()
