@@ -28,13 +28,14 @@ from mmbatch.output.replacing import draft_of
 from mmbatch.output.stats import JobStats
 from mmbatch.types import MediaRef, Request
 
+PICTURES = {"sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"}
+
 
 @pytest.fixture
 def pictures(tmp_path: Path, samples: Path) -> Path:
+    """Four good pictures: every row of a job over them is ok."""
     folder = tmp_path / "pictures"
-    folder.mkdir()
-    for name in ["sunset.jpg", "checkerboard.png", "shapes_alpha.png", "arrow_exif_rotated.jpg"]:
-        shutil.copyfile(samples / name, folder / name)
+    shutil.copytree(samples, folder, ignore=lambda _, names: set(names) - PICTURES)
     return folder
 
 
