@@ -196,6 +196,12 @@ def add_output_options(parser: argparse.ArgumentParser, formats: bool = True) ->
         action="store_true",
         help="append to an --out written with other settings (model, prompt, sampling, decode)",
     )
+    resume.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh and replace --out once this job has finished (until then the old "
+        "output stays as it was; an interrupted run goes on when run again)",
+    )
 
 
 def add_trial_options(parser: argparse.ArgumentParser) -> None:
@@ -675,6 +681,7 @@ def file_output_from(args: argparse.Namespace) -> FileOutput:
         getattr(args, "shard_rows", None),
         retry_errors=args.retry_errors,
         force=args.force,
+        overwrite=args.overwrite,
     )
 
 

@@ -102,7 +102,13 @@ def run(
         env=ray_data.forwarded_env(),
         **batch,
     )
-    out = FileOutput.at(args.out, out_format, retry_errors=args.retry_errors, force=args.force)
+    out = FileOutput.at(
+        args.out,
+        out_format,
+        retry_errors=args.retry_errors,
+        force=args.force,
+        overwrite=args.overwrite,
+    )
     with ray_data.connected(args.ray):
         rows = _input_rows(items, dataset)
         known = items if dataset is not None else None

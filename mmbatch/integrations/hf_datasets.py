@@ -287,7 +287,8 @@ class DatasetMap:
 
     def _settings(self) -> dict[str, Any]:
         return {
-            "engine": {"model": self.model, **self.engine_kwargs},
+            # The model is its identity (a local one by content, whatever its path's spelling).
+            "engine": dict(self.engine_kwargs),
             "prompt": self.prompt,
             "column": self.column,
             "modality": self.modality,

@@ -36,6 +36,7 @@ from mmbatch.output.formats import check_shards, open_sink, output_format, read_
 from mmbatch.output.order import RowOrder
 from mmbatch.output.paths import FileFormat, OutputPaths
 from mmbatch.output.remote import PartSink, RemoteOutput, staging, translated
+from mmbatch.output.replacing import commit, draft_of, finish_replacing, prepare_draft
 from mmbatch.output.resume import JobFacts, ResumePlan, prepare, write_record, written_rows
 from mmbatch.output.rows import RowShape
 from mmbatch.output.sinks import Sink
@@ -78,6 +79,9 @@ class FileOutput:
     remote: RemoteOutput | None = field(default=None, compare=False)
     """For an output in object storage: its URL and its state; ``path`` is then its local
     mirror (``mmbatch.output.remote``)."""
+    replaces: Path | None = None
+    """The output this job replaces once it has finished (``--overwrite``); ``path`` is then
+    the draft it writes meanwhile (``mmbatch.output.replacing``), which a rerun resumes."""
 
     def __post_init__(self) -> None:
         check_shards(self.format, self.shard_rows)
@@ -90,6 +94,8 @@ class FileOutput:
     @property
     def shown(self) -> str:
         """The output as messages name it: its URL, or its path."""
+        if self.replaces is not None:
+            return f"{self.path} (which replaces {self.replaces} once the job has finished)"
         return shown(self.remote.url) if self.remote is not None else str(self.path)
 
     @property
@@ -106,15 +112,26 @@ class FileOutput:
         *,
         retry_errors: bool = False,
         force: bool = False,
+        overwrite: bool = False,
     ) -> FileOutput:
         """The output at ``path`` (a local path, or a URL in object storage), in ``format``
-        or the one its name implies. A URL of any other protocol is a ``ConfigError``."""
+        or the one its name implies; a URL of any other protocol is a ``ConfigError``.
+        ``overwrite``: a new job, which replaces the output at ``path`` only once it has
+        finished (``mmbatch.output.replacing``)."""
         refusal = unsupported_folder(str(path))
         if refusal is not None:
             raise ConfigError(f"the output {refusal}")
         fmt = output_format(path, format)
         if not is_storage_url(str(path)):
+            if overwrite:
+                final = Path(path)
+                return cls(draft_of(final), fmt, retry_errors, force, shard_rows, replaces=final)
             return cls(Path(path), fmt, retry_errors, force, shard_rows)
+        if overwrite:
+            raise ConfigError(
+                "--overwrite replaces local outputs only; for an output in object storage, "
+                "name another --out"
+            )
         url = spelled(str(path)).rstrip("/")
         if shown(url) != url:
             raise ConfigError(f"the output {shown(url)} {LOGIN_REFUSED}")
@@ -142,6 +159,10 @@ class FileOutput:
         if remote is not None:
             remote.fetch(paths, job.shape)
         check_writable(paths.rows, [paths.progress, log])
+        if remote is None:
+            finish_replacing(self._final)
+        if self.replaces is not None:
+            prepare_draft(paths, self._final, job.fingerprint)
         _remove_orphans(paths)
         _restore_spool(paths, job.shape)
         if remote is not None:
@@ -217,7 +238,20 @@ class FileOutput:
                 report.output.quarantine = self.remote.remote(paths.quarantine)
             if not self.row_folder:
                 self.remote.clear()  # all it held is in the store now
+        if self.replaces is not None:
+            final = self._final
+            commit(self.paths, final)
+            report.out, report.summary_path = final.rows, final.summary
+            if report.output.quarantine is not None:
+                report.output.quarantine = final.quarantine
         return report
+
+    @property
+    def _final(self) -> OutputPaths:
+        """The paths of the output this job leaves: the one it replaces, or its own."""
+        if self.replaces is None:
+            return self.paths
+        return OutputPaths(self.replaces, self.format, self.row_folder)
 
     def _summarise(
         self,
@@ -245,7 +279,8 @@ class FileOutput:
             whole = with_last_measured(self.paths, whole)
         # The folder the job ran in: relative sources in its rows are relative to it.
         info = {**info, "output_format": self.format, "cwd": os.getcwd()}
-        summary = write_summary(self.paths, whole, info, self.shown)
+        named = str(self.replaces) if self.replaces is not None else self.shown
+        summary = write_summary(self.paths, whole, info, named)
         report = JobReport(self.path, len(job.item_ids), kept, run, tally, summary, job.notes)
         report.startup_seconds, report.process_seconds = startup, seconds
         return report

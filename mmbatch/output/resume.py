@@ -39,6 +39,7 @@ from mmbatch.errors import ConfigError, OutputError
 from mmbatch.jsonl import JsonlError, read_objects, write_atomic, write_text_atomic
 from mmbatch.output.folders import FolderRows, folder_format, read_folder
 from mmbatch.output.formats import read_output
+from mmbatch.output.job_changes import differences
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.rows import RowShape, asked_of
 from mmbatch.types import Request
@@ -338,9 +339,11 @@ def fingerprint_digest(fingerprint: Mapping[str, Any]) -> str:
 
 
 def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> None:
+    """``ConfigError`` unless the job record ``record`` beside ``out`` is this job's, saying
+    what changed in the user's words (``mmbatch.output.job_changes``) and the ways on."""
     how = (
-        "use another --out, or pass --force to append to it anyway (its rows are kept; "
-        "the job record is replaced by this job's)"
+        "use another --out, --overwrite to replace it once this job has finished, or --force "
+        "to append to it (its rows are kept; the job record is replaced by this job's)"
     )
     try:
         stored = json.loads(record.read_text(encoding="utf-8"))
@@ -353,30 +356,10 @@ def check_same_job(out: Path, record: Path, fingerprint: Mapping[str, Any]) -> N
         raise ConfigError(f"the job record {record} is not JSON; {how}") from None
     if stored.get("digest") == fingerprint_digest(fingerprint):
         return
-    before = stored.get("fingerprint", {})
-    # Compared as JSON, the way the record stores it: a tuple of timestamps read back is a
-    # list, and must not be reported as a change.
-    fingerprint = json.loads(json.dumps(fingerprint, default=str))
-    changes = _changes(before, fingerprint)
-    if not changes:
-        return  # only settings this version added, at their unset value: the same job
-    details = "; ".join(
-        f"{name} {json.dumps(old)} -> {json.dumps(new)}" for name, old, new in changes
-    )
-    raise ConfigError(f"{out} was written by a different job ({details}); {how}")
-
-
-def _changes(before: Any, after: Any, name: str = "") -> list[tuple[str, Any, Any]]:
-    """The settings that differ between two fingerprints, each named by its path
-    (``video_options.fps``) with its two values: the leaves that changed, not the whole
-    tables that hold them. A setting one side does not record reads as ``null``."""
-    if isinstance(before, Mapping) and isinstance(after, Mapping):
-        changes = []
-        for key in sorted(before.keys() | after.keys()):
-            path = f"{name}.{key}" if name else str(key)
-            changes += _changes(before.get(key), after.get(key), path)
-        return changes
-    return [] if before == after else [(name, before, after)]
+    changed = differences(stored.get("fingerprint", {}), fingerprint)
+    if not changed:
+        return  # the same model by another path, or settings this version added, unset
+    raise ConfigError(f"{out} was written by a different job ({'; '.join(changed)}); {how}")
 
 
 def write_record(record: Path, fingerprint: Mapping[str, Any]) -> None:

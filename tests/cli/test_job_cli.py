@@ -91,17 +91,52 @@ def test_a_changed_job_is_refused_with_the_reason_unless_forced(
     before = out.read_bytes()
     assert caption(good, out, "--max-tokens", "32") == EXIT_JOB_FAILED
     err = capsys.readouterr().err
-    assert "was written by a different job (sampling.max_tokens 16 -> 32)" in err
+    assert "was written by a different job (--max-tokens 16 -> 32)" in err
     assert "--force" in err
     # A changed setting is named with its two values, not the whole tables that hold it.
     fps = tmp_path / "fps.jsonl"
     assert caption(good, fps, "--fps", "1") == EXIT_OK
     assert caption(good, fps, "--fps", "2") == EXIT_JOB_FAILED
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "different job (video_options.fps 1.0 -> 2.0); use another --out" in line
+    assert "different job (the video decode option fps 1.0 -> 2.0); use another --out" in line
     assert "{" not in line
     assert out.read_bytes() == before
     assert caption(good, out, "--max-tokens", "32", "--force") == EXIT_OK
+
+
+REFUSAL_WAYS = (
+    "use another --out, --overwrite to replace it once this job has finished, or --force to "
+    "append to it (its rows are kept; the job record is replaced by this job's)"
+)
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "said"),
+    [
+        (["--prompt", "What is it?"], ["--prompt", "Describe it."], "the prompt changed"),
+        (["--max-tokens", "64"], ["--max-tokens", "128"], "--max-tokens 64 -> 128"),
+        (["--model", "org/one"], ["--model", "org/two"], "the model changed: org/one -> org/two"),
+        (
+            ["--prompt", "a", "--temperature", "0.5"],
+            ["--prompt", "b", "--seed", "3", "--max-tokens", "9", "--as-clip"],
+            "--as-clip off -> on; the prompt changed; and 3 more settings",
+        ),
+    ],
+)
+def test_a_refused_rerun_says_what_changed_in_the_users_words(
+    good: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    first: list[str],
+    then: list[str],
+    said: str,
+) -> None:
+    out = tmp_path / "o.jsonl"
+    assert caption(good, out, *first) == EXIT_OK
+    capsys.readouterr()
+    assert caption(good, out, *then) == EXIT_JOB_FAILED
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"mmbatch: error: {out} was written by a different job ({said}); {REFUSAL_WAYS}"
 
 
 def test_a_rerun_with_nothing_to_do_keeps_the_last_runs_figures(good: Path, tmp_path: Path) -> None:

@@ -72,8 +72,34 @@ def test_resuming_on_rebuilt_weights_is_refused(
     build(model, 2)
     capsys.readouterr()
     assert main(argv, FakeEngine()) == EXIT_JOB_FAILED
-    assert 'written by a different job (model_content "dir:' in capsys.readouterr().err
+    assert f"written by a different job (the model's files changed ({model}));" in (
+        capsys.readouterr().err
+    )
     assert main([*argv, "--force"], FakeEngine()) == EXIT_OK  # asked for: appended
+
+
+def test_the_same_model_by_another_path_or_a_link_resumes_without_an_engine(
+    tmp_path: Path, samples: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local model is its content: ``.tiny``, its absolute path and a link to it are one
+    model, so a finished job run again by any of them has nothing to do."""
+    model = tmp_path / "model"
+    build(model, 1)
+    (tmp_path / "link").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o.jsonl"
+
+    def argv(spelled: str) -> list[str]:
+        picture = str(samples / "sunset.jpg")
+        return ["caption", picture, "--model", spelled, "--out", str(out), "--no-progress"]
+
+    assert main(argv("model"), FakeEngine()) == EXIT_OK
+    finished = out.read_bytes()
+    for spelled in (str(model), "./model/", "link", str(tmp_path / "link")):
+        idle = FakeEngine()
+        assert main(argv(spelled), idle) == EXIT_OK, spelled
+        assert idle.added == [], spelled  # resumed: nothing left, no engine at work
+    assert out.read_bytes() == finished
 
 
 def test_the_datasetmap_fingerprint_sees_replaced_weights_of_the_same_size(
@@ -85,6 +111,21 @@ def test_the_datasetmap_fingerprint_sees_replaced_weights_of_the_same_size(
     assert DatasetMap(str(model), "Describe.").fingerprint == before
     build(model, 2)
     assert DatasetMap(str(model), "Describe.").fingerprint != before
+
+
+def test_the_datasetmap_fingerprint_is_the_same_for_the_model_spelled_another_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = tmp_path / "model"
+    build(model, 1)
+    (tmp_path / "link").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    spelled = {DatasetMap(name, "Describe.").fingerprint for name in ("model", str(model), "link")}
+    assert len(spelled) == 1
+    assert (
+        DatasetMap("org/one", "Describe.").fingerprint
+        != DatasetMap("org/two", "Describe.").fingerprint
+    )
 
 
 def manifest(folder: Path, prompts: dict[str, str]) -> Path:
