@@ -16,6 +16,8 @@ from mmbatch.cli.options import EXIT_OK, Commands, engine_args_from
 
 START_POLL = 0.2
 """Seconds between looks at a starting engine's record."""
+SAID = "mmbatch: error: "
+"""How the engine's process says why it did not start, in its log."""
 STOP_WAIT = 60.0
 """Seconds a stopping engine has to close, before it is ended by signal."""
 
@@ -97,8 +99,8 @@ def run_start(args: argparse.Namespace) -> int:
             return EXIT_OK
         if server.poll() is not None:
             lines = [ln for ln in files.log.read_text(errors="replace").splitlines() if ln]
-            last = next((ln for ln in reversed(lines) if "error" in ln.lower()), None)
-            why = last or (lines[-1] if lines else f"exit code {server.returncode}")
+            said = [ln.removeprefix(SAID) for ln in lines if ln.startswith(SAID)]
+            why = (said or lines or [f"exit code {server.returncode}"])[-1]
             raise ConfigError(f"the engine {name!r} did not start: {why} (its log: {files.log})")
         time.sleep(START_POLL)
 

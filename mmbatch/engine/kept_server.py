@@ -31,7 +31,7 @@ from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.kept import LimitsFacts
 from mmbatch.engine.kept_folder import EngineFiles
-from mmbatch.errors import FatalEngineError, RequestRejected
+from mmbatch.errors import FatalEngineError, MmbatchError, RequestRejected
 from mmbatch.media.limits import PromptLimits, failure_of
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Modality, Result, Sampling
 
@@ -118,6 +118,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"mmbatch: engine {files.name} ready: {layout}", file=sys.stderr, flush=True)
         serve(engine, listener, shared, stop)
         return 0
+    except MmbatchError as exc:  # says why already: ``engine start`` shows this line
+        print(f"mmbatch: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     except Exception as exc:
         print(f"mmbatch: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         return 2
