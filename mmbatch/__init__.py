@@ -34,6 +34,7 @@ from mmbatch.types import (
 )
 
 if TYPE_CHECKING:
+    from mmbatch.engine.kept import connect_engine
     from mmbatch.engine.vllm import VLLMEngine
     from mmbatch.integrations.dataset_runs import run_dataset
     from mmbatch.integrations.hf_datasets import DatasetMap
@@ -59,6 +60,7 @@ _LAZY = {
     "run_in_memory": "mmbatch.jobs",
     "caption": "mmbatch.notebook",
     "load_engine": "mmbatch.notebook",
+    "connect_engine": "mmbatch.engine.kept",
     "RunConfig": "mmbatch.pipeline",
     "image_requests": "mmbatch.sources.files",
     "ClipSplit": "mmbatch.sources.clips",
@@ -100,6 +102,7 @@ __all__ = [
     "audio_requests",
     "caption",
     "clip_requests",
+    "connect_engine",
     "frame_requests",
     "image_requests",
     "load_engine",

@@ -70,6 +70,11 @@ processes, storage) goes to whichever worker is free. A new module that holds an
 the test process belongs here, as does one whose test must find no Ray cluster running on
 the machine (the Ray modules' clusters run in this scope)."""
 
+ENGINE_SERVERS = frozenset({"tests/engine/test_kept_engine.py"})
+"""The modules whose tests share one engine server (a process of its own, a module fixture):
+each module's tests go to one worker together, beside any other, so that the server starts
+once."""
+
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
@@ -81,7 +86,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class EnginesOnOneWorker(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "engines-in-process" if module in ENGINES_IN_PROCESS else nodeid
+            if module in ENGINES_IN_PROCESS:
+                return "engines-in-process"
+            return module if module in ENGINE_SERVERS else nodeid
 
     return EnginesOnOneWorker(config, log)
 

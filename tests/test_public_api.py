@@ -40,6 +40,12 @@ def test_import_mmbatch_imports_nothing_heavy() -> None:
     assert heavy_modules_after("import mmbatch") == []
 
 
+def test_connecting_to_a_kept_engine_imports_nothing_heavy() -> None:
+    # A job on a kept engine reaches it in milliseconds: neither vLLM nor torch is imported.
+    code = "from mmbatch import connect_engine\nimport mmbatch.engine.kept, mmbatch.cli.engine"
+    assert heavy_modules_after(code) == []
+
+
 def test_help_imports_nothing_heavy() -> None:
     code = (
         "import contextlib, io\nfrom mmbatch.cli import main\n"

@@ -28,6 +28,7 @@ from mmbatch.cli import (
     run,
     tiny_model,
 )
+from mmbatch.cli import engine as engine_command
 from mmbatch.cli.options import (
     EXIT_INTERRUPTED,
     EXIT_ITEMS_FAILED,
@@ -41,7 +42,7 @@ from mmbatch.errors import MmbatchError
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
 
-COMMANDS = (caption, frames, run, check, openai_batch, report, tiny_model, bench)
+COMMANDS = (caption, frames, run, check, openai_batch, report, tiny_model, bench, engine_command)
 
 __all__ = [
     "EXIT_INTERRUPTED",

@@ -238,7 +238,14 @@ def add_engine_options(
     parser: argparse.ArgumentParser,
     engine_help: str = "passed to vllm.LLM untouched (VALUE parsed as JSON when it is JSON)",
 ) -> None:
-    """--engine-arg, --window and --no-progress: how any job command drives the engine."""
+    """--engine, --engine-arg, --window and --no-progress: how any job command drives the
+    engine."""
+    parser.add_argument(
+        "--engine",
+        default=None,
+        metavar="NAME",
+        help="run on the kept engine NAME (mmbatch engine start) instead of starting one",
+    )
     parser.add_argument(
         "--engine-arg",
         action="append",
@@ -715,7 +722,32 @@ def run_to_file(job: Job, engine: Engine | EngineConfig, args: argparse.Namespac
     0 when every row of the output is ok, 1 when any is an error."""
     from mmbatch.jobs import run_job
 
+    job, engine = kept_engine_for(job, engine, args)
     report = run_job(job, engine, file_output_from(args), run_config_from(args))
     for line in report.lines():
         print(line, file=sys.stderr)
     return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED
+
+
+def kept_engine_for(
+    job: Job, engine: Engine | EngineConfig, args: argparse.Namespace
+) -> tuple[Job, Engine | EngineConfig]:
+    """The kept engine ``--engine`` names, for a job that would start ``engine`` (a config),
+    and the job saying so in its summary; refused in one line if the job needs another
+    engine. Without ``--engine``: the job and ``engine`` as they are."""
+    from dataclasses import replace
+
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.errors import ConfigError
+
+    name = getattr(args, "engine", None)
+    if name is None:
+        return job, engine
+    if not isinstance(engine, EngineConfig):
+        raise ConfigError("--engine runs a model's job: give the job --model too")
+    from mmbatch.engine.kept import connect_engine
+    from mmbatch.jobs import media_per_prompt
+
+    kept = connect_engine(name, engine, media_per_prompt(job.requests))
+    print(f"mmbatch: on the kept engine {name} ({kept.layout})", file=sys.stderr)
+    return replace(job, info={**job.info, "engines": f"kept engine {name}: {kept.layout}"}), kept

@@ -66,6 +66,9 @@ def run(
     from mmbatch.engine.builder import check_engine_without_devices
     from mmbatch.engine.invariance import recorded
     from mmbatch.errors import ConfigError
+
+    if getattr(args, "engine", None) is not None:
+        raise ConfigError("--engine runs a job on this machine's kept engine, not on Ray")
     from mmbatch.integrations import ray_data
     from mmbatch.output.file_output import FileOutput
 

@@ -151,7 +151,7 @@ class ReplicaEngine:
     # -- Engine --------------------------------------------------------------------------
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
-        flight = _InFlight(_portable(request), media, sampling)
+        flight = _InFlight(portable(request), media, sampling)
         self._in_flight[request.id] = flight
         self._send_to(self._choose(request), flight)
 
@@ -463,7 +463,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _portable(request: LoadedRequest) -> LoadedRequest:
+def portable(request: LoadedRequest) -> LoadedRequest:
     """``request`` without the source bytes its media references may hold (a view into a
     memory-mapped dataset cannot be pickled, and the replica needs only the decoded items)."""
     refs = request.request.media

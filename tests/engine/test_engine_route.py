@@ -189,6 +189,14 @@ def _ray_actor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
     return replica
 
 
+def _kept_engine(tmp_path: Path, _: pytest.MonkeyPatch) -> object:
+    """The kept engine's server (``mmbatch engine start``), which serves jobs of any size."""
+    from mmbatch.engine.kept_server import open_kept_engine
+
+    engine, _ = open_kept_engine(EngineConfig(MODEL, batch_invariant=True), {"image": 1})
+    return engine
+
+
 FACES = {
     "mmbatch caption": Face(_cli, in_process=False, requests=3),
     "mmbatch.caption": Face(_notebook, in_process=True, requests=3),
@@ -197,6 +205,7 @@ FACES = {
     "run_dataset": Face(_run_dataset, in_process=False, requests=3),
     "run_job": Face(_run_job, in_process=False, requests=3),
     "Ray's EngineReplica": Face(_ray_actor, in_process=False, requests=3),
+    "mmbatch engine start": Face(_kept_engine, in_process=False, requests=None),
 }
 
 

@@ -1,0 +1,162 @@
+"""A kept engine's bookkeeping, fast: its server's loop (``kept_server.serve``) on the fake
+engine, in a thread, behind a real owner-only Unix socket, with jobs connecting through
+``connect_engine`` as a job does. ``test_kept_engine.py`` runs the same on a real vLLM
+engine in a process of its own; here, what a job gone does to the engine's queue, what two
+jobs at once get, and who may reach the engine at all."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+
+import pytest
+from fake_engine import FakeEngine
+from picture_requests import caption_requests, write_pictures
+
+from mmbatch.cli import main
+from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.kept import KeptEngine, connect_engine, refusal
+from mmbatch.engine.kept_folder import FOLDER_ENV, EngineFiles, check_private_folder
+from mmbatch.engine.kept_server import _Shared, serve
+from mmbatch.errors import ConfigError
+from mmbatch.jobs import Job, run_in_memory
+from mmbatch.pipeline import RunConfig, close_pipeline
+from mmbatch.types import LoadedRequest, Sampling
+
+NAME = "fake"
+MODEL = "org/kept"
+RECORD = {
+    "model": MODEL,
+    "engine_kwargs": {"max_model_len": 1024, "enable_prefix_caching": True},
+    "gpus": None,
+    "engines_per_gpu": None,
+    "batch_invariant": False,
+    "media_per_prompt": {"image": 1},
+    "pid": os.getpid(),
+    "started": 0.0,
+    "ready": True,
+    "layout": "one fake engine",
+}
+
+
+@dataclass
+class Served:
+    engine: FakeEngine
+    files: EngineFiles
+    stop: threading.Event
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    folder = tmp_path / "engines"
+    monkeypatch.setenv(FOLDER_ENV, str(folder))
+    files = EngineFiles.of(NAME, create=True)
+    engine = FakeEngine(per_step=1, step_seconds=0.05)
+    listener = Listener(str(files.socket), family="AF_UNIX", authkey=files.new_key())
+    files.write_info(RECORD)
+    stop = threading.Event()
+    shared = _Shared(EngineConfig(MODEL), "one fake engine", None, engine.capacity())
+    loop = threading.Thread(target=serve, args=(engine, listener, shared, stop), daemon=True)
+    loop.start()
+    yield Served(engine, files, stop)
+    stop.set()
+    loop.join(timeout=10)
+    assert not loop.is_alive()
+
+
+def _job(tmp_path: Path, count: int, prompt: str = "Describe.") -> Job:
+    return Job(caption_requests(write_pictures(tmp_path / "in", count), [prompt]))
+
+
+def _run(job: Job, engine: KeptEngine) -> list[dict[str, object]]:
+    try:
+        rows, _ = run_in_memory(job, engine, RunConfig(progress=False, decode_workers=0))
+    finally:
+        close_pipeline(engine)
+        engine.close()
+    return rows
+
+
+def test_a_job_gone_leaves_nothing_in_the_engine_and_the_next_job_is_served(
+    served: Served, tmp_path: Path
+) -> None:
+    first = connect_engine(NAME)
+    job = _job(tmp_path, 12)
+    for request in job.requests[:8]:  # added, not yet run: then the job is gone
+        first.add(LoadedRequest(request, ()), [], Sampling())
+    while len(served.engine.added) < 8:
+        time.sleep(0.01)
+    first._conn.close()  # as the kernel closes a killed job's socket
+    deadline = time.monotonic() + 10
+    while served.engine.num_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert served.engine.num_unfinished() == 0  # its requests left the engine...
+    assert served.engine.steps < 8  # ...aborted, not run to their end
+    rows = _run(job, connect_engine(NAME))
+    assert [row["error"] for row in rows] == [None] * 12
+    assert all(str(row["text"]).endswith("|Describe.") for row in rows)
+    assert len({row["text"] for row in rows}) == 12  # each its own picture's answer
+
+
+def test_two_jobs_at_once_each_get_their_own_rows(served: Served, tmp_path: Path) -> None:
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+    jobs = [_job(tmp_path / "a", 10, "First?"), _job(tmp_path / "b", 10, "Second?")]
+    results: list[list[dict[str, object]]] = [[], []]
+
+    def run(i: int) -> None:
+        results[i] = _run(jobs[i], connect_engine(NAME))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    for rows, prompt in zip(results, ["First?", "Second?"], strict=True):
+        assert len(rows) == 10
+        assert all(str(row["text"]).endswith(f"|{prompt}") for row in rows)
+
+
+def test_only_the_key_holder_may_connect(served: Served) -> None:
+    with pytest.raises(Exception, match="digest"):
+        Client(str(served.files.socket), family="AF_UNIX", authkey=b"guessed")
+    rows_before = served.engine.num_unfinished()
+    connect_engine(NAME).close()  # the engine still serves after the refusal
+    assert served.engine.num_unfinished() == rows_before
+
+
+def test_a_folder_others_may_reach_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    open_folder = tmp_path / "engines"
+    open_folder.mkdir(mode=0o755)
+    os.chmod(open_folder, 0o755)
+    with pytest.raises(ConfigError, match=r"mode 0755: others may reach it"):
+        check_private_folder(open_folder)
+    monkeypatch.setenv(FOLDER_ENV, str(open_folder))
+    with pytest.raises(ConfigError, match="mode 0755"):
+        connect_engine(NAME)
+    assert main(["engine", "list"]) == 2
+    os.chmod(open_folder, 0o700)
+    check_private_folder(open_folder)
+    made = tmp_path / "new" / "engines"
+    monkeypatch.setenv(FOLDER_ENV, str(made))
+    EngineFiles.of(NAME, create=True)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+def test_what_makes_a_job_need_another_engine() -> None:
+    same = EngineConfig(MODEL, {"max_model_len": 1024})
+    assert refusal(RECORD, same, {"image": 1}) is None
+    assert refusal(RECORD, EngineConfig(MODEL), {"image": 1}) is None  # left to the engine
+    longer = EngineConfig(MODEL, {"max_model_len": 2048})
+    assert "started with max_model_len=1024" in str(refusal(RECORD, longer, {}))
+    assert "runs org/kept, not org/other" in str(refusal(RECORD, EngineConfig("org/other"), {}))
+    assert "--media-per-prompt image=2" in str(refusal(RECORD, same, {"image": 2}))
+    assert "video" in str(refusal(RECORD, same, {"video": 1}))
