@@ -111,6 +111,7 @@ def build_engine(
             # a command's quiet resource tracker cleans up without a word.
             end_at_exit=engines_may_end_at_once()
             or (layout.tensor_parallel == 1 and all(layout.groups)),
+            log=log,
         )
     except ConfigError:
         # A mistake leaves no log file (nor the folders made for it), though a replica,

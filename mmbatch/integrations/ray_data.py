@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.engine.base import Engine
 from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.logs import printed_to
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.jobs import Job, engine_stopped, rows_of, say_interrupted, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -141,7 +142,7 @@ class RayResources:
     """How the job is spread over the cluster."""
 
     replicas: int = 1
-    """Actors, each with its own engine (Ray Data's ``concurrency``)."""
+    """Actors, each with its own engine (a fixed pool: Ray Data's ``ActorPoolStrategy``)."""
     gpus_per_replica: float | None = None
     """GPUs per actor; None: the engine's tensor_parallel_size x pipeline_parallel_size, or
     0 where the driver has vLLM's CPU build. 0 runs on CPUs."""
@@ -178,7 +179,7 @@ class RayResources:
 
 
 @contextmanager
-def connected(address: str | None) -> Iterator[None]:
+def connected(address: str | None, log: str | None = None) -> Iterator[None]:
     """Ray for the length of the block: this process's connection where it has one (its
     caller's ``ray.init``, left as it is), else one made here to the cluster at ``address``
     (None: Ray's default, a running local cluster or a new one; ``local``: a new one) and
@@ -189,14 +190,18 @@ def connected(address: str | None) -> Iterator[None]:
     ``ray.init`` takes SIGTERM over in the process that calls it: a Python handler that
     exits with code 15, then its core worker's own, which prints a C++ stack and aborts. The
     caller's handler is put back (the command line's: SIGTERM stops the job as Ctrl-C does,
-    exit code 143), so that a job a scheduler stops says so and resumes as a local one."""
+    exit code 143), so that a job a scheduler stops says so and resumes as a local one.
+    ``log``: where Ray's start-up lines go (the job's log file; None: the terminal)."""
     ray = import_ray()
     if ray.is_initialized():
         yield
         return
     main_thread = threading.current_thread() is threading.main_thread()
     on_sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
-    ray.init(address=address or None)
+    # What Ray says as it starts, and what its workers print (in Ray's own log files), go
+    # to ``log`` rather than the terminal; None: the terminal, workers' output included.
+    with printed_to(log):
+        ray.init(address=address or None, log_to_driver=log is None)
     try:
         if on_sigterm is not None:
             signal.signal(signal.SIGTERM, on_sigterm)
@@ -237,7 +242,7 @@ def caption_dataset(
     """The lazy Dataset of output rows for the input rows of ``ds`` (minus ``skip_ids``):
     one row per input row, a caption or an error. ``tally``: a ``ReplicaTally`` actor the
     replicas tell what their rows do not say (``start_tally``)."""
-    import_ray()
+    ray = import_ray()
     skip = sorted(set(skip_ids))
     if skip:
         ds = ds.map_batches(_drop_ids, fn_kwargs={"skip": skip}, batch_format="pyarrow")
@@ -248,7 +253,7 @@ def caption_dataset(
         fn_constructor_args=(job, tally),
         batch_size=resources.batch_groups,
         batch_format="pyarrow",
-        concurrency=resources.replicas,
+        compute=ray.data.ActorPoolStrategy(size=resources.replicas),
         num_gpus=resources.num_gpus(job.engine),
         runtime_env={"env_vars": dict(resources.env)} if resources.env else None,
     )
@@ -298,8 +303,10 @@ def run_on_ray(
     if pending:
         tally = start_tally(ray)
         try:
-            rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
-            _write(rows, out)
+            # Ray Data's progress and its core worker's lines: into the engine's log.
+            with printed_to(job.engine.log_file):
+                rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
+                _write(rows, out)
             figures = ray.get(tally.total.remote())
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc

@@ -242,8 +242,11 @@ class FileOutput:
             whole = with_last_measured(self.paths, whole)
         # The folder the job ran in: relative sources in its rows are relative to it.
         info = {**info, "output_format": self.format, "cwd": os.getcwd()}
-        summary = write_summary(self.paths, whole, info, self.shown)
-        report = JobReport(self.path, len(job.item_ids), kept, run, tally, summary, job.notes)
+        document = write_summary(self.paths, whole, info, self.shown)
+        report = JobReport(
+            self.path, len(job.item_ids), kept, run, tally, self.paths.summary, job.notes
+        )
+        report.document = document
         report.startup_seconds, report.process_seconds = startup, seconds
         return report
 
