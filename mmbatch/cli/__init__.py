@@ -35,6 +35,7 @@ from mmbatch.cli.options import (
     EXIT_JOB_FAILED,
     EXIT_OK,
     EXIT_TERMINATED,
+    terminal_for,
 )
 from mmbatch.cli.parsing import Parser
 from mmbatch.errors import MmbatchError
@@ -80,7 +81,7 @@ def main(argv: Sequence[str] | None = None, engine: Engine | None = None) -> int
 
         quiet_resource_tracker()
     try:
-        with _sigterm_as_ctrl_c():
+        with _sigterm_as_ctrl_c(), terminal_for(args):
             code: int = args.handler(args) if engine is None else args.handler(args, engine)
     except MmbatchError as exc:
         print(f"mmbatch: error: {exc}", file=sys.stderr)

@@ -8,11 +8,13 @@ each builder imports what it makes when it is called.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.output.file_output import FileOutput
+    from mmbatch.output.summary import JobReport
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.files import KeepColumns, SourcePolicy
@@ -299,19 +302,44 @@ def add_engine_options(
         "uninterrupted run; slower; NVIDIA GPUs of compute capability 9.0+ (8.0+ from vLLM "
         "0.32) only",
     )
-    add_verbose_option(parser)
+    add_terminal_options(parser)
+
+
+def add_terminal_options(parser: argparse.ArgumentParser) -> None:
+    """-v, -q and --json: what a job command shows on the terminal (``terminal_for``)."""
+    shown = parser.add_mutually_exclusive_group()
+    add_verbose_option(shown)
+    shown.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print only the summary's last line (rows ok and failed, where the summary is) "
+        "and errors; no progress bar",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary (OUT.summary.json's object) on stdout, as one JSON object; "
+        "nothing else goes to stdout",
+    )
 
 
 def add_verbose_option(
-    parser: argparse.ArgumentParser, where: str = "by default it goes to OUT.vllm.log"
+    parser: argparse._ActionsContainer,
+    where: str = "by default they go to OUT.vllm.log",
 ) -> None:
-    parser.add_argument("-v", "--verbose", action="store_true", help=f"show vLLM's log ({where})")
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help=f"show vLLM's log and what other libraries say ({where})",
+    )
 
 
 def engine_log_from(args: argparse.Namespace) -> str | None:
-    """Where vLLM's log goes: beside ``--out`` (``OUT.vllm.log``; for an output in storage,
-    beside its local mirror, and uploaded beside it when the job ends), or with ``-v`` the
-    terminal (None)."""
+    """Where vLLM's log (and what other libraries say) goes: beside ``--out``
+    (``OUT.vllm.log``; for an output in storage, beside its local mirror, and uploaded beside
+    it when the job ends), or with ``-v`` the terminal (None)."""
     from mmbatch.output.paths import OutputPaths
     from mmbatch.output.remote import staging
     from mmbatch.storage.urls import is_storage_url
@@ -344,8 +372,6 @@ def engine_log_shown_from(args: argparse.Namespace) -> str | None:
 def quiet_unless_verbose(args: argparse.Namespace) -> Iterator[None]:
     """What vLLM prints while a command reads the model's configuration (no engine, no
     log file), dropped unless ``-v``."""
-    import os
-
     from mmbatch.engine.logs import engine_log
 
     with engine_log(None if args.verbose else os.devnull):
@@ -601,7 +627,7 @@ def run_config_from(args: argparse.Namespace) -> RunConfig:
     from mmbatch.pipeline import RunConfig
 
     return RunConfig(
-        progress=not args.no_progress,
+        progress=not (args.no_progress or getattr(args, "quiet", False)),
         decode_workers=args.decode_workers,
         memory_budget=args.memory_budget,
     )
@@ -724,8 +750,40 @@ def run_to_file(job: Job, engine: Engine | EngineConfig, args: argparse.Namespac
 
     job, engine = kept_engine_for(job, engine, args)
     report = run_job(job, engine, file_output_from(args), run_config_from(args))
-    for line in report.lines():
-        print(line, file=sys.stderr)
+    return show_summary(report, args)
+
+
+class Terminal:
+    """Where a job command's own lines go, as -q and --json say: the streams the command
+    started with, kept while ``terminal_for`` silences or moves what else is printed."""
+
+    def __init__(self, args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> None:
+        self.quiet = bool(getattr(args, "quiet", False))
+        self.json = bool(getattr(args, "json", False))
+        self.stdout, self.stderr = stdout, stderr
+
+    def summary(self, report: JobReport, notes: Sequence[str] = ()) -> None:
+        """The summary: every line (and ``notes``), or with -q its last line, on stderr;
+        with --json its object on stdout."""
+        lines = [report.headline()] if self.quiet else [*report.lines(), *notes]
+        for line in lines:
+            print(line, file=self.stderr, flush=True)
+        if self.json:
+            self.document = dict(report.document)
+
+    document: dict[str, Any] | None = None
+    """The summary's object, printed on stdout once the command's own stdout is back."""
+
+    def print_json(self) -> None:
+        if self.json and self.document is not None:
+            print(json.dumps(self.document, default=str), file=self.stdout, flush=True)
+
+
+def show_summary(report: JobReport, args: argparse.Namespace, notes: Sequence[str] = ()) -> int:
+    """Print ``report`` as the command's flags say (``Terminal``); the exit code: 0 when
+    every row of the output is ok, 1 when any is an error."""
+    terminal = getattr(args, "terminal", None) or Terminal(args, sys.stdout, sys.stderr)
+    terminal.summary(report, notes)
     return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED
 
 
@@ -751,3 +809,55 @@ def kept_engine_for(
     kept = connect_engine(name, engine, media_per_prompt(job.requests))
     print(f"mmbatch: on the kept engine {name} ({kept.layout})", file=sys.stderr)
     return replace(job, info={**job.info, "engines": f"kept engine {name}: {kept.layout}"}), kept
+
+
+@contextmanager
+def terminal_for(args: argparse.Namespace) -> Iterator[None]:
+    """A job command's terminal while it runs: what other libraries say goes to its log
+    (``OUT.vllm.log``; with -v, the terminal); with -q, mmbatch's own lines before the
+    summary are dropped; with --json, whatever else would reach stdout goes to stderr, so
+    that stdout holds the summary's object alone. ``args.terminal`` keeps the streams the
+    summary and its errors are printed on. A command without these flags is left as is."""
+    if not hasattr(args, "json"):
+        yield
+        return
+    from contextlib import ExitStack, redirect_stderr, redirect_stdout
+
+    from mmbatch.engine.logs import libraries_to_log
+
+    args.terminal = terminal = Terminal(args, sys.stdout, sys.stderr)
+    with ExitStack() as stack:
+        if args.json:
+            stack.enter_context(_stdout_to_stderr())
+            stack.enter_context(redirect_stdout(sys.stderr))
+        if args.quiet:
+            stack.enter_context(redirect_stderr(_silent()))
+        stack.enter_context(libraries_to_log(engine_log_from(args)))
+        yield
+    terminal.print_json()
+
+
+@contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 onto 2 while the block runs (what C code and child processes
+    print on stdout)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+_SILENT: list[TextIO] = []
+
+
+def _silent() -> TextIO:
+    """One stream to devnull for the process, never closed: a library that binds a handler
+    to it while a command is quiet may still write to it later."""
+    if not _SILENT:
+        _SILENT.append(open(os.devnull, "w"))  # noqa: SIM115
+    return _SILENT[0]

@@ -8,12 +8,11 @@ install hint.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.cli.options import EXIT_ITEMS_FAILED, EXIT_OK
+from mmbatch.cli.options import show_summary
 
 if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig
@@ -112,13 +111,11 @@ def run(
         force=args.force,
         overwrite=args.overwrite,
     )
-    with ray_data.connected(args.ray):
+    with ray_data.connected(args.ray, engine.log_file):
         rows = _input_rows(items, dataset)
         known = items if dataset is not None else None
         report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
-    for line in [*report.lines(), *(f"note: {note}" for note in job.notes)]:
-        print(line, file=sys.stderr)
-    return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED
+    return show_summary(report, args, [f"note: {note}" for note in job.notes])
 
 
 def _out_format(args: argparse.Namespace) -> str:

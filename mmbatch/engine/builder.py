@@ -124,6 +124,7 @@ def start_engine(host: Host, media_per_prompt: dict[Modality, int], layout: Layo
             # a command's quiet resource tracker cleans up without a word.
             end_at_exit=engines_may_end_at_once()
             or (layout.tensor_parallel == 1 and all(layout.groups)),
+            log=log,
         )
     except ConfigError:
         # A mistake leaves no log file (nor the folders made for it), though a replica,

@@ -1,28 +1,43 @@
-"""vLLM's start-up log (about a hundred lines) in a file instead of the terminal.
+"""What other libraries say goes to the job's log file, not to the terminal; decided here.
 
-vLLM logs through Python's ``logging`` (configured when it is imported, and again when an
-engine is built, from ``VLLM_LOGGING_CONFIG_PATH``), and other libraries write to the
-terminal directly while the engine starts (weight-loading progress bars, C++ warnings,
-Python warnings). So ``engine_log(path)`` does both: it points vLLM's logging config at a
-file handler, for this process and for the engine processes started meanwhile (they read
-the environment), and it sends file descriptors 1 and 2 to the same file while the block
-runs. vLLM's later messages (while the job runs) keep going to the file through the
-handler; the job's own output (progress bar, summary) comes after the block, to the
-terminal. ``None`` leaves everything where vLLM sends it (``-v``).
+A job's terminal shows mmbatch's own lines (what is run, the progress bar, the summary) and
+its errors. vLLM, transformers, torch, Triton and Ray speak through three channels, each
+routed here while a command runs, unless ``-v`` (``path`` None) leaves them on the terminal:
+
+* **Python's logging** (``libraries_to_log``): at each record a library logs, the handlers
+  it would reach that print on the terminal (transformers' and Ray's own, vLLM's default, the
+  last resort) hand it to the log file instead, however late the library set them up (vLLM
+  and transformers are imported half-way through a job). Pointed back when the command ends.
+* **Python's warnings** (``libraries_to_log``): shown in the log file.
+* **What is printed** below Python's logging (C++ lines of Ray's core worker, progress bars,
+  the engine's processes): ``printed_to`` sends file descriptors 1 and 2 to the log file,
+  around the parts of a job where mmbatch itself prints nothing (an engine's start, a replica
+  process's whole life, a Ray job's run); processes started meanwhile inherit it.
+
+vLLM's start-up log (about a hundred lines) is the largest part. vLLM configures its logging
+when it is imported, and again when an engine is built, from ``VLLM_LOGGING_CONFIG_PATH``; so
+``engine_log(path)`` points that config at a file handler, for this process and for the
+engine processes started meanwhile (they read the environment), and prints into the same
+file while the block runs (weight-loading progress bars, C++ warnings). vLLM's later
+messages keep going to the file through the handler. ``None`` leaves everything where vLLM
+sends it (``-v``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import logging.config
 import os
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TextIO, TypeAlias
 
 _ENV = ("VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH")
 
@@ -81,7 +96,7 @@ def engine_log(path: str | Path | None) -> Iterator[None]:
     if "vllm.logger" in sys.modules:  # configured already: point it at the file now
         logging.config.dictConfig(config)
     try:
-        with _terminal_to(target):
+        with printed_to(target):
             yield
     finally:
         for name, value in saved.items():
@@ -93,9 +108,13 @@ def engine_log(path: str | Path | None) -> Iterator[None]:
 
 
 @contextmanager
-def _terminal_to(target: str) -> Iterator[None]:
+def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
     """File descriptors 1 and 2 (what C code, subprocesses and Python write) into
-    ``target`` while the block runs."""
+    ``target`` (appended) while the block runs; None leaves them on the terminal."""
+    if target is None:
+        yield
+        return
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = [os.dup(1), os.dup(2)]
@@ -111,3 +130,144 @@ def _terminal_to(target: str) -> Iterator[None]:
         os.dup2(saved[1], 2)
         for fd in (*saved, log):
             os.close(fd)
+
+
+_FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"
+_LOGGED = "_mmbatch_logged"
+"""Set on a record once it is in the log file: a record that reaches two of a library's
+terminal handlers is written once."""
+
+
+@contextmanager
+def libraries_to_log(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """While the block runs, what other libraries log (Python's ``logging``) or warn
+    (``warnings``) goes to ``path`` (appended, made when first written) instead of the
+    terminal; None leaves it where the libraries send it (``-v``). mmbatch's own lines are
+    printed, not logged, and stay on the terminal."""
+    if path is None:
+        yield
+        return
+    log = _LibraryLog(str(path))
+    _install_record_factory()
+    with _routes_lock:
+        _routes.append(log)
+    last_resort, show = logging.lastResort, warnings.showwarning
+    logging.lastResort = log.file  # a record no handler takes (a library never set one up)
+    warnings.showwarning = log.warning
+    try:
+        yield
+    finally:
+        if warnings.showwarning == log.warning:
+            warnings.showwarning = show
+        if logging.lastResort is log.file:
+            logging.lastResort = last_resort
+        with _routes_lock:
+            _routes.remove(log)
+        log.close()
+
+
+class _LibraryLog:
+    """The log file of one command, and the terminal handlers it diverts meanwhile."""
+
+    def __init__(self, path: str) -> None:
+        self.file = _FileMadeWhenWritten(path, mode="a", encoding="utf-8", delay=True)
+        self.file.setFormatter(logging.Formatter(_FORMAT))
+        self.file.setLevel(logging.NOTSET)
+        self.diverted: set[logging.Handler] = set()
+        self._lock = threading.Lock()
+
+    def divert(self, record: logging.LogRecord) -> None:
+        """Send ``record`` here instead of through the handlers of its logger (and of the
+        loggers it propagates to) that print on the terminal."""
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            for handler in logger.handlers:
+                if handler not in self.diverted and _prints_on_terminal(handler):
+                    with self._lock:
+                        if handler not in self.diverted:
+                            handler.addFilter(self._write)
+                            self.diverted.add(handler)
+            logger = logger.parent if logger.propagate else None
+
+    def _write(self, record: logging.LogRecord) -> bool:
+        """A diverted handler's filter: ``record`` into the file, not onto the terminal."""
+        if not getattr(record, _LOGGED, False):
+            setattr(record, _LOGGED, True)
+            self.file.handle(record)
+        return False
+
+    def warning(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        """``warnings.showwarning``, into the file."""
+        text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
+        record = logging.LogRecord(
+            "py.warnings", logging.WARNING, filename, lineno, text, None, None
+        )
+        setattr(record, _LOGGED, True)
+        self.file.handle(record)
+
+    def close(self) -> None:
+        with self._lock:
+            for handler in self.diverted:
+                handler.removeFilter(self._write)
+            self.diverted.clear()
+        self.file.close()
+
+
+class _FileMadeWhenWritten(logging.FileHandler):
+    """A log file (and its folder) made by the first record, not before: a command that
+    stops at a mistake in its settings leaves nothing behind."""
+
+    def _open(self) -> Any:
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+_routes: list[_LibraryLog] = []
+"""The logs of the commands running in this process, the latest last (it takes records)."""
+_routes_lock = threading.Lock()
+_factory_lock = threading.Lock()
+_factory_installed = False
+
+
+def _install_record_factory() -> None:
+    """Put ``_divert_record`` in front of the record factory, once per process: it passes
+    every record through unchanged and, while a command's log is open, diverts the
+    terminal handlers the record is about to reach. Left in place afterwards (other
+    libraries, Ray among them, wrap the factory in turn), where it does nothing."""
+    global _factory_installed
+    with _factory_lock:
+        if _factory_installed:
+            return
+        previous = logging.getLogRecordFactory()
+
+        def _divert_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = previous(*args, **kwargs)
+            route = _routes[-1] if _routes else None
+            if route is not None and not record.name.startswith("mmbatch"):
+                route.divert(record)
+            return record
+
+        logging.setLogRecordFactory(_divert_record)
+        _factory_installed = True
+
+
+def _prints_on_terminal(handler: logging.Handler) -> bool:
+    """Whether ``handler`` writes to the process's standard output or error (not a file
+    of its own, not a test's capture)."""
+    if not isinstance(handler, logging.StreamHandler) or isinstance(handler, logging.FileHandler):
+        return False
+    stream = handler.stream
+    if any(stream is s for s in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)):
+        return True
+    try:
+        return stream.fileno() in (1, 2)
+    except (AttributeError, OSError, ValueError):
+        return False

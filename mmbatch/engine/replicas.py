@@ -48,6 +48,7 @@ from typing import Any
 
 from mmbatch.clock import milestone, milestones_wall, note_from
 from mmbatch.engine.base import Engine
+from mmbatch.engine.logs import printed_to
 from mmbatch.errors import FatalEngineError, RequestRejected
 from mmbatch.lifetime import end_own_group, end_with_parent
 from mmbatch.media.limits import PromptLimits
@@ -108,6 +109,7 @@ class ReplicaEngine:
         limits: Callable[[int, int | None], PromptLimits | None] | None = None,
         while_starting: Callable[[], None] | None = None,
         end_at_exit: bool = False,
+        log: str | None = None,
     ) -> None:
         """Start one replica per entry of ``devices`` (each a ``CUDA_VISIBLE_DEVICES``
         value, or None to leave it alone) and wait until all are up. ``limits`` makes the
@@ -118,8 +120,10 @@ class ReplicaEngine:
         goes on. ``end_at_exit``: at the interpreter's exit (every row safe by then), end
         the replicas at once instead of waiting for vLLM's teardown (seconds): only where
         that leaves nothing behind, an engine of one GPU, which shares no memory with
-        workers of its own."""
+        workers of its own. ``log``: the file where each replica process prints (vLLM's
+        log, what transformers and torch say), for its whole life; None: the terminal."""
         self._make_engine = make_engine
+        self._log = log
         self._make_limits = limits
         self._context = multiprocessing.get_context("spawn")
         self._replicas = [_Replica(i, d) for i, d in enumerate(devices)]
@@ -378,7 +382,7 @@ class ReplicaEngine:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=serve,
-            args=(self._make_engine, replica.devices, child),
+            args=(self._make_engine, replica.devices, child, self._log),
             name=f"mmbatch-replica-{replica.index}",
             # Not daemonic: vLLM starts processes of its own (its engine core, tensor-parallel
             # workers), which a daemonic process may not. A replica whose job is gone ends
@@ -394,9 +398,10 @@ class ReplicaEngine:
             try:
                 message = replica.conn.recv()
             except (EOFError, OSError):
+                where = f"in {self._log}" if self._log is not None else "above"
                 raise FatalEngineError(
                     f"engine replica {replica.index} ended while starting "
-                    f"(exit code {replica.process.exitcode}); its log is above"
+                    f"(exit code {replica.process.exitcode}); its log is {where}"
                 ) from None
             if message[0] == "fatal":
                 raise FatalEngineError(f"engine replica {replica.index}: {message[1]}")
@@ -477,9 +482,18 @@ def _load(replica: _Replica) -> float:
     return len(replica.held) / max(1, replica.capacity)
 
 
-def serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> None:
+def serve(
+    make_engine: EngineFactory, devices: str | None, conn: Connection, log: str | None = None
+) -> None:
     """A replica process: build the engine on ``devices``, then add, step and report until
-    told to stop (or until the parent is gone)."""
+    told to stop (or until the parent is gone), printing into ``log`` (None: the terminal):
+    everything it prints is the engine's or its libraries'; the job's own lines are the
+    parent's."""
+    with printed_to(log):
+        _serve(make_engine, devices, conn)
+
+
+def _serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> None:
     # A process group of its own (vLLM's engine-core and worker processes join it): Ctrl-C in
     # a terminal reaches the job's group only, so the parent alone decides when an engine
     # stops, and stops it cleanly, instead of every engine dying under it at once.

@@ -56,6 +56,7 @@ from mmbatch.clock import process_seconds
 from mmbatch.engine.base import Engine
 from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.logs import printed_to
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.jobs import Job, engine_stopped, rows_of, say_interrupted, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
@@ -146,7 +147,7 @@ class RayResources:
     """How the job is spread over the cluster."""
 
     replicas: int = 1
-    """Actors, each with its own engine (Ray Data's ``concurrency``)."""
+    """Actors, each with its own engine (a fixed pool: Ray Data's ``ActorPoolStrategy``)."""
     gpus_per_replica: float | None = None
     """GPUs per actor; None: the engine's tensor_parallel_size x pipeline_parallel_size, or
     0 where the driver has vLLM's CPU build. 0 runs on CPUs."""
@@ -183,7 +184,7 @@ class RayResources:
 
 
 @contextmanager
-def connected(address: str | None) -> Iterator[None]:
+def connected(address: str | None, log: str | None = None) -> Iterator[None]:
     """Ray for the length of the block: this process's connection where it has one (its
     caller's ``ray.init``, left as it is), else one made here to the cluster at ``address``
     (None: Ray's default, a running local cluster or a new one; ``local``: a new one) and
@@ -199,7 +200,8 @@ def connected(address: str | None) -> Iterator[None]:
     A Ray that cannot be reached or started (no cluster at ``auto``, an address that does
     not answer, a local Ray that fails to start) is a ``ConfigError`` in one line, before
     the job writes anything: Ray's own exception would be a traceback, and exit code 1,
-    which says that some items failed."""
+    which says that some items failed. ``log``: where Ray's start-up lines go (the job's
+    log file; None: the terminal)."""
     ray = import_ray()
     if ray.is_initialized():
         yield
@@ -207,7 +209,10 @@ def connected(address: str | None) -> Iterator[None]:
     main_thread = threading.current_thread() is threading.main_thread()
     on_sigterm = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
-        ray.init(address=address or None)
+        # What Ray says as it starts, and what its workers print (in Ray's own log files),
+        # go to ``log`` rather than the terminal; None: the terminal, workers' output too.
+        with printed_to(log):
+            ray.init(address=address or None, log_to_driver=log is None)
     except Exception as exc:
         with suppress(Exception):
             ray.shutdown()  # whatever it started before it failed
@@ -268,7 +273,7 @@ def caption_dataset(
     """The lazy Dataset of output rows for the input rows of ``ds`` (minus ``skip_ids``):
     one row per input row, a caption or an error. ``tally``: a ``ReplicaTally`` actor the
     replicas tell what their rows do not say (``start_tally``)."""
-    import_ray()
+    ray = import_ray()
     skip = sorted(set(skip_ids))
     if skip:
         ds = ds.map_batches(_drop_ids, fn_kwargs={"skip": skip}, batch_format="pyarrow")
@@ -279,7 +284,7 @@ def caption_dataset(
         fn_constructor_args=(job, tally),
         batch_size=resources.batch_groups,
         batch_format="pyarrow",
-        concurrency=resources.replicas,
+        compute=ray.data.ActorPoolStrategy(size=resources.replicas),
         num_gpus=resources.num_gpus(job.engine),
         runtime_env={"env_vars": dict(resources.env)} if resources.env else None,
     )
@@ -331,8 +336,10 @@ def run_on_ray(
     if pending:
         tally = start_tally(ray)
         try:
-            rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
-            _write(rows, out)
+            # Ray Data's progress and its core worker's lines: into the engine's log.
+            with printed_to(job.engine.log_file):
+                rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
+                _write(rows, out)
             figures, layouts, ready_at = ray.get(
                 [tally.total.remote(), tally.layouts.remote(), tally.ready_at.remote()]
             )

@@ -280,8 +280,11 @@ class FileOutput:
         # The folder the job ran in: relative sources in its rows are relative to it.
         info = {**info, "output_format": self.format, "cwd": os.getcwd()}
         named = str(self.replaces) if self.replaces is not None else self.shown
-        summary = write_summary(self.paths, whole, info, named)
-        report = JobReport(self.path, len(job.item_ids), kept, run, tally, summary, job.notes)
+        document = write_summary(self.paths, whole, info, named)
+        report = JobReport(
+            self.path, len(job.item_ids), kept, run, tally, self.paths.summary, job.notes
+        )
+        report.document = document
         report.startup_seconds, report.process_seconds = startup, seconds
         return report
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +18,20 @@ from mmbatch.output.stats import JobStats, OutputTally, format_counts
 
 def write_summary(
     paths: OutputPaths, stats: Mapping[str, Any], job: Mapping[str, Any], shown: str | None = None
-) -> Path:
+) -> dict[str, Any]:
     """Write the job's summary (``stats``, plus ``job``: what was run) beside the output,
-    named as ``shown`` (its URL in storage) or by its path."""
-    target = paths.summary
+    named as ``shown`` (its URL in storage) or by its path; return it, as a JSON object
+    (what ``--json`` prints)."""
     document = {
         "output": shown or str(paths.rows),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "job": dict(job),
         "stats": dict(stats),
     }
-    write_text_atomic(target, json.dumps(document, indent=2, default=str) + "\n")
-    return target
+    text = json.dumps(document, indent=2, default=str)
+    write_text_atomic(paths.summary, text + "\n")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
 
 
 RUN_FIGURES = (
@@ -115,6 +117,8 @@ class JobReport:
     """From the process's start to the summary written."""
     model: bool = True
     """Whether a model answered (False: frames only extracted, ``DecodeOnly``)."""
+    document: Mapping[str, Any] = field(default_factory=dict)
+    """The summary as written to ``summary_path`` (``write_summary``)."""
 
     @property
     def failed(self) -> int:
@@ -125,11 +129,15 @@ class JobReport:
         then its parts, so that no figure of one part reads as the command's."""
         timing = time_split(self.process_seconds, self.startup_seconds, self.run.wall_seconds)
         lines = [self.run.summary(timing, self.model)] if self.run.total else []
-        lines.append(
-            f"rows written to {self.out}: {self.output.ok} ok, {self.output.failed} failed; "
-            f"summary in {self.summary_path}"
-        )
+        lines.append(self.headline())
         if self.output.quarantine is not None:
             kinds = format_counts(self.output.failed_by_kind)
             lines.append(f"failed inputs ({kinds}) listed in {self.output.quarantine}")
         return lines + [f"note: {note}" for note in self.notes]
+
+    def headline(self) -> str:
+        """The line of the summary that says what the output holds: all ``-q`` prints."""
+        return (
+            f"rows written to {self.out}: {self.output.ok} ok, {self.output.failed} failed; "
+            f"summary in {self.summary_path}"
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import signal
@@ -566,6 +567,73 @@ def test_a_row_folder_resumes_by_the_local_runners_rules(
     assert f"mmbatch: resuming {folder}: 1 item already has a row" in said
     assert "1 error rows removed to be retried" in said
     assert [FLAT.row_id(row) for row in read_folder(folder, "jsonl", FLAT)] == ["x"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_jobs_terminal_holds_its_summary_and_its_log_what_ray_says(
+    samples: Path, tiny_vl_model: Path, tmp_path: Path
+) -> None:
+    """A Ray job as a user runs it (``mmbatch caption FILES --ray``, in a process of its own:
+    what reaches its terminal is what is tested), quiet: the summary's last line alone on the
+    terminal. Ray's start (its token authentication warning, the local instance started),
+    Ray Data's progress and plans, and its core worker's C++ line on the replica's
+    constructor arguments are in the job's log; mmbatch asks Ray Data for its actor pool in
+    Ray's current words, so no deprecation is said anywhere."""
+    pictures = [str(samples / name) for name in ("sunset.jpg", "checkerboard.png")]
+    out = tmp_path / "rows"
+    argv = ["caption", *pictures, "--model", str(tiny_vl_model), "--out", str(out), "-q"]
+    argv += ["--max-tokens", "4", *TINY_ENGINE_FLAGS, "--gpus-per-replica", "0"]
+    argv += ["--ray", "local"]  # a Ray of the job's own, started and stopped by it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mmbatch", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == EXIT_OK, done.stderr[-3000:]
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"rows written to {out}: 2 ok, 0 failed; summary in {tmp_path / 'rows.summary.json'}"
+    ]
+    log = (tmp_path / "rows.vllm.log").read_text()
+    assert "Started a local Ray instance" in log
+    assert "Running Dataset" in log or "Starting execution of Dataset" in log
+    assert "constructor arguments in the object store" in log
+    assert "``concurrency`` is deprecated" not in log
+
+
+@pytest.mark.ray
+def test_the_replicas_actor_pool_is_asked_for_in_rays_current_words(
+    local_ray,  # type: ignore[no-untyped-def]
+) -> None:
+    """``map_batches(concurrency=...)`` is deprecated since Ray 2.51 (said through Ray Data's
+    logger, not Python's warnings): the replicas' pool is a ``compute`` strategy."""
+    from mmbatch.integrations.ray_data import RayJob, RayResources, caption_dataset
+
+    said: list[str] = []
+
+    class Heard(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    inputs = local_ray.data.range(2)  # Ray Data sets up its loggers as it is first used
+    heard = Heard(logging.WARNING)
+    logger = logging.getLogger("ray.data")
+    logger.addHandler(heard)
+    try:
+        rows = caption_dataset(
+            inputs,
+            RayJob(EngineConfig("model", {})),
+            RayResources(replicas=2, gpus_per_replica=0),
+        )
+    finally:
+        logger.removeHandler(heard)
+    assert not [line for line in said if "deprecated" in line], said
+    pool = rows._logical_plan.dag.compute  # the replicas' map, last
+    assert (pool.min_size, pool.max_size) == (2, 2)
 
 
 def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:

@@ -213,3 +213,46 @@ def test_scene_clips_reach_the_model_as_videos_and_resume(
     capsys.readouterr()
     assert cli(*argv) == 0
     assert "3 items already have a row; 0 items to do" in capsys.readouterr().err
+
+
+def test_a_clip_jobs_terminal_holds_mmbatchs_lines_and_its_log_the_libraries(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    """A clip job as a user runs it, in a process of its own (what reaches its terminal is
+    what is tested): transformers' warning on the video processor's pixel cap, said in the
+    command's process (the budget asks vLLM's processor) and in the engine's, goes to the
+    job's log with vLLM's; the terminal holds mmbatch's lines, and ``--json`` puts the
+    summary's object alone on stdout."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "clips.jsonl"
+    argv = ["caption", str(samples / "clip.mp4"), "--clip-seconds", "1", "--num-frames", "2"]
+    argv += ["--model", str(tiny_vl_model), "--out", str(out), "--max-tokens", "4"]
+    argv += [*TINY_ENGINE_FLAGS, "--json", "--no-progress"]
+    done = subprocess.run(
+        [sys.executable, "-m", "mmbatch", *argv], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)  # one object, nothing around it
+    assert summary == json.loads(Path(f"{out}.summary.json").read_text())
+    assert summary["stats"]["ok"] == 2
+    assert "cap_pixels_per_frame" not in done.stderr
+    for line in done.stderr.splitlines():
+        assert line.startswith(("mmbatch: ", *MMBATCH_SUMMARY)), done.stderr[-3000:]
+    log = Path(f"{out}.vllm.log").read_text()
+    assert "cap_pixels_per_frame" in log
+
+
+MMBATCH_SUMMARY = (
+    "2 of 2 items",
+    "tokens:",
+    "time:",
+    "media:",
+    "repeats:",
+    "engine queue",
+    "start-up:",
+    "rows written to",
+    "note:",
+)
+"""How each line of a job's summary starts (``JobStats.summary``, ``JobReport.lines``)."""
