@@ -115,7 +115,7 @@ def test_frames_cli_rows_and_saved_frames(
     argv += ["--no-progress", *TINY_ENGINE_FLAGS]
     assert main(argv) == 1  # the audio-only file failed
     stderr = capsys.readouterr().err
-    assert "kept from an earlier job in this process" in stderr  # the session's engine
+    assert "already running (started for an earlier job)" in stderr  # the session's engine
     rows = read_rows(out)
     assert rows[str(no_video)]["error"]["message"] == "no video stream (streams: audio)"
     frames = [r for r in rows.values() if r["error"] is None]
