@@ -26,10 +26,10 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     spec = bench_spec(options, work)
     spec["warmup_images"] = [str(p) for p in make_images(work / "warmup", 32, size, seed + 99)]
     sides = {}
-    from mmbatch.bench.whole import DATASETS_MODES
+    from mmbatch.bench.whole import WHOLE_ONLY_MODES
 
-    # The datasets sides have a whole-process form only (``--whole``).
-    workload_modes = [m for m in options["modes"] if m not in DATASETS_MODES]
+    # The datasets and batch-file sides have a whole-process form only (``--whole``).
+    workload_modes = [m for m in options["modes"] if m not in WHOLE_ONLY_MODES]
     for mode in workload_modes if options["workloads"] else []:
         variant = options["variants"].get(mode, {})
         spec_path, result_path = work / f"spec-{mode}.json", work / f"result-{mode}.json"

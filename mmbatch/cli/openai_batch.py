@@ -11,6 +11,7 @@ from mmbatch.cli.options import (
     add_engine_options,
     add_local_path_options,
     add_output_options,
+    engine_begun,
     engine_config_from,
     local_paths_from,
     run_to_file,
@@ -18,6 +19,11 @@ from mmbatch.cli.options import (
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.early import EngineStart
+    from mmbatch.openai_batch.reader import BatchInput
+    from mmbatch.sources.paths import LocalPaths
+    from mmbatch.types import Modality
 
 
 def register(commands: Commands) -> None:
@@ -42,14 +48,29 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
-    from mmbatch.jobs import Job, fingerprint
-    from mmbatch.openai_batch.reader import DEFAULT_MAX_TOKENS, read_batch
-    from mmbatch.openai_batch.writer import OpenAIBatchShape
-    from mmbatch.types import Sampling
+    from mmbatch.openai_batch.reader import DEFAULT_MAX_TOKENS, count_batch, read_batch
 
     config = engine_config_from(args)
     paths = local_paths_from(args)
-    batch = read_batch(args.requests, args.max_tokens or DEFAULT_MAX_TOKENS, paths)
+    size = count_batch(args.requests) if engine is None else None
+    media: dict[Modality, int] | None = {"image": size.max_images} if size else None
+    # The engine starts while the file is parsed (vLLM's request models, imported then,
+    # take seconds of their own): the user waits for the longer, not for both.
+    with engine_begun(args, config, media, size.lines if size else None) as begun:
+        batch = read_batch(args.requests, args.max_tokens or DEFAULT_MAX_TOKENS, paths)
+        return _run(args, batch, paths, engine or begun)
+
+
+def _run(
+    args: argparse.Namespace,
+    batch: BatchInput,
+    paths: LocalPaths,
+    engine: Engine | EngineConfig | EngineStart,
+) -> int:
+    from mmbatch.jobs import Job, fingerprint
+    from mmbatch.openai_batch.writer import OpenAIBatchShape
+    from mmbatch.types import Sampling
+
     sampling = Sampling()  # every line carries its own sampling
     job = Job(
         batch.requests,
@@ -64,4 +85,4 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         f"mmbatch: {len(batch.requests)} requests ({batch.refused} refused), model {args.model}",
         file=sys.stderr,
     )
-    return run_to_file(job, engine or config, args)
+    return run_to_file(job, engine, args)

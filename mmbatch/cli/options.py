@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.early import EngineStart
     from mmbatch.jobs import Job
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.files import KeepColumns, SourcePolicy
     from mmbatch.sources.paths import LocalPaths
-    from mmbatch.types import Sampling
+    from mmbatch.types import Modality, Sampling
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
 EXIT_INTERRUPTED = 130
@@ -565,7 +566,38 @@ def file_output_from(args: argparse.Namespace) -> FileOutput:
     )
 
 
-def run_to_file(job: Job, engine: Engine | EngineConfig, args: argparse.Namespace) -> int:
+@contextmanager
+def engine_begun(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    media: dict[Modality, int] | None,
+    requests: int | None = None,
+) -> Iterator[EngineConfig | EngineStart]:
+    """The engine for ``config`` begun now, while the face reads its inputs inside the
+    ``with`` (``mmbatch.engine.early``), for a job of about ``requests`` carrying ``media``
+    per prompt as the face counted them cheaply; closed if reading them fails. ``config``
+    itself (started once the inputs are read) where ``media`` is None (not counted), or
+    where ``--out`` already holds rows (or is in storage): only what is left to run says
+    whether an engine is needed, and for how much."""
+    out = file_output_from(args)
+    resumes = out.remote is not None or out.paths.rows.exists() or out.paths.progress.exists()
+    if media is None or resumes:
+        yield config
+        return
+    from mmbatch.engine.early import EngineStart
+
+    start = EngineStart.begin(config, media, requests)
+    try:
+        yield start
+    except BaseException:
+        if not start.taken:  # the job's, once taken: it ends as any job's engine does
+            start.close()
+        raise
+
+
+def run_to_file(
+    job: Job, engine: Engine | EngineConfig | EngineStart, args: argparse.Namespace
+) -> int:
     """Run ``job`` into ``--out`` (resuming there), print the summary, return the exit code:
     0 when every row of the output is ok, 1 when any is an error."""
     from mmbatch.jobs import run_job
