@@ -239,7 +239,7 @@ def vllm_run_batch_argv(side: dict[str, Any], requests: Path, out: Path) -> list
     its flags, its pictures allowed from the file's folder."""
     argv = [sys.executable, "-m", VLLM_RUN_BATCH, "-i", str(requests), "-o", str(out)]
     argv += ["--model", side["model"], "--allowed-local-media-path", str(requests.parent)]
-    return argv + engine_flags({"disable_log_stats": False, **side["common_engine_args"]})
+    return argv + engine_flags(side["common_engine_args"])
 
 
 def openai_batch_argv(side: dict[str, Any], requests: Path, out: Path) -> list[str]:
@@ -254,7 +254,8 @@ def openai_batch_argv(side: dict[str, Any], requests: Path, out: Path) -> list[s
 
 def engine_flags(settings: dict[str, Any]) -> list[str]:
     """Engine arguments as vLLM's command line takes them: ``--max-model-len 4096``, a
-    true flag alone, a false one as ``--no-...``, a table as JSON."""
+    true flag alone, a false one as ``--no-...`` (vLLM's boolean options that default to
+    true take that form), a table as JSON."""
     flags: list[str] = []
     for key, value in settings.items():
         flag = "--" + key.replace("_", "-")

@@ -439,7 +439,12 @@ def test_the_batch_file_sides_run_one_file_through_vllm_and_mmbatch(tmp_path: Pa
         "temperature": 0.0,
         "top_p": 1.0,
         "seed": 0,
-        "common_engine_args": {"max_model_len": 4096, "enforce_eager": True, "x": {"a": 1}},
+        "common_engine_args": {
+            "max_model_len": 4096,
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "x": {"a": 1},
+        },
         "mmbatch_engine_args": {"max_num_seqs": 64},
     }
     one, four = batch_file(side, folder, 1), batch_file(side, folder, 4)
@@ -457,7 +462,7 @@ def test_the_batch_file_sides_run_one_file_through_vllm_and_mmbatch(tmp_path: Pa
     assert vllm[vllm.index("--allowed-local-media-path") + 1] == str(tmp_path)
     assert vllm[vllm.index("--max-model-len") + 1] == "4096"
     assert "--enforce-eager" in vllm
-    assert "--no-disable-log-stats" in vllm
+    assert "--no-enable-prefix-caching" in vllm
     assert vllm[vllm.index("--x") + 1] == '{"a": 1}'
     assert "--max-num-seqs" not in vllm  # mmbatch's own engine arguments are mmbatch's
     ours = openai_batch_argv(side, one, out)
