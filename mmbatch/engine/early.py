@@ -45,6 +45,10 @@ class EngineStart:
     _built: tuple[Engine, Layout] | None = None
     _error: BaseException | None = None
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _own: bool = False
+    """Whether the start built its engine (not one kept from an earlier job)."""
+    _abandoned: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def begin(
@@ -67,10 +71,19 @@ class EngineStart:
         return start
 
     def _start(self) -> None:
+        from mmbatch.engine.registry import kept_engine
+
+        self._own = kept_engine(self.host.config, self.media) is None
         try:
-            self._built = _shared(self.host, self.media, self.layout)
+            built = _shared(self.host, self.media, self.layout)
         except BaseException as exc:  # said in the caller's thread, by ``engine``
             self._error = exc
+            return
+        with self._lock:
+            self._built = built
+            abandoned = self._abandoned
+        if abandoned:  # the job stopped while this started: nothing will use it
+            self.close()
 
     def engine(self, media: dict[Modality, int]) -> tuple[Engine, Layout]:
         """The engine for requests carrying ``media`` per prompt, and its layout: the one
@@ -88,15 +101,20 @@ class EngineStart:
         if all(self.media.get(m, 0) >= n for m, n in media.items()):
             return self._built
         self.close()  # sized for fewer media than the job carries
-        return _shared(self.host, media, self.layout)
+        self.media = dict(media)
+        self._thread, self._abandoned = None, False
+        return self.engine(media)
 
     def close(self) -> None:
-        """Stop the start (waiting for it) and close what it started: the job stopped
-        before it needed its engine (its inputs refused, Ctrl-C, nothing left to run)."""
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        built, self._built = self._built, None
-        close = getattr(built[0], "close", None) if built is not None else None
+        """Close what the start built, without waiting for a start still under way (it
+        closes what it builds once done, and an engine's processes end with this one at
+        the latest): the job stopped before it needed its engine (its inputs refused,
+        Ctrl-C, nothing left to run). An engine kept in this process for earlier jobs
+        (``mmbatch.engine.registry``) is theirs too, and stays open."""
+        with self._lock:
+            self._abandoned = True
+            built, self._built = self._built, None
+        close = getattr(built[0], "close", None) if built is not None and self._own else None
         if close is not None:
             close()
 

@@ -11,6 +11,7 @@ from unittest import mock
 import pytest
 from fake_cli import main
 from fake_engine import FakeEngine, Faults, expected_text
+from processes import starts_ended
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
@@ -231,6 +232,7 @@ def test_a_job_whose_every_item_is_refused_starts_no_engine(
     argv = ["run-openai-batch", str(requests), "--model", "no-such-model", "--out", str(out)]
     with closed as close:
         assert cli.main([*argv, "--no-progress"]) == EXIT_ITEMS_FAILED
+        starts_ended()
     assert [c.args[0] for c in close.call_args_list] == begun  # and stopped, not used
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["custom_id"], r["response"]["status_code"]) for r in rows] == [

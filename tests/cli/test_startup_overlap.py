@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fake_engine import FakeEngine
+from processes import starts_ended
 
 from mmbatch import cli
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
@@ -108,6 +109,7 @@ def test_an_engine_begun_for_a_file_refused_whole_is_closed(
     assert cli.main(_argv(model, requests, tmp_path / "o.jsonl")) == EXIT_JOB_FAILED
     assert "custom_id 'a' is used twice" in capsys.readouterr().err
     assert not (tmp_path / "o.jsonl").exists()
+    starts_ended()
     assert [e.closed for e in events.engines] == [True]
 
 
