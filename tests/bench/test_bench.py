@@ -162,9 +162,9 @@ def run_bench_command(
     check_workloads(report, sides, proc.stdout, engine_processes)
 
 
-def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
-    """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
-    process of its own, timed and compared with the naive map (the first of ``modes``)."""
+def run_whole_sides(model: Path, tmp_path: Path, modes: list[str]) -> dict[str, Any]:
+    """``mmbatch bench --whole 2`` with only ``modes``, once each, on the tiny model: the
+    report's ``whole_process``."""
     from mmbatch.cli import main
 
     out = tmp_path / "report.json"
@@ -175,7 +175,14 @@ def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
     for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
         argv += ["--engine-arg", arg]
     assert main(argv) == 0
-    whole = json.loads(out.read_text())["whole_process"]
+    whole: dict[str, Any] = json.loads(out.read_text())["whole_process"]
+    return whole
+
+
+def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
+    """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
+    process of its own, timed and compared with the naive map (the first of ``modes``)."""
+    whole = run_whole_sides(model, tmp_path, modes)
     assert [r["mode"] for r in whole["runs"]] == modes
     for run in whole["runs"]:
         assert (run["rows"], run["failed"]) == (2, 0), run
@@ -485,17 +492,7 @@ def test_the_batch_file_sides_are_whole_processes_with_phases(
 ) -> None:
     """vLLM's ``run_batch`` and ``mmbatch run-openai-batch`` on the same two-line file, each
     a process of its own; mmbatch's start-up reported by phase, from its own clock."""
-    from mmbatch.cli import main
-
-    out = tmp_path / "report.json"
-    argv = ["bench", "--model", str(tiny_vl_model), "--workloads", ""]
-    argv += ["--modes", "vllm-run-batch,openai-batch", "--whole", "2", "--whole-repeats", "1"]
-    argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
-    argv += ["--work-dir", str(tmp_path / "work")]
-    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
-        argv += ["--engine-arg", arg]
-    assert main(argv) == 0
-    whole = json.loads(out.read_text())["whole_process"]
+    whole = run_whole_sides(tiny_vl_model, tmp_path, ["vllm-run-batch", "openai-batch"])
     runs = {r["mode"]: r for r in whole["runs"]}
     for run in runs.values():
         assert (run["rows"], run["failed"]) == (2, 0), run
