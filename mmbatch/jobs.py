@@ -53,6 +53,7 @@ from mmbatch.types import Modality, Request, Sampling
 
 if TYPE_CHECKING:
     from mmbatch.engine.builder import Host
+    from mmbatch.engine.early import EngineStart
 
 
 @dataclass(frozen=True)
@@ -115,17 +116,29 @@ def fingerprint(command: str, model: str, sampling: Sampling, **task: Any) -> di
 
 def run_job(
     job: Job,
-    engine: Engine | EngineConfig,
+    engine: Engine | EngineConfig | EngineStart,
     out: FileOutput,
     run: RunConfig | None = None,
 ) -> JobReport:
-    """Run the items of ``job`` that have no row in ``out`` yet, on ``engine`` (an engine, or
-    the config of the vLLM engine to start if anything is left to do)."""
+    """Run the items of ``job`` that have no row in ``out`` yet, on ``engine`` (an engine,
+    the config of the vLLM engine to start if anything is left to do, or that engine's
+    start, begun while the face read its inputs: ``mmbatch.engine.early``)."""
+    from mmbatch.engine.early import EngineStart
+
     run = run or RunConfig()
     milestone("inputs_listed")
-    laid_out = _read_host(engine)  # a configuration mistake stops the job before any output
+    try:
+        return _run_job(job, _read_host(engine), out, run)
+    finally:
+        if isinstance(engine, EngineStart) and not engine.taken:
+            engine.close()  # begun, and not needed: nothing left to run, or a mistake
+
+
+def _run_job(
+    job: Job, laid_out: Engine | Host | EngineStart, out: FileOutput, run: RunConfig
+) -> JobReport:
     job = _with_invariance(job, laid_out)
-    log = engine.log_file if isinstance(engine, EngineConfig) else None
+    log = _log_file(laid_out)
     if job.media.frame_dir is not None:  # found now, not as every frame's failure
         check_folder_writable(Path(job.media.frame_dir), "the saved frames (--save-frames)")
     plan = out.ready(job, Path(log) if log else None)
@@ -262,10 +275,10 @@ def _run(
     return run_requests(pending, engine, job.media, sink, job.sampling, run, rows)
 
 
-def _read_host(engine: Engine | EngineConfig) -> Engine | Host:
+def _read_host(engine: Engine | EngineConfig | EngineStart) -> Engine | Host | EngineStart:
     """``engine``, or the host the engine(s) ``engine`` describes will run on, checked:
     ``ConfigError`` for settings the host cannot lay out (a missing model folder, more GPUs
-    than there are), before anything is written."""
+    than there are), before anything is written (an engine's start read it as it began)."""
     if not isinstance(engine, EngineConfig):
         return engine
     from mmbatch.engine.builder import read_host
@@ -273,13 +286,29 @@ def _read_host(engine: Engine | EngineConfig) -> Engine | Host:
     return read_host(engine)
 
 
-def _with_invariance(job: Job, engine: Engine | Host) -> Job:
+def _host_of(engine: Engine | Host | EngineStart) -> Engine | Host:
+    """The host an engine's start read, else ``engine``."""
+    from mmbatch.engine.early import EngineStart
+
+    return engine.host if isinstance(engine, EngineStart) else engine
+
+
+def _log_file(engine: Engine | Host | EngineStart) -> str | None:
+    """Where the engine's log goes (None: nowhere of this job's)."""
+    from mmbatch.engine.builder import Host
+
+    host = _host_of(engine)
+    return host.config.log_file if isinstance(host, Host) else None
+
+
+def _with_invariance(job: Job, engine: Engine | Host | EngineStart) -> Job:
     """``job``, its record and summary saying that its engine decodes batch-invariantly
     (``mmbatch.engine.invariance``), once the host (as the job read it) is known to give it
     (``ConfigError`` where it cannot: before any output). A resumed job must run as it
     began: its rows are then those of one uninterrupted run."""
     from mmbatch.engine.builder import Host
 
+    engine = _host_of(engine)
     if not isinstance(engine, Host) or not engine.config.batch_invariant:
         return job
     from mmbatch.engine.invariance import prepare_batch_invariance, recorded
@@ -295,7 +324,10 @@ def _with_invariance(job: Job, engine: Engine | Host) -> Job:
 
 
 def _started(
-    engine: Engine | Host, pending: Sequence[Request], info: dict[str, Any], run: RunConfig
+    engine: Engine | Host | EngineStart,
+    pending: Sequence[Request],
+    info: dict[str, Any],
+    run: RunConfig,
 ) -> tuple[Engine | None, float | None]:
     """The engine to run ``pending`` on (None: nothing is pending), with the decode workers,
     and the seconds from the process's start to it being ready (None: nothing started).
@@ -317,22 +349,31 @@ def _started(
     return live, startup
 
 
-def _engine(engine: Engine | Host, requests: Sequence[Request], info: dict[str, Any]) -> Engine:
+def _engine(
+    engine: Engine | Host | EngineStart, requests: Sequence[Request], info: dict[str, Any]
+) -> Engine:
     """``engine``, or the engine(s) for ``engine``'s host, laid out for the work left (a
-    small job: one engine per GPU); the layout chosen, and why, goes to the summary (and is
-    said at once)."""
+    small job: one engine per GPU; an engine begun early: for the job's size as its face
+    counted it); the layout chosen, and why, goes to the summary (and is said at once)."""
     from mmbatch.engine.builder import Host
+    from mmbatch.engine.early import EngineStart
     from mmbatch.engine.registry import shared_engine_and_layout
     from mmbatch.engine.startup_line import StartupLine
 
-    if not isinstance(engine, Host):
-        return engine
-    layout = engine.layout(len(requests))
     media = media_per_prompt(requests)
-    with StartupLine(engine.config.log_file, layout.replicas):
-        built, layout = shared_engine_and_layout(engine, media, layout)
+    if isinstance(engine, EngineStart):
+        with StartupLine(engine.host.config.log_file, engine.layout.replicas):
+            built, layout = engine.engine(media)
+        config = engine.host.config
+    elif isinstance(engine, Host):
+        layout = engine.layout(len(requests))
+        with StartupLine(engine.config.log_file, layout.replicas):
+            built, layout = shared_engine_and_layout(engine, media, layout)
+        config = engine.config
+    else:
+        return engine
     info["engines"] = layout.describe()
     print(f"mmbatch: {layout.plainly()}", file=sys.stderr)
-    if engine.config.log_file is None:  # -v: the reasons beside vLLM's own log
+    if config.log_file is None:  # -v: the reasons beside vLLM's own log
         print(f"mmbatch: engines: {layout.describe()}", file=sys.stderr)
     return built

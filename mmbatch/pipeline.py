@@ -181,6 +181,8 @@ class Submission:
         return len(self.emitted) == len(self.requests)
 
     def finish(self, error: BaseException | None = None) -> None:
+        if self.written:
+            milestone("last_row")
         if error is None:
             missing = self.requests.keys() - self.emitted
             if missing:

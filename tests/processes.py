@@ -130,3 +130,13 @@ def leaked_shared_memory(before: set[str], seconds: float) -> set[str]:
         if not leaked or time.monotonic() >= deadline:
             return leaked
         time.sleep(0.2)
+
+
+def starts_ended() -> None:
+    """Wait for the engine starts begun in this process (``mmbatch.engine.early``): a start
+    the job abandoned closes what it built once done."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == "mmbatch-engine-start":
+            thread.join(timeout=30)

@@ -26,10 +26,10 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
     spec = bench_spec(options, work)
     spec["warmup_images"] = [str(p) for p in make_images(work / "warmup", 32, size, seed + 99)]
     sides = {}
-    from mmbatch.bench.whole import DATASETS_MODES
+    from mmbatch.bench.whole import WHOLE_ONLY_MODES
 
-    # The datasets sides have a whole-process form only (``--whole``).
-    workload_modes = [m for m in options["modes"] if m not in DATASETS_MODES]
+    # The datasets and batch-file sides have a whole-process form only (``--whole``).
+    workload_modes = [m for m in options["modes"] if m not in WHOLE_ONLY_MODES]
     for mode in workload_modes if options["workloads"] else []:
         variant = options["variants"].get(mode, {})
         spec_path, result_path = work / f"spec-{mode}.json", work / f"result-{mode}.json"
@@ -199,9 +199,13 @@ def table(report: dict[str, Any]) -> str:
         f"{'gpu busy':>8} {'prefix hit':>10} {'mm hit':>7} {'of bound':>8} {'core loop':>9}"
     ]
     for run in report.get("whole_process", {}).get("runs", []):
-        lines.append(
-            f"whole {run['images']:5} pictures {run['mode']:12} {run['wall_s']:7.1f} s "
+        split = (
             f"(start-up {run['startup_s']:.1f}, work {run['work_s']:.1f}, exit {run['exit_s']:.1f})"
+            if "startup_s" in run
+            else "(in all: vLLM's run_batch keeps no clock of its phases)"
+        )
+        lines.append(
+            f"whole {run['images']:5} pictures {run['mode']:12} {run['wall_s']:7.1f} s {split}"
         )
     for key, ratio in report.get("whole_process", {}).items():
         if key.startswith("ratio_"):

@@ -13,6 +13,17 @@ pictures as a Hugging Face ``imagefolder``: a naive ``Dataset.map`` whose functi
 ``LLM.chat`` (``datasets_naive.py``) against ``ds.map(DatasetMap(...))``, its ``pipelined``
 twin and ``run_dataset`` (``datasets_job.py``). Their ratios are against ``ds-naive``; the
 folder's datasets cache is built before any of them is timed, as a user's would be.
+
+The batch-file sides (``--modes vllm-run-batch,openai-batch``, and their ``-x4`` forms) time
+the same pictures as an OpenAI batch file of one line per picture (``-x4``: four prompts per
+picture, prompt-major, as W2): vLLM's own ``python -m vllm.entrypoints.openai.run_batch``
+against ``mmbatch run-openai-batch`` on the same file. Their ratios are against vLLM's.
+
+Each mmbatch run's start-up is reported by phase (``startup_phases``, seconds from its
+process's start): ``imports_done`` (its arguments read), ``engine_start_begun`` (where the
+engine starts while the inputs are read), ``inputs_listed`` (read and parsed),
+``engines_ready``, ``first_row``, ``last_row``, and ``exit`` (the process gone), taken from
+the job's own clock (its summary), not from its log.
 """
 
 from __future__ import annotations
@@ -37,6 +48,16 @@ DATASETS_MODES = {
     "ds-whole": "whole",
 }
 """The datasets sides, and each one's face (``datasets_job.FACES``; naive: the script)."""
+BATCH_MODES = {
+    "vllm-run-batch": ("vllm", 1),
+    "vllm-run-batch-x4": ("vllm", 4),
+    "openai-batch": ("mmbatch", 1),
+    "openai-batch-x4": ("mmbatch", 4),
+}
+"""The batch-file sides: whose command runs the file, and the prompts per picture in it."""
+WHOLE_ONLY_MODES = frozenset(DATASETS_MODES) | frozenset(BATCH_MODES)
+"""The sides that have a whole-process form only (``--whole``)."""
+VLLM_RUN_BATCH = "vllm.entrypoints.openai.run_batch"
 MAP_BATCH = 512
 """Rows per ``Dataset.map`` batch on the naive and ``DatasetMap`` sides."""
 
@@ -82,7 +103,7 @@ def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
         means.setdefault((e["images"], e["mode"]), []).append(e["wall_s"])
     ratios = {}
     for (count, mode), walls in sorted(means.items()):
-        name = "ds-naive" if mode in DATASETS_MODES else "naive"
+        name = _base_of(mode)
         base = means.get((count, name))
         if base and mode != name:
             ratio = (sum(base) / len(base)) / (sum(walls) / len(walls))
@@ -90,10 +111,21 @@ def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
     return ratios
 
 
+def _base_of(mode: str) -> str:
+    """The side ``mode`` is measured against."""
+    if mode in DATASETS_MODES:
+        return "ds-naive"
+    if mode in BATCH_MODES:
+        return "vllm-run-batch" + ("-x4" if BATCH_MODES[mode][1] == 4 else "")
+    return "naive"
+
+
 def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
     for stale in out.parent.glob(out.name + "*"):
         stale.unlink()
     log = out.with_name(out.name + ".log")
+    if side["whole_mode"] in BATCH_MODES:
+        return _timed_batch(side, folder, out, env, log)
     face = DATASETS_MODES.get(side["whole_mode"])
     naive = side["mode"] == "naive" and face is None
     if face is not None:
@@ -120,7 +152,7 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
             stats["startup_seconds"],
             stats["process_seconds"] - stats["startup_seconds"],
         )
-        failed, phases = stats["failed"], stats["startup_phases"]
+        failed, phases = stats["failed"], {**stats["startup_phases"], "exit": round(wall, 2)}
     return {
         "side": side["mode"],
         "wall_s": round(wall, 2),
@@ -132,6 +164,110 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
         "startup_phases": phases,
         "log": str(log),
     }
+
+
+def _timed_batch(
+    side: dict[str, Any], folder: Path, out: Path, env: dict[str, str], log: Path
+) -> dict[str, Any]:
+    """A batch-file side's run: vLLM's ``run_batch``, timed whole (its start-up is in its
+    log only), or ``mmbatch run-openai-batch``, its phases from its summary."""
+    runner, prompts = BATCH_MODES[side["whole_mode"]]
+    requests = batch_file(side, folder, prompts)
+    vllm = runner == "vllm"
+    argv = (
+        vllm_run_batch_argv(side, requests, out) if vllm else openai_batch_argv(side, requests, out)
+    )
+    began = time.time()
+    run_side(argv, env, log)
+    wall = time.time() - began
+    lines = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    failed = sum(1 for line in lines if line.get("error") or line["response"]["status_code"] != 200)
+    entry: dict[str, Any] = {"side": runner, "wall_s": round(wall, 2), "rows": len(lines)}
+    if vllm:
+        return {
+            **entry,
+            "failed": failed,
+            "startup_phases": {"exit": round(wall, 2)},
+            "log": str(log),
+        }
+    stats = json.loads(OutputPaths(out).summary.read_text())["stats"]
+    startup, work = stats["startup_seconds"], stats["process_seconds"] - stats["startup_seconds"]
+    return {
+        **entry,
+        "startup_s": round(startup, 2),
+        "work_s": round(work, 2),
+        "exit_s": round(wall - startup - work, 2),
+        "failed": failed,
+        "startup_phases": {**stats["startup_phases"], "exit": round(wall, 2)},
+        "log": str(log),
+    }
+
+
+def batch_file(side: dict[str, Any], folder: Path, prompts: int) -> Path:
+    """An OpenAI batch file over the pictures of ``folder``: one line per picture and
+    prompt (``prompts`` 1: the caption prompt; 4: W2's prompts, prompt-major), each with
+    the sides' sampling, its picture a ``file://`` URL inside ``folder``."""
+    from mmbatch.bench.workloads import W2_PROMPTS
+
+    texts = [CAPTION] if prompts == 1 else list(W2_PROMPTS[:prompts])
+    pictures = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png"))
+    path = folder.with_name(f"{folder.name}-batch-x{prompts}.jsonl")
+    with open(path, "w") as file:
+        for t, text in enumerate(texts):
+            for picture in pictures:
+                content = [
+                    {"type": "image_url", "image_url": {"url": picture.resolve().as_uri()}},
+                    {"type": "text", "text": text},
+                ]
+                body = {
+                    "model": side["model"],
+                    "messages": [{"role": "user", "content": content}],
+                    **whole_sampling(side),
+                }
+                line = {
+                    "custom_id": f"{picture.stem}-{t}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": body,
+                }
+                file.write(json.dumps(line) + "\n")
+    return path
+
+
+def vllm_run_batch_argv(side: dict[str, Any], requests: Path, out: Path) -> list[str]:
+    """vLLM's own batch runner on ``requests``, with the sides' common engine arguments as
+    its flags, its pictures allowed from the file's folder."""
+    argv = [sys.executable, "-m", VLLM_RUN_BATCH, "-i", str(requests), "-o", str(out)]
+    argv += ["--model", side["model"], "--allowed-local-media-path", str(requests.parent)]
+    return argv + engine_flags(side["common_engine_args"])
+
+
+def openai_batch_argv(side: dict[str, Any], requests: Path, out: Path) -> list[str]:
+    """``mmbatch run-openai-batch`` on ``requests``, with mmbatch's engine arguments."""
+    argv = [sys.executable, "-m", "mmbatch", "run-openai-batch", str(requests)]
+    argv += ["--model", side["model"], "--out", str(out), "--no-progress"]
+    engine = {**side["common_engine_args"], **side["mmbatch_engine_args"]}
+    for key, value in engine.items():
+        argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
+    return argv
+
+
+def engine_flags(settings: dict[str, Any]) -> list[str]:
+    """Engine arguments as vLLM's command line takes them: ``--max-model-len 4096``, a
+    true flag alone, a false one as ``--no-...`` (vLLM's boolean options that default to
+    true take that form), a table as JSON."""
+    flags: list[str] = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + flag[2:])
+        elif isinstance(value, (dict, list)):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
 
 
 def _naive_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:

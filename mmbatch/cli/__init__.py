@@ -38,6 +38,7 @@ from mmbatch.cli.options import (
     terminal_for,
 )
 from mmbatch.cli.parsing import Parser
+from mmbatch.clock import milestone
 from mmbatch.errors import MmbatchError
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ def main(argv: Sequence[str] | None = None, engine: Engine | None = None) -> int
     """Run the command ``argv`` names; ``engine`` replaces the vLLM engine of a job command
     (the tests' fake engine goes through the real commands this way)."""
     args = build_parser().parse_args(argv)
+    milestone("imports_done")  # every command's module imported, its arguments read
     if argv is None and engine is None:  # the command line's own process
         from mmbatch.lifetime import quiet_resource_tracker
 

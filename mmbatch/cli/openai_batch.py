@@ -12,6 +12,7 @@ from mmbatch.cli.options import (
     add_local_path_options,
     add_output_options,
     add_url_options,
+    engine_begun,
     engine_config_from,
     launch,
     local_paths_from,
@@ -20,6 +21,12 @@ from mmbatch.cli.options import (
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.early import EngineStart
+    from mmbatch.media.fetch import UrlPolicy
+    from mmbatch.openai_batch.reader import BatchInput
+    from mmbatch.sources.paths import LocalPaths
+    from mmbatch.types import Modality
 
 
 def register(commands: Commands) -> None:
@@ -46,17 +53,33 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
-    from mmbatch.jobs import Job, fingerprint
-    from mmbatch.media.options import MediaOptions
-    from mmbatch.openai_batch.reader import DEFAULT_MAX_TOKENS, read_batch
-    from mmbatch.openai_batch.writer import OpenAIBatchShape
-    from mmbatch.types import Sampling
+    from mmbatch.openai_batch.reader import DEFAULT_MAX_TOKENS, count_batch, read_batch
 
     config = engine_config_from(args)
     paths = local_paths_from(args)
     urls = url_policy_from(args)  # its bounds checked before the file is read
-    max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
-    batch = read_batch(args.requests, max_tokens, paths, allow_urls=urls is not None)
+    size = count_batch(args.requests) if engine is None else None
+    media: dict[Modality, int] | None = {"image": size.max_images} if size else None
+    # The engine starts while the file is parsed (vLLM's request models, imported then,
+    # take seconds of their own): the user waits for the longer, not for both.
+    with engine_begun(args, config, media, size.lines if size else None) as begun:
+        max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
+        batch = read_batch(args.requests, max_tokens, paths, allow_urls=urls is not None)
+        return _run(args, batch, paths, urls, engine or begun)
+
+
+def _run(
+    args: argparse.Namespace,
+    batch: BatchInput,
+    paths: LocalPaths,
+    urls: UrlPolicy | None,
+    engine: Engine | EngineConfig | EngineStart,
+) -> int:
+    from mmbatch.jobs import Job, fingerprint
+    from mmbatch.media.options import MediaOptions
+    from mmbatch.openai_batch.writer import OpenAIBatchShape
+    from mmbatch.types import Sampling
+
     sampling = Sampling()  # every line carries its own sampling
     job = Job(
         batch.requests,
@@ -72,4 +95,4 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         f"mmbatch: {len(batch.requests)} requests ({batch.refused} refused), model {args.model}",
         file=sys.stderr,
     )
-    return launch(job, engine or config, args)
+    return launch(job, engine, args)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.early import EngineStart
     from mmbatch.jobs import Job
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.files import KeepColumns, SourcePolicy
     from mmbatch.sources.paths import LocalPaths
-    from mmbatch.types import Sampling
+    from mmbatch.types import Modality, Sampling
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
 EXIT_INTERRUPTED = 130
@@ -720,7 +721,7 @@ def file_output_from(args: argparse.Namespace) -> FileOutput:
 
 def launch(
     job: Job,
-    engine: Engine | EngineConfig,
+    engine: Engine | EngineConfig | EngineStart,
     args: argparse.Namespace,
     on_ray: Callable[[Job], int] | None = None,
 ) -> int:
@@ -735,7 +736,10 @@ def launch(
         )
     if args.dry_run:
         from mmbatch.cli.describe import describe_job
+        from mmbatch.engine.early import EngineStart
 
+        # A dry run begins no engine (``engine_begun``): ``engine`` is what it would start.
+        assert not isinstance(engine, EngineStart)
         print("\n".join(describe_job(job, engine, on_ray is not None, args.out)))
         return EXIT_OK
     if on_ray is not None:
@@ -743,7 +747,42 @@ def launch(
     return run_to_file(job, engine, args)
 
 
-def run_to_file(job: Job, engine: Engine | EngineConfig, args: argparse.Namespace) -> int:
+@contextmanager
+def engine_begun(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    media: dict[Modality, int] | None,
+    requests: int | None = None,
+) -> Iterator[EngineConfig | EngineStart]:
+    """The engine for ``config`` begun now, while the face reads its inputs inside the
+    ``with`` (``mmbatch.engine.early``), for a job of about ``requests`` carrying ``media``
+    per prompt as the face counted them cheaply; closed if reading them fails. ``config``
+    itself (started once the inputs are read) where ``media`` is None (not counted), or
+    where ``--out`` already holds rows (or is in storage): only what is left to run says
+    whether an engine is needed, and for how much; and for a dry run (no engine) or a job
+    on a kept engine (``--engine``)."""
+    if media is None or args.dry_run or getattr(args, "engine", None) is not None:
+        yield config  # a dry run starts none; a kept engine is the job's (``--engine``)
+        return
+    out = file_output_from(args)
+    resumes = out.remote is not None or out.paths.rows.exists() or out.paths.progress.exists()
+    if resumes:
+        yield config
+        return
+    from mmbatch.engine.early import EngineStart
+
+    start = EngineStart.begin(config, media, requests)
+    try:
+        yield start
+    except BaseException:
+        if not start.taken:  # the job's, once taken: it ends as any job's engine does
+            start.close()
+        raise
+
+
+def run_to_file(
+    job: Job, engine: Engine | EngineConfig | EngineStart, args: argparse.Namespace
+) -> int:
     """Run ``job`` into ``--out`` (resuming there), print the summary, return the exit code:
     0 when every row of the output is ok, 1 when any is an error."""
     from mmbatch.jobs import run_job
@@ -788,8 +827,8 @@ def show_summary(report: JobReport, args: argparse.Namespace, notes: Sequence[st
 
 
 def kept_engine_for(
-    job: Job, engine: Engine | EngineConfig, args: argparse.Namespace
-) -> tuple[Job, Engine | EngineConfig]:
+    job: Job, engine: Engine | EngineConfig | EngineStart, args: argparse.Namespace
+) -> tuple[Job, Engine | EngineConfig | EngineStart]:
     """The kept engine ``--engine`` names, for a job that would start ``engine`` (a config),
     and the job saying so in its summary; refused in one line if the job needs another
     engine. Without ``--engine``: the job and ``engine`` as they are."""

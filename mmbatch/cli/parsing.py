@@ -47,8 +47,9 @@ class Parser(argparse.ArgumentParser):
         self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
 
     def check_parsed(self, parsed: argparse.Namespace) -> None:
-        """What argparse cannot say by itself: ``--out`` is needed, except by a dry run."""
-        if getattr(parsed, "out", "") is None and not getattr(parsed, "dry_run", False):
+        """What argparse cannot say by itself: a job command's ``--out`` is needed, except by
+        a dry run (a command without ``--dry-run``, such as ``bench``, has its own default)."""
+        if hasattr(parsed, "dry_run") and getattr(parsed, "out", "") is None and not parsed.dry_run:
             self.error("the following arguments are required: --out (or --dry-run)")
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:

@@ -41,6 +41,12 @@ def shared_engine(
     return shared_engine_and_layout(host, media_per_prompt, host.layout(requests))[0]
 
 
+def kept_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Engine | None:
+    """The engine an earlier ask built for ``config`` in this process, if one is kept."""
+    kept = _ENGINES.get(_key(config, media_per_prompt))
+    return kept[0] if kept is not None else None
+
+
 def shared_engine_and_layout(
     host: Host, media_per_prompt: dict[Modality, int], layout: Layout
 ) -> tuple[Engine, Layout]:

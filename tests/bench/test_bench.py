@@ -162,9 +162,9 @@ def run_bench_command(
     check_workloads(report, sides, proc.stdout, engine_processes)
 
 
-def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
-    """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
-    process of its own, timed and compared with the naive map (the first of ``modes``)."""
+def run_whole_sides(model: Path, tmp_path: Path, modes: list[str]) -> dict[str, Any]:
+    """``mmbatch bench --whole 2`` with only ``modes``, once each, on the tiny model: the
+    report's ``whole_process``."""
     from mmbatch.cli import main
 
     out = tmp_path / "report.json"
@@ -175,7 +175,14 @@ def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
     for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
         argv += ["--engine-arg", arg]
     assert main(argv) == 0
-    whole = json.loads(out.read_text())["whole_process"]
+    whole: dict[str, Any] = json.loads(out.read_text())["whole_process"]
+    return whole
+
+
+def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
+    """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
+    process of its own, timed and compared with the naive map (the first of ``modes``)."""
+    whole = run_whole_sides(model, tmp_path, modes)
     assert [r["mode"] for r in whole["runs"]] == modes
     for run in whole["runs"]:
         assert (run["rows"], run["failed"]) == (2, 0), run
@@ -415,3 +422,82 @@ def test_the_report_goes_to_the_working_directory_unless_out_names_a_file(
     named = tmp_path / "reports" / "w1.json"
     assert cli.main(["bench", "--model", "m", "--workloads", "", "--out", str(named)]) == 0
     assert json.loads(named.read_text()) == {"workloads": {}}
+
+
+def test_the_batch_file_sides_run_one_file_through_vllm_and_mmbatch(tmp_path: Path) -> None:
+    """``--modes vllm-run-batch,openai-batch`` (and ``-x4``): one OpenAI batch file of a
+    line per picture and prompt, with the sides' sampling, run by vLLM's ``run_batch``
+    (its engine arguments as its flags, the pictures' folder allowed) and by mmbatch; each
+    measured against vLLM's run of the same file."""
+    from mmbatch.bench.whole import (
+        batch_file,
+        openai_batch_argv,
+        vllm_run_batch_argv,
+        whole_ratios,
+    )
+
+    folder = tmp_path / "whole-2"
+    folder.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (folder / name).write_bytes(b"")
+    side = {
+        "model": "/models/m",
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "seed": 0,
+        "common_engine_args": {
+            "max_model_len": 4096,
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "x": {"a": 1},
+        },
+        "mmbatch_engine_args": {"max_num_seqs": 64},
+    }
+    one, four = batch_file(side, folder, 1), batch_file(side, folder, 4)
+    lines = [json.loads(line) for line in four.read_text().splitlines()]
+    assert len(one.read_text().splitlines()) == 2
+    assert len(lines) == 8
+    assert [line["custom_id"] for line in lines[:3]] == ["a-0", "b-0", "a-1"]  # prompt-major
+    body = lines[0]["body"]
+    assert body["max_tokens"] == 8
+    assert body["temperature"] == 0.0
+    assert body["messages"][0]["content"][0]["image_url"]["url"] == (folder / "a.jpg").as_uri()
+    out = tmp_path / "out.jsonl"
+    vllm = vllm_run_batch_argv(side, one, out)
+    assert vllm[1:7] == ["-m", "vllm.entrypoints.openai.run_batch", "-i", str(one), "-o", str(out)]
+    assert vllm[vllm.index("--allowed-local-media-path") + 1] == str(tmp_path)
+    assert vllm[vllm.index("--max-model-len") + 1] == "4096"
+    assert "--enforce-eager" in vllm
+    assert "--no-enable-prefix-caching" in vllm
+    assert vllm[vllm.index("--x") + 1] == '{"a": 1}'
+    assert "--max-num-seqs" not in vllm  # mmbatch's own engine arguments are mmbatch's
+    ours = openai_batch_argv(side, one, out)
+    assert ours[2:5] == ["mmbatch", "run-openai-batch", str(one)]
+    assert "max_num_seqs=64" in ours
+    runs = [
+        {"images": 2, "mode": mode, "wall_s": wall}
+        for mode, wall in [("vllm-run-batch", 4.0), ("openai-batch", 2.0),
+                           ("vllm-run-batch-x4", 9.0), ("openai-batch-x4", 3.0)]
+    ]  # fmt: skip
+    assert whole_ratios(runs) == {
+        "ratio_openai-batch_over_vllm-run-batch_2": 2.0,
+        "ratio_openai-batch-x4_over_vllm-run-batch-x4_2": 3.0,
+    }
+
+
+@pytest.mark.slow
+def test_the_batch_file_sides_are_whole_processes_with_phases(
+    tiny_vl_model: Path, tmp_path: Path
+) -> None:
+    """vLLM's ``run_batch`` and ``mmbatch run-openai-batch`` on the same two-line file, each
+    a process of its own; mmbatch's start-up reported by phase, from its own clock."""
+    whole = run_whole_sides(tiny_vl_model, tmp_path, ["vllm-run-batch", "openai-batch"])
+    runs = {r["mode"]: r for r in whole["runs"]}
+    for run in runs.values():
+        assert (run["rows"], run["failed"]) == (2, 0), run
+    phases = runs["openai-batch"]["startup_phases"]
+    order = ["imports_done", "engine_start_begun", "inputs_listed", "engines_ready",
+             "first_row", "last_row", "exit"]  # fmt: skip
+    assert [phases[name] for name in order] == sorted(phases[name] for name in order)
+    assert "ratio_openai-batch_over_vllm-run-batch_2" in whole

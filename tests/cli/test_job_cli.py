@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from fake_cli import main
 from fake_engine import FakeEngine, Faults, expected_text
+from processes import starts_ended
 from repo_paths import RECIPES
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
@@ -238,12 +240,21 @@ def test_a_job_whose_every_item_is_refused_starts_no_engine(
     """A batch file whose every line is refused writes its error rows and finishes: no
     engine (nor decode worker) starts for nothing to run."""
     from mmbatch import cli, jobs
+    from mmbatch.engine import registry
 
     def started(*args: object) -> None:
         raise AssertionError("an engine or decode workers were started")
 
     monkeypatch.setattr(jobs, "_engine", started)
     monkeypatch.setattr(jobs, "start_decoders", started)
+    begun: list[FakeEngine] = []
+
+    def begin(host: object, media: object, layout: object) -> tuple[FakeEngine, object]:
+        begun.append(FakeEngine())  # the engine begun while the file was read
+        return begun[-1], layout
+
+    monkeypatch.setattr(registry, "shared_engine_and_layout", begin)
+    closed = mock.patch.object(FakeEngine, "close", autospec=True)
     content = [{"type": "image_url", "image_url": {"url": "https://example.com/a.jpg"}}]
     lines = [
         {"custom_id": "a", "url": "/v1/embeddings", "body": {}},
@@ -254,7 +265,10 @@ def test_a_job_whose_every_item_is_refused_starts_no_engine(
     requests.write_text("".join(json.dumps(line) + "\n" for line in lines))
     out = tmp_path / "o.jsonl"
     argv = ["run-openai-batch", str(requests), "--model", "no-such-model", "--out", str(out)]
-    assert cli.main([*argv, "--no-progress"]) == EXIT_ITEMS_FAILED
+    with closed as close:
+        assert cli.main([*argv, "--no-progress"]) == EXIT_ITEMS_FAILED
+        starts_ended()
+    assert [c.args[0] for c in close.call_args_list] == begun  # and stopped, not used
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["custom_id"], r["response"]["status_code"]) for r in rows] == [
         ("a", 400),
