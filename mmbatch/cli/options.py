@@ -11,7 +11,6 @@ import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
@@ -213,13 +212,11 @@ def engine_log_from(args: argparse.Namespace) -> str | None:
     beside its local mirror, and uploaded beside it when the job ends), or with ``-v`` the
     terminal (None)."""
     from mmbatch.output.paths import OutputPaths
-    from mmbatch.output.remote import staging
-    from mmbatch.storage.urls import is_storage_url
+    from mmbatch.output.target import local_rows
 
     if args.verbose:
         return None
-    rows = staging(args.out.rstrip("/")) if is_storage_url(args.out) else Path(args.out)
-    return str(OutputPaths(rows).vllm_log)
+    return str(OutputPaths(local_rows(args.out)).vllm_log)
 
 
 @contextmanager

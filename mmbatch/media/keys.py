@@ -45,8 +45,8 @@ from mmbatch.media.hashing import file_digest, media_key
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.limits import PromptLimits
 from mmbatch.media.options import MediaOptions
-from mmbatch.storage.objects import local_copy, read_many
-from mmbatch.storage.urls import is_storage_url
+from mmbatch.storage.located import locate
+from mmbatch.storage.objects import read_many
 from mmbatch.types import ClipSpan, FrameAt, LoadedRequest, MediaRef, Request, Result, TimeSpan
 
 if TYPE_CHECKING:
@@ -323,14 +323,15 @@ def _fetch_pictures(requests: Sequence[Request]) -> dict[str, bytes | MediaError
     """The whole pictures in storage that ``requests`` name, read at once: a store answers
     each GET after a round trip, and a unit's pictures wait for one round trip instead of
     one each (``read_many``). Only one store's at a time (the usual case: all of them)."""
-    wanted: dict[str, None] = {}
+    wanted: dict[str, str] = {}
     for request in requests:
         if request.error is not None:
             continue
         for ref in request.media:
             whole = ref.modality == "image" and ref.part is None and ref.data is None
-            if whole and ref.image is None and is_storage_url(ref.source):
-                wanted[ref.source] = None
+            store = locate(ref.source).store if whole and ref.image is None else None
+            if store is not None:
+                wanted[ref.source] = store
     urls = list(wanted)
     same_store = [u for u in urls if u.split("://", 1)[0] == urls[0].split("://", 1)[0]]
     return read_many(same_store, DEFAULT_MAX_FILE_BYTES) if len(same_store) > 1 else {}
@@ -341,9 +342,10 @@ def _from_a_file(ref: MediaRef) -> MediaRef:
     frames and clips, audio): an object in storage is copied to one first, once per process
     (``local_copy``), and keyed and decoded from it as a local file is. A whole picture is
     read into memory straight from storage."""
-    if not is_storage_url(ref.source) or (ref.modality == "image" and ref.part is None):
+    if ref.modality == "image" and ref.part is None:
         return ref
-    return replace(ref, source=local_copy(ref.source))
+    local = locate(ref.source).local_file()
+    return ref if local == ref.source else replace(ref, source=local)
 
 
 FileState: TypeAlias = "tuple[int, int, int, int, int]"
