@@ -46,8 +46,9 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "words": frozenset(),
     # The row schema is a leaf, so that every floor may name the columns it reads or writes.
     "row_schema": frozenset({"types"}),
-    # Sources and outputs ask it for every URL; it knows nothing of what they hold.
-    "storage": frozenset({"types", "errors"}),
+    # Sources and outputs ask it for every URL; it knows nothing of what they hold (a
+    # located input reads its JSON lines as a local file's are read, ``jsonl``).
+    "storage": frozenset({"types", "errors", "jsonl"}),
     # Stages: reading media and writing rows know nothing of each other, of where requests
     # come from, or of the engine.
     "media": BASE,
@@ -305,3 +306,36 @@ def test_the_walk_sees_lazy_and_type_checking_imports_and_circles(tmp_path: Path
     assert cycles(graph(package)) == [["pkg.a", "pkg.b", "pkg.a"]]
     (package / "b.py").write_text("from pkg.sub.c import g\n")
     assert cycles(graph(package)) == [["pkg.b", "pkg.sub.c", "pkg.b"]]
+
+
+STORAGE_URL_ASKED_ONLY_IN = ("storage/", "sources/paths.py", "output/target.py")
+"""Where "local or in a store?" may be asked of a text: the storage package, the path rule
+(its roots and named paths are either), and the output's target. Everywhere else a named
+input is a located value (``mmbatch.storage.located``) and an output has a target
+(``mmbatch.output.target``), and each step asks the value, not the text."""
+
+
+def storage_url_uses(package: Path) -> list[str]:
+    """Every import or call of ``is_storage_url`` outside ``STORAGE_URL_ASKED_ONLY_IN``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where.startswith(STORAGE_URL_ASKED_ONLY_IN):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = ([a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []) + (
+                [node.id] if isinstance(node, ast.Name) else []
+            )
+            named += [node.attr] if isinstance(node, ast.Attribute) else []
+            if "is_storage_url" in named:
+                found.append(f"{where}:{node.lineno}")
+    return sorted(set(found))
+
+
+def test_where_the_bytes_live_is_asked_once() -> None:
+    uses = storage_url_uses(PACKAGE)
+    assert not uses, (
+        "is_storage_url asked outside the storage package, the path rule and the output's "
+        "target (locate the input once: mmbatch.storage.located; an output has a target: "
+        f"mmbatch.output.target): {', '.join(uses)}"
+    )

@@ -79,9 +79,9 @@ def describe_job(
 def _output(out: str) -> str:
     """What a run would do with ``out``: begin it, or resume it (its rows are not read
     here: a run checks them, and passes over the items they answer)."""
-    from mmbatch.storage.urls import is_storage_url
+    from mmbatch.output.target import in_store
 
-    if not is_storage_url(out) and not Path(out).exists():
+    if not in_store(out) and not Path(out).exists():
         return f"{out}, new"
     return f"{out}; a run resumes there, passing over the items that have a row"
 

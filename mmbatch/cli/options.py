@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
 
 if TYPE_CHECKING:
@@ -342,13 +341,11 @@ def engine_log_from(args: argparse.Namespace) -> str | None:
     (``OUT.vllm.log``; for an output in storage, beside its local mirror, and uploaded beside
     it when the job ends), or with ``-v`` the terminal (None)."""
     from mmbatch.output.paths import OutputPaths
-    from mmbatch.output.remote import staging
-    from mmbatch.storage.urls import is_storage_url
+    from mmbatch.output.target import local_rows
 
     if args.verbose or args.out is None:  # with no --out, a dry run: no engine, no log
         return None
-    rows = staging(args.out.rstrip("/")) if is_storage_url(args.out) else Path(args.out)
-    return str(OutputPaths(rows).vllm_log)
+    return str(OutputPaths(local_rows(args.out)).vllm_log)
 
 
 def engine_log_shown_from(args: argparse.Namespace) -> str | None:
@@ -357,9 +354,10 @@ def engine_log_shown_from(args: argparse.Namespace) -> str | None:
     log is uploaded to when the job ends (the local mirror is removed then)."""
     from mmbatch.output.paths import OutputPaths
     from mmbatch.output.remote import RemoteOutput, staging
-    from mmbatch.storage.urls import is_storage_url, shown
+    from mmbatch.output.target import in_store
+    from mmbatch.storage.urls import shown
 
-    if args.verbose or args.out is None or not is_storage_url(args.out):
+    if args.verbose or args.out is None or not in_store(args.out):
         return None
     url = args.out.rstrip("/")
     try:
@@ -765,7 +763,7 @@ def engine_begun(
         yield config  # a dry run starts none; a kept engine is the job's (``--engine``)
         return
     out = file_output_from(args)
-    resumes = out.remote is not None or out.paths.rows.exists() or out.paths.progress.exists()
+    resumes = out.url is not None or out.paths.rows.exists() or out.paths.progress.exists()
     if resumes:
         yield config
         return

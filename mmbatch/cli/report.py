@@ -41,11 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from mmbatch.output.formats import read_output
     from mmbatch.output.paths import OutputPaths
     from mmbatch.output.summary import read_summary
+    from mmbatch.output.target import in_store
     from mmbatch.review.gallery import render
     from mmbatch.review.views import card_rows, job_folder
-    from mmbatch.storage.urls import is_storage_url
 
-    if is_storage_url(args.out):
+    if in_store(args.out):
         raise ConfigError(
             f"{args.out}: mmbatch report reads an output on this machine's disk; copy it "
             "and its OUT.summary.json down first"

@@ -732,16 +732,12 @@ def _read_parquet_rows(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from mmbatch.storage.objects import arrow_file_system
-    from mmbatch.storage.urls import is_storage_url
+    from mmbatch.storage.located import locate
 
     file, offset = str(batch["file"][0]), int(batch["offset"][0])
     columns = [image] + ([id_column] if id_column else [])
-    if is_storage_url(file):
-        filesystem, where = arrow_file_system(file)
-        table = pq.read_table(where, columns=columns, filesystem=filesystem)
-    else:
-        table = pq.read_table(file, columns=columns)
+    filesystem, where = locate(file).arrow()
+    table = pq.read_table(where, columns=columns, filesystem=filesystem)
     cells = table[image].to_pylist()
     ids = table[id_column].to_pylist() if id_column else range(offset, offset + len(cells))
     rows: dict[str, list[Any]] = {"id": [], "path": [], "prompt": [], "system": [], DATA_COLUMN: []}

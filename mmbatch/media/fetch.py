@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from mmbatch.errors import ConfigError, MediaError
+from mmbatch.storage.located import StoredPlace, locate
 from mmbatch.storage.objects import read_object
-from mmbatch.storage.urls import is_storage_url, is_web_url, scheme, shown, unsupported
+from mmbatch.storage.urls import is_web_url, scheme, shown, unsupported
 from mmbatch.types import FileId
 
 URL_SCHEMES = ("http://", "https://")
@@ -83,7 +84,8 @@ def read_source(
     cannot be had."""
     if not is_url(source):
         return read_file(source, max_bytes, pinned)[0]
-    if is_storage_url(source):
+    place = locate(source)
+    if isinstance(place, StoredPlace):
         return read_object(source, max_bytes)
     refusal = unsupported(source)
     if refusal is not None:

@@ -52,8 +52,8 @@ from mmbatch.media.hashing import file_digest, media_key
 from mmbatch.media.image import canonical_image_bytes
 from mmbatch.media.limits import PromptLimits
 from mmbatch.media.options import MediaOptions
-from mmbatch.storage.objects import local_copy, read_many
-from mmbatch.storage.urls import is_storage_url
+from mmbatch.storage.located import locate
+from mmbatch.storage.objects import read_many
 from mmbatch.types import ClipSpan, FrameAt, LoadedRequest, MediaRef, Request, Result, TimeSpan
 
 if TYPE_CHECKING:
@@ -403,9 +403,14 @@ def _fetch_pictures(requests: Sequence[Request]) -> dict[str, bytes | MediaError
     """The whole pictures in storage that ``requests`` name, read at once: a store answers
     each GET after a round trip, and a unit's pictures wait for one round trip instead of
     one each (``read_many``). Only one store's at a time (the usual case: all of them)."""
-    urls = _whole_pictures(requests, is_storage_url)
+    urls = _whole_pictures(requests, _in_store)
     same_store = [u for u in urls if u.split("://", 1)[0] == urls[0].split("://", 1)[0]]
     return read_many(same_store, DEFAULT_MAX_FILE_BYTES) if len(same_store) > 1 else {}
+
+
+def _in_store(source: str) -> bool:
+    """Whether ``source`` names an object in a store (``mmbatch.storage.located``)."""
+    return locate(source).store is not None
 
 
 def _whole_pictures(requests: Sequence[Request], named: Callable[[str], bool]) -> list[str]:
@@ -427,9 +432,10 @@ def _from_a_file(ref: MediaRef) -> MediaRef:
     frames and clips, audio): an object in storage is copied to one first, once per process
     (``local_copy``), and keyed and decoded from it as a local file is. A whole picture is
     read into memory straight from storage."""
-    if not is_storage_url(ref.source) or (ref.modality == "image" and ref.part is None):
+    if ref.modality == "image" and ref.part is None:
         return ref
-    return replace(ref, source=local_copy(ref.source))
+    local = locate(ref.source).local_file()
+    return ref if local == ref.source else replace(ref, source=local)
 
 
 class HeldBytes:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -49,10 +48,10 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.errors import ConfigError, ItemFailure, SourceError
-from mmbatch.jsonl import JsonlError, objects_in, read_objects
+from mmbatch.jsonl import JsonlError
 from mmbatch.sources.paths import LocalPaths, is_fetched_url, url_not_allowed
-from mmbatch.storage.objects import read_whole
-from mmbatch.storage.urls import is_storage_url, parent, shown, unsupported
+from mmbatch.storage.located import Place, locate
+from mmbatch.storage.urls import scheme, unsupported
 from mmbatch.types import InvalidSetting, ItemError, MediaRef, Request, Sampling, Turn
 from mmbatch.validation import listed
 
@@ -136,11 +135,11 @@ def read_batch(
     refusal = unsupported(str(path))
     if refusal is not None:
         raise SourceError(f"the batch file {refusal}")
-    in_storage = is_storage_url(str(path))
-    folder = parent(str(path)) if in_storage else str(Path(path).parent)
-    place = _Place(folder, paths or LocalPaths(), bodies, allow_urls)
-    lines = _lines(str(path) if in_storage else Path(path))
-    path = shown(str(path)) if in_storage else Path(path)
+    text = str(path)
+    batch = locate(text if scheme(text) is not None else str(Path(text)))
+    place = _Place(batch.parent.text, paths or LocalPaths(), bodies, allow_urls)
+    lines = _lines(batch)
+    path = batch.shown
     requests: list[Request] = []
     seen: set[str] = set()
     max_images = 0
@@ -186,7 +185,7 @@ def count_batch(path: str | Path) -> BatchSize | None:
     nothing of vLLM imported: milliseconds for thousands of lines); None for a file in
     storage (read once, by ``read_batch``) or one that cannot be read (``read_batch`` says
     why)."""
-    if is_storage_url(str(path)):
+    if locate(str(path)).store is not None:
         return None
     lines = most = 0
     try:
@@ -200,13 +199,10 @@ def count_batch(path: str | Path) -> BatchSize | None:
     return BatchSize(lines, max(most, 1))
 
 
-def _lines(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """The lines of the batch file at ``path``, local or in storage."""
+def _lines(batch: Place) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The lines of the batch file, local or in storage."""
     try:
-        if is_storage_url(str(path)):
-            yield from objects_in(io.BytesIO(read_whole(str(path))), str(path))
-        else:
-            yield from read_objects(path)
+        yield from batch.lines()
     except JsonlError as exc:
         raise SourceError(str(exc)) from None
 

@@ -35,15 +35,15 @@ from mmbatch.jsonl import remove_orphans, write_atomic
 from mmbatch.output.formats import check_shards, open_sink, output_format, read_output
 from mmbatch.output.order import RowOrder
 from mmbatch.output.paths import FileFormat, OutputPaths
-from mmbatch.output.remote import PartSink, RemoteOutput, staging, translated
 from mmbatch.output.replacing import commit, draft_of, finish_replacing, prepare_draft
 from mmbatch.output.resume import JobFacts, ResumePlan, prepare, write_record, written_rows
 from mmbatch.output.rows import RowShape
 from mmbatch.output.sinks import Sink
 from mmbatch.output.stats import JobStats, OutputTally, count_output
 from mmbatch.output.summary import JobReport, with_last_measured, write_summary
+from mmbatch.output.target import LocalTarget, OutputTarget, target_at
 from mmbatch.output.writable import check_writable
-from mmbatch.storage.urls import LOGIN_REFUSED, is_storage_url, shown, spelled, unsupported_folder
+from mmbatch.storage.urls import unsupported_folder
 
 
 class OutputJob(JobFacts, Protocol):
@@ -76,9 +76,10 @@ class FileOutput:
     row_folder: bool = False
     """The rows are a folder of row files that Ray's writers add to (``jsonl`` or
     ``parquet``: ``mmbatch.integrations.ray_data``), not one output this process writes."""
-    remote: RemoteOutput | None = field(default=None, compare=False)
-    """For an output in object storage: its URL and its state; ``path`` is then its local
-    mirror (``mmbatch.output.remote``)."""
+    target: OutputTarget = field(default_factory=LocalTarget, compare=False)
+    """Where the output is besides ``path`` (``mmbatch.output.target``): nowhere for a
+    local output; for one in object storage, its URL and its state, ``path`` being its
+    local mirror (``mmbatch.output.remote``)."""
     replaces: Path | None = None
     """The output this job replaces once it has finished (``--overwrite``); ``path`` is then
     the draft it writes meanwhile (``mmbatch.output.replacing``), which a rerun resumes."""
@@ -89,14 +90,14 @@ class FileOutput:
     @property
     def url(self) -> str | None:
         """The output's URL in object storage (None: a local output)."""
-        return self.remote.url if self.remote is not None else None
+        return self.target.url
 
     @property
     def shown(self) -> str:
         """The output as messages name it: its URL, or its path."""
         if self.replaces is not None:
             return f"{self.path} (which replaces {self.replaces} once the job has finished)"
-        return shown(self.remote.url) if self.remote is not None else str(self.path)
+        return self.target.shown_as(self.path)
 
     @property
     def paths(self) -> OutputPaths:
@@ -122,22 +123,15 @@ class FileOutput:
         if refusal is not None:
             raise ConfigError(f"the output {refusal}")
         fmt = output_format(path, format)
-        if not is_storage_url(str(path)):
-            if overwrite:
-                final = Path(path)
-                return cls(draft_of(final), fmt, retry_errors, force, shard_rows, replaces=final)
-            return cls(Path(path), fmt, retry_errors, force, shard_rows)
-        if overwrite:
+        local, target = target_at(path)
+        if not overwrite:
+            return cls(local, fmt, retry_errors, force, shard_rows, target=target)
+        if target.url is not None:
             raise ConfigError(
                 "--overwrite replaces local outputs only; for an output in object storage, "
                 "name another --out"
             )
-        url = spelled(str(path)).rstrip("/")
-        if shown(url) != url:
-            raise ConfigError(f"the output {shown(url)} {LOGIN_REFUSED}")
-        mirror = staging(url)
-        remote = RemoteOutput(url, mirror)
-        return cls(mirror, fmt, retry_errors, force, shard_rows, remote=remote)
+        return cls(draft_of(local), fmt, retry_errors, force, shard_rows, replaces=local)
 
     def ready(self, job: JobFacts, log: Path | None = None) -> ResumePlan:
         """Make the output ready for ``job`` before anything starts (decode workers, engines,
@@ -148,50 +142,44 @@ class FileOutput:
         try:
             plan = self._ready(job, log)
         except MmbatchError as exc:
-            raise translated(self.remote, exc) from exc.__cause__
+            raise self.target.translated(exc) from exc.__cause__
         note = plan.describe(self.shown)
         if note:
             print(f"mmbatch: {note}", file=sys.stderr)
         return plan
 
     def _ready(self, job: JobFacts, log: Path | None) -> ResumePlan:
-        paths, remote = self.paths, self.remote
-        if remote is not None:
-            remote.fetch(paths, job.shape)
+        paths, target = self.paths, self.target
+        target.fetch(paths, job.shape)
         check_writable(paths.rows, [paths.progress, log])
-        if remote is None:
+        if target.url is None:  # a local output: a replacement a kill cut short is finished
             finish_replacing(self._final)
         if self.replaces is not None:
             prepare_draft(paths, self._final, job.fingerprint)
         _remove_orphans(paths)
         _restore_spool(paths, job.shape)
-        if remote is not None:
-            remote.remember_ids(paths.progress, job.shape)
+        target.remember_ids(paths.progress, job.shape)
         plan = prepare(paths, job, force=self.force, retry_errors=self.retry_errors)
-        if remote is not None:
-            remote.commit_resume(paths, job.shape, bool(plan.pending))
+        target.commit_resume(paths, job.shape, bool(plan.pending))
         return plan
 
     def record(self, job: JobFacts) -> None:
         """Write whose rows these are (``job``'s fingerprint), for the next run's resume."""
         write_record(self.paths.record, job.fingerprint)
-        if self.remote is not None:
-            self.remote.upload_beside([self.paths.record])
+        self.target.upload_beside([self.paths.record])
 
     def open(self, job: JobFacts) -> Sink:
         """The sink for ``job``'s rows, appending to those already there; it leaves the rows
         in the job's order when it closes."""
         order = RowOrder([r.row_id for r in job.requests], job.shape.row_id)
         sink = open_sink(self.path, self.format, True, order, self.shard_rows)
-        if self.remote is not None:
-            return PartSink(sink, self.remote, self.paths)
-        return sink
+        return self.target.wrap(sink, self.paths)
 
     def refresh(self) -> None:
         """Read a row folder in storage again, once Ray's writers have added to it (a local
         folder is read in place)."""
-        if self.remote is not None and self.row_folder:
-            self.remote.refresh_folder(self.paths)
+        if self.row_folder:
+            self.target.refresh_folder(self.paths)
 
     def count(self, job: OutputJob, settled: bool = True) -> OutputTally:
         """Every row of ``job``'s items in the output, earlier runs' too, counted, and the
@@ -230,14 +218,7 @@ class FileOutput:
                 f"{exc}; every row is in {self.shown}: free space and run the same command "
                 "again to write the summary"
             ) from exc
-        if self.remote is not None:
-            paths = self.paths
-            self.remote.upload_beside([paths.vllm_log, paths.quarantine, paths.summary])
-            report.out, report.summary_path = self.shown, self.remote.remote(paths.summary)
-            if report.output.quarantine is not None:
-                report.output.quarantine = self.remote.remote(paths.quarantine)
-            if not self.row_folder:
-                self.remote.clear()  # all it held is in the store now
+        self.target.finish(report, self.paths)
         if self.replaces is not None:
             final = self._final
             commit(self.paths, final)

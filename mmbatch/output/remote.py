@@ -55,6 +55,7 @@ from mmbatch.jsonl import encode_line, objects_in, read_objects, write_bytes_ato
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.rows import RowShape
 from mmbatch.output.sinks import Sink
+from mmbatch.output.summary import JobReport
 from mmbatch.storage.objects import (
     delete_objects,
     download,
@@ -111,6 +112,19 @@ class RemoteOutput:
     def shown(self, text: str) -> str:
         """``text`` (a message about the mirror) naming the store's objects instead."""
         return text.replace(str(self.local.parent), shown(parent(self.url)))
+
+    def shown_as(self, path: Path) -> str:
+        """The output as messages name it: its URL (``path`` is its mirror)."""
+        return shown(self.url)
+
+    def translated(self, exc: MmbatchError) -> MmbatchError:
+        """``exc``, said of the store's objects rather than of the local mirror."""
+        return translated(self, exc)
+
+    def wrap(self, sink: Sink, paths: OutputPaths) -> Sink:
+        """A sink that puts each flush's rows in a part before the mirror's ``sink`` gets
+        them, and publishes the output when it closes (``PartSink``)."""
+        return PartSink(sink, self, paths)
 
     # -- reading the truth --------------------------------------------------------------
 
@@ -270,6 +284,17 @@ class RemoteOutput:
         delete_objects([f"{self.parts_url}/{part}" for part in self.parts])
         delete_objects([marker])
         self.parts, self.written = [], False
+
+    def finish(self, report: JobReport, paths: OutputPaths) -> None:
+        """Once the summary is written in the mirror: the files beside the output go up,
+        the report names the store's objects, and the mirror goes (a row folder's stays,
+        which Ray's writers fill in the store)."""
+        self.upload_beside([paths.vllm_log, paths.quarantine, paths.summary])
+        report.out, report.summary_path = shown(self.url), self.remote(paths.summary)
+        if report.output.quarantine is not None:
+            report.output.quarantine = self.remote(paths.quarantine)
+        if not paths.row_folder:
+            self.clear()  # all it held is in the store now
 
     def upload_beside(self, files: Iterable[Path]) -> None:
         """Upload the files written beside the output (its record, quarantine, summary,

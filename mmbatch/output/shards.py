@@ -30,8 +30,7 @@ from mmbatch.errors import MediaError, SourceError
 from mmbatch.jsonl import encode_line, read_objects
 from mmbatch.output.order import RowOrder
 from mmbatch.output.tables import SpooledSink, typed
-from mmbatch.storage.objects import local_copy
-from mmbatch.storage.urls import is_storage_url
+from mmbatch.storage.located import StoredPlace, locate
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -118,9 +117,10 @@ def _media_file(row: dict[str, Any]) -> Path | None:
     of an object in storage; one that cannot be read leaves the row without its media)."""
     for field in ("frame_path", "source"):
         value = row.get(field)
-        if isinstance(value, str) and is_storage_url(value):
+        place = locate(value) if isinstance(value, str) else None
+        if isinstance(place, StoredPlace):
             try:
-                return Path(local_copy(value))
+                return Path(place.local_file())
             except MediaError:
                 return None
         if isinstance(value, str) and value and Path(value).is_file():

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import io
 import itertools
 import json
 import os
@@ -49,10 +48,10 @@ import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from mmbatch.errors import ItemFailure, MediaError, SourceError
-from mmbatch.jsonl import JsonlError, objects_in, printable, read_objects
+from mmbatch.jsonl import JsonlError, printable
 from mmbatch.media.fetch import is_url, unreadable
 from mmbatch.row_schema import COLUMN_NAMES
 from mmbatch.sources.log import ListingLog
@@ -63,15 +62,9 @@ from mmbatch.sources.paths import (
     is_fetched_url,
     url_not_allowed,
 )
-from mmbatch.storage.objects import (
-    file_system,
-    glob_objects,
-    kind_of,
-    list_objects,
-    local_copy,
-    read_whole,
-)
-from mmbatch.storage.urls import is_storage_url, parent, shown, spelled, unsupported
+from mmbatch.storage.located import LocalPlace, Place, StoredPlace, locate
+from mmbatch.storage.objects import list_objects
+from mmbatch.storage.urls import shown, unsupported
 from mmbatch.types import (
     ClipSpan,
     FileId,
@@ -133,7 +126,7 @@ class InputFile:
         """Where this file's bytes open as a file, for a caller that reads it while listing
         (a video's index, an audio file's length): its path, or for an object in storage a
         local copy of it (made once per process; the loader decodes from the same copy)."""
-        return local_copy(self.path) if is_storage_url(self.path) else self.path
+        return locate(self.path).local_file()
 
     def ref(
         self, modality: Modality, part: FrameAt | TimeSpan | ClipSpan | None = None
@@ -252,59 +245,71 @@ def _expand(
     kinds = "image" if suffixes == IMAGE_SUFFIXES else "media file"
     taken = _taken(suffixes)
     for raw in inputs:
-        path = Path(raw)
         refusal = unsupported(raw)
         if refusal is not None:  # named by the person running the job: the job's mistake
             raise SourceError(f"input {refusal}")
-        if is_storage_url(raw):
-            yield from _expand_url(spelled(raw), taken, policy, log, kinds)
+        place = locate(raw)
+        if isinstance(place, StoredPlace):
+            yield from _expand_url(place, taken, policy, log, kinds)
         elif is_url(raw):
             _check_url(raw, "input", policy)
             yield _Listed(shown(raw), raw)
-        elif path.is_dir():
-            yield from _walk(path, taken, log, policy.paths)
-        elif path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
-            yield from _read_manifest(path, policy)
-        elif path.exists() or path.is_symlink():
-            # Named explicitly: taken whatever its suffix, so a bad file yields an error row.
-            yield _Listed(raw, raw)
-        elif glob.has_magic(raw):
-            files = []
-            for match in sorted(glob.glob(raw, recursive=True)):
-                if os.path.isdir(match):
-                    log.skip("folders matched by a pattern (not walked)")
-                elif Path(match).suffix.lower() in taken:
-                    files.append(match)
-                else:
-                    log.skip(_passed_over(Path(match).suffix.lower()))
-            if not files:
-                raise SourceError(f"the pattern {raw!r} matches no {kinds}")
-            for file in files:
-                for listed in _admitted(file, _pattern_folder(raw), policy.paths, log):
-                    yield listed._replace(walked=True)
         else:
-            raise SourceError(f"input {raw!r} does not exist")
+            yield from _expand_local(place, taken, policy, log, kinds)
+
+
+def _expand_local(
+    place: LocalPlace, taken: frozenset[str], policy: SourcePolicy, log: ListingLog, kinds: str
+) -> Iterator[_Listed]:
+    """A local path named as an input: a folder walked, a manifest read, a file taken as
+    named, or a pattern's files."""
+    raw, path = place.path, Path(place.path)
+    kind = place.kind()
+    if kind == "folder":
+        yield from _walk(path, taken, log, policy.paths)
+    elif kind == "file" and path.suffix.lower() in MANIFEST_SUFFIXES and path.is_file():
+        yield from _read_manifest(LocalPlace(str(path)), policy)
+    elif kind == "file":
+        # Named explicitly: taken whatever its suffix, so a bad file yields an error row.
+        yield _Listed(raw, raw)
+    elif glob.has_magic(raw):
+        files = []
+        for match in place.matches():
+            if os.path.isdir(match):
+                log.skip("folders matched by a pattern (not walked)")
+            elif Path(match).suffix.lower() in taken:
+                files.append(match)
+            else:
+                log.skip(_passed_over(Path(match).suffix.lower()))
+        if not files:
+            raise SourceError(f"the pattern {raw!r} matches no {kinds}")
+        for file in files:
+            for listed in _admitted(file, _pattern_folder(raw), policy.paths, log):
+                yield listed._replace(walked=True)
+    else:
+        raise SourceError(f"input {raw!r} does not exist")
 
 
 def _expand_url(
-    url: str, taken: frozenset[str], policy: SourcePolicy, log: ListingLog, kinds: str
+    place: StoredPlace, taken: frozenset[str], policy: SourcePolicy, log: ListingLog, kinds: str
 ) -> Iterator[_Listed]:
     """A storage URL named as an input: a pattern's objects, a prefix walked, a manifest
     read, or one object taken as named (whatever its suffix, as a file named is)."""
+    url = place.url
     if glob.has_magic(url):
-        found = [u for u in glob_objects(url) if _taken_object(u, url, taken, log)]
+        found = [u for u in place.matches() if _taken_object(u, url, taken, log)]
         if not found:
-            raise SourceError(f"the pattern {shown(url)!r} matches no {kinds}")
+            raise SourceError(f"the pattern {place.shown!r} matches no {kinds}")
         yield from (_Listed(u, u, walked=True) for u in found)
         return
-    kind = kind_of(url)
+    kind = place.kind()
     if kind is None:
-        raise SourceError(f"input {shown(url)!r} does not exist")
+        raise SourceError(f"input {place.shown!r} does not exist")
     if kind == "folder":
         found = [u for u in list_objects(url) if _taken_object(u, url, taken, log)]
         yield from (_Listed(u, u, walked=True) for u in found)
     elif Path(url).suffix.lower() in MANIFEST_SUFFIXES:
-        yield from _read_manifest(url, policy)
+        yield from _read_manifest(place, policy)
     else:
         yield _Listed(url, url)
 
@@ -420,13 +425,12 @@ def _pattern_folder(pattern: str) -> str:
     return str(Path(*fixed)) if fixed else "."
 
 
-def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_Listed]:
+def _read_manifest(manifest: Place, policy: SourcePolicy) -> Iterator[_Listed]:
     """A manifest's rows, each path held to the rule (relative to the manifest's folder, or
     to its prefix for a manifest in storage)."""
-    in_storage = is_storage_url(str(manifest))
-    folder = parent(str(manifest)) if in_storage else str(Path(manifest).parent)
+    folder = manifest.parent.text
     for line_no, row in _manifest_rows(manifest):
-        where = f"{manifest}:{line_no}"
+        where = f"{manifest.text}:{line_no}"
         raw_path = row.get("path")
         if not isinstance(raw_path, str) or not raw_path:
             raise SourceError(f"{where}: row has no 'path' (got {row!r})")
@@ -452,8 +456,7 @@ def _read_manifest(manifest: str | Path, policy: SourcePolicy) -> Iterator[_List
             refused = ItemError(exc.stage, str(exc), exc.kind)
             yield _Listed(str(item_id), raw_path, prompt or None, kept, refused, own_id=True)
             continue
-        if is_storage_url(path):
-            file_system(path)  # a store this machine cannot read is said now, not per row
+        locate(path).reachable()  # a store this machine cannot read is said now, not per row
         yield _Listed(str(item_id), path, prompt or None, kept, pinned=pinned, own_id=True)
 
 
@@ -496,29 +499,21 @@ def _url_refused(url: str, where: str) -> ItemError:
     return ItemError(refused.stage, str(refused), refused.kind)
 
 
-def _manifest_rows(manifest: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    in_storage = is_storage_url(str(manifest))
-    name = shown(str(manifest)) if in_storage else str(manifest)
-    if Path(manifest).suffix.lower() != ".csv":
+def _manifest_rows(manifest: Place) -> Iterator[tuple[int, dict[str, Any]]]:
+    name = manifest.shown
+    if Path(manifest.text).suffix.lower() != ".csv":
         try:
-            if in_storage:
-                yield from objects_in(io.BytesIO(read_whole(str(manifest))), name)
-            else:
-                yield from read_objects(manifest)
+            yield from manifest.lines()
         except JsonlError as exc:
             raise SourceError(str(exc)) from None
         return
-    if in_storage:
-        opened: BinaryIO = io.BytesIO(read_whole(str(manifest)))
-    else:
-        opened = Path(manifest).open("rb")  # noqa: SIM115 (closed by the with below)
-    with opened as handle:
+    with manifest.open() as handle:
         reader = csv.DictReader(_text_lines(handle, name))
         try:
             for row in reader:
                 yield reader.line_num, {k: v for k, v in row.items() if v not in (None, "")}
         except csv.Error as exc:
-            raise SourceError(f"{manifest}:{reader.line_num}: not valid CSV ({exc})") from None
+            raise SourceError(f"{manifest.text}:{reader.line_num}: not valid CSV ({exc})") from None
 
 
 def _text_lines(lines: Iterable[bytes], manifest: str) -> Iterator[str]:

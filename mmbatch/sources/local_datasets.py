@@ -20,9 +20,7 @@ for URLs.
 
 from __future__ import annotations
 
-import fnmatch
 import glob
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,9 +30,10 @@ from mmbatch.errors import ItemFailure, SourceError, StorageError, StorageUnavai
 from mmbatch.sources.cells import ROWS_PER_READ, column_cells, media_ref
 from mmbatch.sources.files import IMAGE_SUFFIXES, KeepColumns, input_columns
 from mmbatch.sources.paths import LocalPaths
-from mmbatch.storage.objects import kind_of, list_objects, read_whole, redacted
-from mmbatch.storage.urls import is_storage_url, parent, unsupported_folder
+from mmbatch.storage.located import StoredPlace, locate
+from mmbatch.storage.objects import list_objects, redacted
 from mmbatch.storage.urls import name as object_name
+from mmbatch.storage.urls import unsupported_folder
 from mmbatch.types import ItemError, MediaRef, Request
 
 if TYPE_CHECKING:
@@ -65,8 +64,9 @@ class DatasetInput:
 
 def detect_format(path: str) -> DatasetFormat | None:
     """The dataset format ``path`` is stored in, or None for plain media files."""
-    if is_storage_url(path):
-        return _detect_in_storage(path)
+    place = locate(path)
+    if isinstance(place, StoredPlace):
+        return _detect_in_storage(place)
     root = Path(path)
     if root.is_file():
         suffix = root.suffix.lower()
@@ -87,12 +87,12 @@ def detect_format(path: str) -> DatasetFormat | None:
     return None
 
 
-def _detect_in_storage(url: str) -> DatasetFormat | None:
+def _detect_in_storage(place: StoredPlace) -> DatasetFormat | None:
     """``detect_format`` for a URL: by an object's suffix, or by what a prefix holds."""
+    url = place.url
     if glob.has_magic(url):
         return None
-    kind = kind_of(url)
-    if kind != "folder":
+    if place.kind() != "folder":
         suffix = Path(url).suffix.lower()
         return "parquet" if suffix == ".parquet" else "webdataset" if suffix == ".tar" else None
     found = list_objects(url)
@@ -225,19 +225,13 @@ def _rows(
 
 def _folder(path: str) -> str:
     """The dataset's own folder (or prefix): ``path``, or the one holding a file named."""
-    if is_storage_url(path):
-        return path if kind_of(path) == "folder" else parent(path)
-    return str(Path(path) if Path(path).is_dir() else Path(path).parent)
+    return locate(path).own_folder.text
 
 
 def _files(path: str, pattern: str) -> list[str]:
     """The dataset's files: the one named, or every one under its folder matching
     ``pattern``, sorted."""
-    if is_storage_url(path):
-        if kind_of(path) != "folder":
-            return [path]
-        return [u for u in list_objects(path) if fnmatch.fnmatch(object_name(u), pattern)]
-    return [path] if Path(path).is_file() else sorted(map(str, Path(path).rglob(pattern)))
+    return locate(path).files(pattern)
 
 
 def _load(spec: DatasetInput) -> Any:
@@ -280,9 +274,10 @@ def _check_shard(shard: str) -> None:
 
     try:
         # A shard in storage is streamed (``r|``: headers read in order, members passed over).
+        place = locate(shard)
         with (
-            tarfile.open(fileobj=io.BytesIO(read_whole(shard)), mode="r|")
-            if is_storage_url(shard)
+            tarfile.open(fileobj=place.open(), mode="r|")
+            if isinstance(place, StoredPlace)
             else tarfile.open(shard)
         ) as archive:
             for member in archive:
@@ -374,9 +369,10 @@ def parquet_layout(spec: DatasetInput) -> ParquetLayout:
 
 def _opened(file: str) -> Any:
     """``file`` opened for reading, in storage (through its file system) or local."""
-    if is_storage_url(file):
+    place = locate(file)
+    if isinstance(place, StoredPlace):
         from mmbatch.storage.objects import file_system
 
-        fs, path = file_system(file)
+        fs, path = file_system(place.url)
         return fs.open(path, "rb")
-    return open(file, "rb")
+    return place.open()
