@@ -273,6 +273,12 @@ def add_engine_options(
         "at most 16G)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_gpu_options(parser)
+    add_terminal_options(parser)
+
+
+def _add_gpu_options(parser: argparse.ArgumentParser) -> None:
+    """How the engines use the host's GPUs, what the model may run, and batch invariance."""
     parser.add_argument(
         "--gpus",
         type=int,
@@ -302,7 +308,6 @@ def add_engine_options(
         "uninterrupted run; slower; NVIDIA GPUs of compute capability 9.0+ (8.0+ from vLLM "
         "0.32) only",
     )
-    add_terminal_options(parser)
 
 
 def add_terminal_options(parser: argparse.ArgumentParser) -> None:
@@ -859,18 +864,27 @@ def terminal_for(args: argparse.Namespace) -> Iterator[None]:
         yield
         return
     from contextlib import ExitStack, redirect_stderr, redirect_stdout
+    from pathlib import Path
 
     from mmbatch.engine.logs import libraries_to_log
+    from mmbatch.errors import ConfigError
 
     args.terminal = terminal = Terminal(args, sys.stdout, sys.stderr)
+    log = engine_log_from(args)
+    fresh_log = log is not None and not os.path.exists(log)
     with ExitStack() as stack:
         if args.json:
             stack.enter_context(_stdout_to_stderr())
             stack.enter_context(redirect_stdout(sys.stderr))
         if args.quiet:
             stack.enter_context(redirect_stderr(_silent()))
-        stack.enter_context(libraries_to_log(engine_log_from(args)))
-        yield
+        stack.enter_context(libraries_to_log(log))
+        try:
+            yield
+        except ConfigError:
+            if fresh_log:  # a job that could not start leaves no file behind
+                Path(str(log)).unlink(missing_ok=True)
+            raise
     terminal.print_json()
 
 

@@ -16,6 +16,7 @@ from mmbatch.cli.options import show_summary
 
 if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig
+    from mmbatch.integrations.ray_data import RayJob, RayResources
     from mmbatch.jobs import Job
     from mmbatch.recipe.spec import Recipe
     from mmbatch.sources.local_datasets import ParquetLayout
@@ -63,7 +64,6 @@ def run(
     item: a picture to caption, or a recipe's item, whose questions its replica asks; or a
     row of the Parquet ``dataset``, which Ray's tasks read."""
     from mmbatch.engine.builder import check_engine_without_devices
-    from mmbatch.engine.invariance import recorded
     from mmbatch.errors import ConfigError
 
     if getattr(args, "engine", None) is not None:
@@ -84,6 +84,29 @@ def run(
     items = _one_row_per_item(job.requests)
     if dataset is None:
         _check_items(items)
+    ray_job, resources = _ray_job(args, job, engine, recipe)
+    out = FileOutput.at(
+        args.out,
+        out_format,
+        retry_errors=args.retry_errors,
+        force=args.force,
+        overwrite=args.overwrite,
+    )
+    with ray_data.connected(args.ray, engine.log_file):
+        rows = _input_rows(items, dataset)
+        known = items if dataset is not None else None
+        report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
+    return show_summary(report, args, [f"note: {note}" for note in job.notes])
+
+
+def _ray_job(
+    args: argparse.Namespace, job: Job, engine: EngineConfig, recipe: Recipe | None
+) -> tuple[RayJob, RayResources]:
+    """What every replica needs of ``job`` (its settings), and how the job is spread over
+    the cluster, as the command line says."""
+    from mmbatch.engine.invariance import recorded
+    from mmbatch.integrations import ray_data
+
     ray_job = ray_data.RayJob(
         engine,
         job.sampling,
@@ -104,18 +127,7 @@ def run(
         env=ray_data.forwarded_env(),
         **batch,
     )
-    out = FileOutput.at(
-        args.out,
-        out_format,
-        retry_errors=args.retry_errors,
-        force=args.force,
-        overwrite=args.overwrite,
-    )
-    with ray_data.connected(args.ray, engine.log_file):
-        rows = _input_rows(items, dataset)
-        known = items if dataset is not None else None
-        report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
-    return show_summary(report, args, [f"note: {note}" for note in job.notes])
+    return ray_job, resources
 
 
 def _out_format(args: argparse.Namespace) -> str:

@@ -138,7 +138,7 @@ def test_the_mode_is_in_the_job_record_and_summary_and_a_resume_keeps_it(
     out.write_text(out.read_text().splitlines(keepends=True)[0])  # as if stopped half-way
     assert main([*argv, "--no-progress"]) == EXIT_JOB_FAILED
     message = one_error(capsys)
-    assert "batch_invariant" in message
+    assert "--batch-invariant" in message  # the setting that changed, in the user's words
 
 
 def test_the_tests_leave_the_mode_off() -> None:

@@ -248,10 +248,10 @@ MMBATCH_SUMMARY = (
     "2 of 2 items",
     "tokens:",
     "time:",
+    "speed:",
     "media:",
     "repeats:",
     "engine queue",
-    "start-up:",
     "rows written to",
     "note:",
 )
