@@ -20,6 +20,7 @@ import after the other), and a mistake ends them at once.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -179,11 +180,19 @@ def check_engine_without_devices(config: EngineConfig) -> None:
     driver may have no GPU): every argument's name, and the model as vLLM reads it with them
     (``dtype``, a ``max_model_len`` within its context, ...). So the model must be reachable
     from that process too; the engine's own process checks the rest as it starts."""
+    check_model_name(config.model)  # said as such, before vLLM's import
+    settings = json.dumps([config.model, config.engine_kwargs], sort_keys=True, default=str)
+    if settings in _CHECKED_WITHOUT_DEVICES:
+        return  # the Ray command checks before Ray starts, its runner again: vLLM reads once
     from mmbatch.engine.vllm import model_config
 
-    check_model_name(config.model)  # said as such, before vLLM's import
     with _quietly(config):
         model_config(config)
+    _CHECKED_WITHOUT_DEVICES.add(settings)
+
+
+_CHECKED_WITHOUT_DEVICES: set[str] = set()
+"""The model and engine settings ``check_engine_without_devices`` passed in this process."""
 
 
 @contextmanager

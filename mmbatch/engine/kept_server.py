@@ -297,7 +297,7 @@ def _greet(
             finally:
                 inbox.put((job, ("gone",)))
     except (EOFError, OSError):
-        pass
+        pass  # the connection closed: a job's end ("gone" was queued) or a client gone early
 
 
 def _welcome(shared: _Shared) -> dict[str, Any]:
