@@ -24,6 +24,7 @@ from mmbatch.cli.options import (
     add_video_options,
     audio_options_from,
     clip_split_from,
+    engine_begun,
     engine_config_from,
     file_output_from,
     keep_columns_from,
@@ -41,11 +42,12 @@ from mmbatch.words import counted
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.early import EngineStart
     from mmbatch.media.options import MediaOptions
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.local_datasets import DatasetInput
     from mmbatch.sources.log import ListingLog
-    from mmbatch.types import Request
+    from mmbatch.types import Modality, Request, Sampling
 
 
 def register(commands: Commands) -> None:
@@ -86,12 +88,8 @@ def register(commands: Commands) -> None:
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     """Caption ``args.inputs`` into ``args.out``; ``engine`` replaces the vLLM engine that
     ``--model`` and ``--engine-arg`` describe (the tests' fake engine comes in this way)."""
-    from dataclasses import asdict
-
     from mmbatch.errors import ConfigError
-    from mmbatch.jobs import Job, fingerprint
     from mmbatch.media.options import ImageOptions, MediaOptions
-    from mmbatch.sources.log import ListingLog
 
     # Everything that can be checked without the engine is checked before it starts.
     config = engine_config_from(args)
@@ -106,10 +104,31 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         raise ConfigError("--clip-seconds and --scenes run on this machine, not on Ray")
     if args.ray is None and args.out is not None:
         file_output_from(args)  # a bad --out is said before the inputs are read
+    sampling = sampling_from(args)
+    guessed, size = _engine_guess(args, clips) if engine is None else (None, None)
+    # The engine starts while the inputs are listed (and the model's processor asked what
+    # it takes): the user waits for the longer, not for both.
+    with engine_begun(args, config, guessed, size) as begun:
+        return _run(args, config, media, clips, sampling, engine or begun)
+
+
+def _run(
+    args: argparse.Namespace,
+    config: EngineConfig,
+    media: MediaOptions,
+    clips: ClipSplit | None,
+    sampling: Sampling,
+    engine: Engine | EngineConfig | EngineStart,
+) -> int:
+    """``run`` once the engine's start is begun: the inputs listed, the job run."""
+    from dataclasses import asdict
+
+    from mmbatch.jobs import Job, fingerprint
+    from mmbatch.sources.log import ListingLog
+
     log = ListingLog()
     requests, info = _inputs(args, config, media, clips, log)
     ray_rows = info.pop("ray_rows", None)  # how Ray reads a dataset's rows: not a record
-    sampling = sampling_from(args)
     # Only a job that cuts clips records how: the outputs of earlier jobs resume as they were.
     cutting = {"clips": asdict(clips)} if clips is not None else {}
     job = Job(
@@ -139,7 +158,38 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     for line in unused_flag_warnings(args, kinds | ({"video"} if clips is not None else set())):
         print(line, file=sys.stderr)
     on_ray = None if args.ray is None else partial(ray.run, args, engine=config, dataset=ray_rows)
-    return launch(job, engine or config, args, on_ray)
+    return launch(job, engine, args, on_ray)
+
+
+def _engine_guess(
+    args: argparse.Namespace, clips: ClipSplit | None
+) -> tuple[dict[Modality, int] | None, int | None]:
+    """The media a prompt of the job carries, and how many requests it has (None: not
+    known), as the named inputs' names tell (``glance_at``), before they are listed: what
+    its engine begins its start for. A dataset's rows are pictures; files are taken as
+    ``Takes`` says (videos only as clips; a clip cut as a frame is a picture), as if the
+    model took them (its processor, asked while the engine starts, says), but audio beside
+    other media only where ``--sample-rate`` asks for it: a model that sees rarely hears.
+    Audio is cut into windows and videos into clips: their requests are known only once
+    listed."""
+    from mmbatch.sources.glance import glance_at
+    from mmbatch.sources.mixed_media import Takes
+
+    if args.input_format not in (None, "files"):
+        return {"image": 1}, None
+    glance = glance_at(args.inputs)
+    if glance.absent:
+        return None, None  # the listing refuses the job: no engine is needed
+    takes = Takes(("image", "video", "audio"), as_clip=args.as_clip, clips=clips)
+    clip: Modality = "image" if clips is not None and clips.frame else "video"
+    taken = glance.kinds & takes.wanted()
+    if taken - {"audio"} and args.sample_rate is None:
+        taken -= {"audio"}  # beside pictures or clips, left to the processor: few models take both
+    kinds = {clip if kind == "video" else kind for kind in taken}
+    if not kinds:  # nothing seen (a manifest, a pattern): pictures, or the clips asked for
+        kinds = {"video"} if takes.whole_videos and clip == "video" else {"image"}
+    one_each = clips is None and "audio" not in glance.kinds
+    return dict.fromkeys(sorted(kinds), 1), glance.files(taken) if one_each else None
 
 
 def _inputs(
@@ -215,7 +265,6 @@ def _file_requests(
     so that a folder walk collects those."""
     from mmbatch.sources.mixed_media import Takes, list_media, media_requests, modality_of
     from mmbatch.sources.timeline import clip_cap_note
-    from mmbatch.types import Modality
 
     files = list_media(args.inputs, source_policy_from(args), log)
     pictures: frozenset[Modality] = frozenset({"image"})

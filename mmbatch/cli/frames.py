@@ -17,6 +17,7 @@ from mmbatch.cli.options import (
     add_model_options,
     add_prompt_options,
     add_video_options,
+    engine_begun,
     engine_config_from,
     launch,
     sampling_from,
@@ -28,8 +29,11 @@ from mmbatch.words import counted
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
-    from mmbatch.media.options import MediaOptions
-    from mmbatch.types import Request
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.early import EngineStart
+    from mmbatch.media.options import MediaOptions, VideoOptions
+    from mmbatch.sources.files import SourcePolicy
+    from mmbatch.types import Modality, Request, Sampling
 
 DEFAULT_FRAME_PROMPT = DEFAULT_PROMPTS["frame"]
 """What ``mmbatch frames`` asks of each frame when it is given no ``--prompt``."""
@@ -56,6 +60,33 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
+    from mmbatch.sources.glance import glance_at
+
+    # Everything that can be checked without the engine is checked before it starts.
+    config = engine_config_from(args) if args.model is not None else None
+    video = video_options_from(args)
+    policy = source_policy_from(args)
+    sampling = sampling_from(args)
+    if config is None:
+        return _listed(args, None, video, policy, sampling, engine)
+    # The engine starts while the videos are indexed; each frame is a picture, and how many
+    # a video gives is known once it is.
+    absent = glance_at(args.inputs).absent  # the listing refuses the job: no engine needed
+    guessed: dict[Modality, int] | None = None if engine is not None or absent else {"image": 1}
+    with engine_begun(args, config, guessed) as begun:
+        return _listed(args, engine or begun, video, policy, sampling, engine)
+
+
+def _listed(
+    args: argparse.Namespace,
+    engine: Engine | EngineConfig | EngineStart | None,
+    video: VideoOptions,
+    policy: SourcePolicy,
+    sampling: Sampling,
+    extractor: Engine | None,
+) -> int:
+    """The frames of the videos listed, then run on ``engine`` (None: no model, the frames
+    only extracted, by ``extractor`` if given)."""
     from dataclasses import asdict
 
     from mmbatch.jobs import Job, fingerprint
@@ -63,20 +94,15 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     from mmbatch.sources.log import ListingLog
     from mmbatch.sources.timeline import frame_requests
 
-    # Everything that can be checked without the engine is checked before it starts.
-    config = engine_config_from(args) if args.model is not None else None
-    video = video_options_from(args)
-    policy = source_policy_from(args)
     log = ListingLog()
-    sampling = sampling_from(args)
     requests = frame_requests(
         args.inputs, video, args.prompt, args.system, policy, log, save_dir=args.save_frames
     )
     media = MediaOptions(video=video, frame_dir=args.save_frames)
     info = {"inputs": list(args.inputs), "model": args.model, "prompt": args.prompt}
     info |= log.to_dict()
-    if config is None:
-        return _extract(args, requests, media, info, engine, log.lines())
+    if engine is None:
+        return _extract(args, requests, media, info, extractor, log.lines())
     job = Job(
         requests,
         sampling,
@@ -94,7 +120,7 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         notes=log.lines(),
     )
     print(f"mmbatch: {counted(len(job.item_ids), 'frame')}, model {args.model}", file=sys.stderr)
-    return launch(job, engine or config, args)
+    return launch(job, engine, args)
 
 
 def _extract(

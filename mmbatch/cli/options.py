@@ -759,28 +759,34 @@ def engine_begun(
 ) -> Iterator[EngineConfig | EngineStart]:
     """The engine for ``config`` begun now, while the face reads its inputs inside the
     ``with`` (``mmbatch.engine.early``), for a job of about ``requests`` carrying ``media``
-    per prompt as the face counted them cheaply; closed if reading them fails. ``config``
-    itself (started once the inputs are read) where ``media`` is None (not counted), or
+    per prompt as the face guessed them cheaply; closed if reading them fails. ``config``
+    itself (started once the inputs are read) where ``media`` is None (not guessed), or
     where ``--out`` already holds rows (or is in storage): only what is left to run says
-    whether an engine is needed, and for how much; and for a dry run (no engine) or a job
-    on a kept engine (``--engine``)."""
-    if media is None or args.dry_run or getattr(args, "engine", None) is not None:
-        yield config  # a dry run starts none; a kept engine is the job's (``--engine``)
-        return
-    out = file_output_from(args)
-    resumes = out.url is not None or out.paths.rows.exists() or out.paths.progress.exists()
-    if resumes:
-        yield config
-        return
-    from mmbatch.engine.early import EngineStart
+    whether an engine is needed, and for how much; and for a dry run (no engine), a job on
+    a kept engine (``--engine``) or on Ray (its engines are its workers')."""
+    from mmbatch.engine.early import begun_while_reading
 
-    start = EngineStart.begin(config, media, requests)
-    try:
-        yield start
-    except BaseException:
-        if not start.taken:  # the job's, once taken: it ends as any job's engine does
-            start.close()
-        raise
+    elsewhere = getattr(args, "engine", None) is not None or getattr(args, "ray", None) is not None
+    if media is None or args.dry_run or elsewhere or _resumes(args, config):
+        media = None
+    with begun_while_reading(config, media, requests) as begun:
+        yield begun
+
+
+def _resumes(args: argparse.Namespace, config: EngineConfig) -> bool:
+    """``--out`` is in storage, or already holds rows (or a run's progress). A new local
+    output is checked writable first (with vLLM's log beside it), as the job checks it: a
+    folder it cannot write in is said before an engine begins."""
+    from pathlib import Path
+
+    from mmbatch.output.writable import check_writable
+
+    out = file_output_from(args)
+    if out.url is not None or out.paths.rows.exists() or out.paths.progress.exists():
+        return True
+    log = Path(config.log_file) if config.log_file is not None else None
+    check_writable(out.paths.rows, [out.paths.progress, log])
+    return False
 
 
 def run_to_file(

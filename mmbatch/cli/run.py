@@ -16,6 +16,7 @@ from mmbatch.cli.options import (
     add_output_options,
     add_sampling_options,
     engine_args_from,
+    engine_begun,
     engine_log_from,
     engine_log_shown_from,
     launch,
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.recipe.spec import Recipe
     from mmbatch.sources.files import SourcePolicy
+    from mmbatch.types import Modality
 
 
 def register(commands: Commands) -> None:
@@ -78,23 +80,48 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         log_shown=engine_log_shown_from(args),
         engines_per_gpu=args.engines_per_gpu,
     )
-    job = recipe_job(recipe, args.inputs, model, source_policy_from(args), url_policy_from(args))
-    if args.dry_run:
-        print(describe_recipe(args.recipe, recipe, model))
-    elif engine is None:  # the vLLM engine: sized for what the recipe needs of the model
+    if engine is None and not args.dry_run:  # the vLLM engine: sized for what the recipe needs
         from mmbatch.recipe.fit import fit_engine
 
         with quiet_unless_verbose(args):
             config, note = fit_engine(recipe, config)
         if note is not None:
             print(f"mmbatch: {note}", file=sys.stderr)
-    print(
-        f"mmbatch: recipe {recipe.name}, {len(job.item_ids)} items x {len(recipe.questions)} "
-        f"question(s), model {model}",
-        file=sys.stderr,
-    )
-    on_ray = None if args.ray is None else partial(ray.run, args, engine=config, recipe=recipe)
-    return launch(job, engine or config, args, on_ray)
+    guessed, size = _engine_guess(recipe, args.inputs) if engine is None else (None, None)
+    # The engine starts while the inputs are listed: the user waits for the longer.
+    with engine_begun(args, config, guessed, size) as begun:
+        job = recipe_job(
+            recipe, args.inputs, model, source_policy_from(args), url_policy_from(args)
+        )
+        if args.dry_run:
+            print(describe_recipe(args.recipe, recipe, model))
+        print(
+            f"mmbatch: recipe {recipe.name}, {len(job.item_ids)} items x "
+            f"{len(recipe.questions)} question(s), model {model}",
+            file=sys.stderr,
+        )
+        on_ray = None if args.ray is None else partial(ray.run, args, engine=config, recipe=recipe)
+        return launch(job, engine or begun, args, on_ray)
+
+
+def _engine_guess(
+    recipe: Recipe, inputs: Sequence[str]
+) -> tuple[dict[Modality, int] | None, int | None]:
+    """The media a prompt of the recipe's job carries (one of what its [media] kind sends),
+    and how many requests it has (None: not known), as the named inputs' names tell
+    (``glance_at``), before they are listed: what its engine begins its start for. A
+    picture or a whole clip is one item each; a video's frames and audio's windows are
+    known only once listed."""
+    from mmbatch.recipe.fit import request_modality
+    from mmbatch.sources.glance import glance_at
+
+    sends = request_modality(recipe)
+    glance = glance_at(inputs)
+    if glance.absent:
+        return None, None  # the listing refuses the job: no engine is needed
+    one_each = recipe.media.kind == sends  # a picture per picture, a clip per video
+    items = glance.files({sends}) if one_each else None
+    return {sends: 1}, items * len(recipe.questions) if items is not None else None
 
 
 class _OldInputFlag(argparse.Action):

@@ -12,7 +12,13 @@ for the job's size as the face counted it cheaply (lines of a batch file, rows o
 from its metadata; None: not known, laid out as a job of unknown size). The runner then
 takes the engine from it (``engine``) once the inputs are read, as it would start one: the
 engine started early is used when it was sized for the media the job's requests carry,
-else it is closed and the job's own started.
+else it is closed and the job's own started (as it is where the start begun for the
+face's guess failed and the job carries other media: a model that takes no audio, say,
+started for a folder's audio files that the job then leaves out).
+
+``begun_while_reading`` is how a face uses it: the start begun before the face reads its
+inputs, closed if reading them fails (a mistake in the inputs, Ctrl-C) or if the job ends
+without taking its engine.
 
 Where this process must hold its engine itself (``Host.in_process``, a daemonic
 ``Dataset.map`` worker), the start is left to ``engine``, in the caller's thread: an
@@ -22,6 +28,8 @@ in-process vLLM engine is not built from a second thread.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from mmbatch.clock import milestone
@@ -95,14 +103,17 @@ class EngineStart:
             self._start()
         else:
             self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._built is not None
-        if all(self.media.get(m, 0) >= n for m, n in media.items()):
+        covers = all(self.media.get(m, 0) >= n for m, n in media.items())
+        if self._error is None and covers:
+            assert self._built is not None
             return self._built
-        self.close()  # sized for fewer media than the job carries
+        if self._error is not None and self.media == dict(media):
+            raise self._error
+        # Sized for fewer media than the job carries, or begun for other media than the
+        # job's and failed: the job's own start says (and its error is the one raised).
+        self.close()
         self.media = dict(media)
-        self._thread, self._abandoned = None, False
+        self._thread, self._abandoned, self._error = None, False, None
         return self.engine(media)
 
     def close(self) -> None:
@@ -117,6 +128,26 @@ class EngineStart:
         close = getattr(built[0], "close", None) if built is not None and self._own else None
         if close is not None:
             close()
+
+
+@contextmanager
+def begun_while_reading(
+    config: EngineConfig, media: dict[Modality, int] | None, requests: int | None
+) -> Iterator[EngineConfig | EngineStart]:
+    """The engine for ``config`` begun now (``EngineStart.begin``) for a job of about
+    ``requests`` carrying ``media`` per prompt, while the caller reads its inputs inside the
+    ``with``; closed when the ``with`` ends without the job having taken it (its inputs
+    refused, Ctrl-C, nothing left to run). ``config`` itself where ``media`` is None: the
+    caller begins nothing (a dry run, a resumed output, an engine started elsewhere)."""
+    if media is None:
+        yield config
+        return
+    start = EngineStart.begin(config, media, requests)
+    try:
+        yield start
+    finally:
+        if not start.taken:  # the job's, once taken: it ends as any job's engine does
+            start.close()
 
 
 def _shared(host: Host, media: dict[Modality, int], layout: Layout) -> tuple[Engine, Layout]:

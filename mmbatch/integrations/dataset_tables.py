@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.early import EngineStart, begun_while_reading
 from mmbatch.errors import ConfigError
 from mmbatch.integrations.dataset_origin import DatasetOrigin
 from mmbatch.integrations.hf_datasets import CellRows, DatasetMap
@@ -76,8 +77,15 @@ def run_table(
     identity = identity or dataset._fingerprint
     job_files = DatasetJob(root / job_name(identity, task))
     if not job_files.columns.is_file():
-        requests = dataset_requests(dataset, task, origin)
-        report = run_task_job(requests, task, job_files.rows, identity, run)
+        # The engine starts while the rows become requests (each cell read, its paths
+        # checked), for the column's media and the dataset's rows; a job that resumes
+        # starts what is left once it knows what that is.
+        written = FileOutput(job_files.rows).paths
+        resumes = written.rows.exists() or written.progress.exists()
+        media = None if resumes else {task.modality_of(dataset): 1}
+        with begun_while_reading(_engine_config(task), media, dataset.num_rows) as engine:
+            requests = dataset_requests(dataset, task, origin)
+            report = run_task_job(requests, task, job_files.rows, identity, run, engine)
         for line in say(report):
             print(line, file=sys.stderr)
         rows = list(read_output(job_files.rows))
@@ -107,9 +115,11 @@ def run_task_job(
     out: Path,
     data_fingerprint: str,
     run: RunConfig | None,
+    engine: EngineConfig | EngineStart | None = None,
 ) -> JobReport:
     """Run ``requests`` as ``task``'s job into the output ``out``, resumed where a killed
-    run stopped; its report."""
+    run stopped, on ``engine`` (default: the task's, started once the rest is known); its
+    report."""
     job = Job(
         requests,
         task.sampling,
@@ -119,9 +129,13 @@ def run_task_job(
         ),
         info={"dataset": data_fingerprint, "task": repr(task), "prompt": task.prompt},
     )
-    engine = EngineConfig(task.model, dict(task.engine_kwargs), task.log_file())
     out.parent.mkdir(parents=True, exist_ok=True)
-    return run_job(job, engine, FileOutput(out), run)
+    return run_job(job, engine or _engine_config(task), FileOutput(out), run)
+
+
+def _engine_config(task: DatasetMap) -> EngineConfig:
+    """The engine ``task`` runs on."""
+    return EngineConfig(task.model, dict(task.engine_kwargs), task.log_file())
 
 
 def cached_columns(

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from error_line import one_error
 from fake_engine import FakeEngine
+from processes import starts_ended
 
 from mmbatch import jobs
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK, main
-from mmbatch.engine import builder, invariance
+from mmbatch.engine import builder, invariance, registry
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Gpu
 from mmbatch.errors import ConfigError
@@ -122,6 +123,10 @@ def test_the_mode_is_in_the_job_record_and_summary_and_a_resume_keeps_it(
         return FakeEngine()
 
     monkeypatch.setattr(jobs, "_engine", engine)
+    # The engine begun while the folder is listed: a fake one too (the job takes its own).
+    monkeypatch.setattr(
+        registry, "shared_engine_and_layout", lambda host, media, layout: (FakeEngine(), layout)
+    )
     pictures = tmp_path / "in"
     pictures.mkdir()
     for name in ("sunset.jpg", "checkerboard.png"):
@@ -129,6 +134,7 @@ def test_the_mode_is_in_the_job_record_and_summary_and_a_resume_keeps_it(
     out = tmp_path / "o.jsonl"
     argv = ["caption", str(pictures), "--model", "m", "--out", str(out)]
     assert main([*argv, "--batch-invariant", "--no-progress"]) == EXIT_OK
+    starts_ended()  # the fake engine begun while the folder was listed, done with
     assert seen == ["1"]
     assert "mmbatch: batch-invariant decoding (VLLM_BATCH_INVARIANT=1)" in capsys.readouterr().err
     summary = json.loads((tmp_path / "o.jsonl.summary.json").read_text())
