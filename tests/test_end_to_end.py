@@ -395,6 +395,47 @@ def stop_while_decoding_then_resume(
     assert {r["id"]: (r["text"], r["error"]) for r in rows} == expected
 
 
+def test_cli_caption_begins_its_engine_while_listing_and_writes_the_same_rows(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    tmp_path: Path,
+) -> None:
+    """The real command on a folder of pictures begins its engine before it lists them
+    (``mmbatch.engine.early``; its summary's start-up phases say so), and its rows are
+    those of the same job run on an engine given to it, started before the command ran."""
+    from mmbatch.cli import build_parser, caption
+
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    for path in samples.iterdir():
+        if path.suffix not in (".mp4", ".wav"):
+            shutil.copy(path, pictures / path.name)
+    out = tmp_path / "early.jsonl"
+    argv = ["caption", str(pictures), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += ["--max-tokens", "12", *TINY_ENGINE_ARGS, "--engine-arg", "block_size=32"]
+    argv += ["--no-progress"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "mmbatch", *argv], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]  # truncated.jpg
+    summary = json.loads((tmp_path / "early.jsonl.summary.json").read_text())
+    phases = summary["stats"]["startup_phases"]
+    assert phases["engine_start_begun"] < phases["inputs_listed"] < phases["engines_ready"]
+
+    given = tmp_path / "given.jsonl"
+    args = build_parser().parse_args([*argv[:5], str(given), *argv[6:]])
+    assert caption.run(args, vl_engine) == 1
+
+    def rows(path: Path) -> dict[str, tuple[str | None, dict | None]]:  # type: ignore[type-arg]
+        found = [json.loads(line) for line in path.read_text().splitlines()]
+        return {Path(r["id"]).name: (r["text"], r["error"]) for r in found}
+
+    early, expected = rows(out), rows(given)
+    assert sorted(early) == sorted(p.name for p in pictures.iterdir())
+    assert early == expected
+
+
 def test_cpu_build_gets_a_sized_kv_cache_unless_the_user_chose(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

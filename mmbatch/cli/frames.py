@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from mmbatch.engine.early import EngineStart
     from mmbatch.media.options import MediaOptions, VideoOptions
     from mmbatch.sources.files import SourcePolicy
+    from mmbatch.sources.glance import Glance
     from mmbatch.types import Modality, Request, Sampling
 
 DEFAULT_FRAME_PROMPT = DEFAULT_PROMPTS["frame"]
@@ -69,12 +70,22 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     sampling = sampling_from(args)
     if config is None:
         return _listed(args, None, video, policy, sampling, engine)
-    # The engine starts while the videos are indexed; each frame is a picture, and how many
-    # a video gives is known once it is.
-    absent = glance_at(args.inputs).absent  # the listing refuses the job: no engine needed
+    # The engine starts while the videos are indexed; each frame is a picture.
+    glance = glance_at(args.inputs)
+    absent = glance.absent  # the listing refuses the job: no engine needed
     guessed: dict[Modality, int] | None = None if engine is not None or absent else {"image": 1}
-    with engine_begun(args, config, guessed) as begun:
+    with engine_begun(args, config, guessed, _frames_guess(glance, video)) as begun:
         return _listed(args, engine or begun, video, policy, sampling, engine)
+
+
+def _frames_guess(glance: Glance, video: VideoOptions) -> int | None:
+    """How many frames the videos seen give, where the sampling names them (so many a
+    video, or at these times; a short video may give fewer); None where only indexing the
+    videos tells (by rate, keyframes)."""
+    each = {"num_frames": video.num_frames, "timestamps": len(video.timestamps)}
+    videos = glance.files({"video"})
+    per_video = each.get(video.sampling)
+    return videos * per_video if videos is not None and per_video else None
 
 
 def _listed(

@@ -3,10 +3,11 @@ come to, and of which kinds, from names alone.
 
 A job's engine begins its start before the inputs are read (``mmbatch.engine.early``), sized
 for the media a prompt carries and laid out for the job's size; both are guessed here, for
-the price of one ``os.scandir`` of each named folder: no file opened, no folder walked, no
-manifest read. The count is given only where it is the listing's own (files named, folders
-without sub-folders); the kinds are those the suffixes name. Listing the inputs stays the
-one judge of what they hold: a glance that saw wrong costs an engine's restart, never a row.
+the price of ``os.scandir`` over the named folders: no file opened, no manifest read. The
+count is the files whose suffix names media (the listing may still pass some over: a link
+leading out of the folder, a file that is not what its name says); the kinds are those the
+suffixes name. Listing the inputs stays the one judge of what they hold: a glance that saw
+wrong costs an engine's restart, or a layout for another size, never a row.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from mmbatch.sources.mixed_media import MEDIA_SUFFIXES, modality_of
 from mmbatch.types import Modality
 
 PATTERN_CHARACTERS = frozenset("*?[")
+MOST_NAMES = 100_000
+"""The most names a glance reads in the folders named before it stops counting."""
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,8 @@ class Glance:
     counts: Mapping[Modality, int]
     """The media files seen, by the kind their suffix names."""
     complete: bool
-    """Whether they are all the inputs come to (not so for a manifest, a pattern, a
-    sub-folder, storage, a name that cannot be read)."""
+    """Whether they are all the inputs come to (not so for a manifest, a pattern, storage,
+    a name that cannot be read, folders too large to count)."""
     absent: bool = False
     """A path named is not there: the listing refuses the job, which needs no engine."""
 
@@ -70,22 +73,26 @@ def _absent(raw: str) -> bool:
 
 def _names(raw: str) -> tuple[list[str], bool] | None:
     """The file names ``raw`` comes to at a glance, and whether they are all of them (a
-    folder with sub-folders is walked deeper); None where only listing tells."""
+    folder of more than ``MOST_NAMES`` is not counted: a job that large is laid out as one
+    of unknown size); None where only listing tells. A folder is walked as the listing
+    walks it: hidden names and linked folders passed over."""
     if "://" in raw or PATTERN_CHARACTERS & set(raw) or _suffix(raw) in MANIFEST_SUFFIXES:
         return None
     try:
         if not os.path.isdir(raw):
             return ([raw], True) if os.path.isfile(raw) else None
-        names, complete = [], True
-        with os.scandir(raw) as entries:
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue  # a walk passes over hidden names
-                if entry.is_dir(follow_symlinks=False):
-                    complete = False
-                elif entry.is_file():
-                    names.append(entry.name)
-        return names, complete
+        names: list[str] = []
+        folders = [raw]
+        while folders and len(names) <= MOST_NAMES:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.name.startswith("."):
+                        continue
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.path)
+                    elif entry.is_file():
+                        names.append(entry.name)
+        return names, not folders and len(names) <= MOST_NAMES
     except OSError:
         return None
 

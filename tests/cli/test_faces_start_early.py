@@ -78,6 +78,13 @@ def events(monkeypatch: pytest.MonkeyPatch) -> Events:
     seen = Events()
     monkeypatch.setattr(registry, "shared_engine_and_layout", seen.engine)
     monkeypatch.setattr(clock, "_MILESTONES", {})
+    begin = EngineStart.begin
+
+    def sized(cls: type[EngineStart], config: Any, media: Any, requests: int | None) -> Any:
+        seen.sizes.append(requests)  # the job's size as the face guessed it
+        return begin(config, media, requests)
+
+    monkeypatch.setattr(EngineStart, "begin", classmethod(sized))
     return seen
 
 
@@ -123,6 +130,7 @@ def test_caption_begins_its_engine_before_the_folder_is_listed(
     assert main(["caption", str(pictures), *_job_args(model, out)]) == EXIT_OK
     assert events.began_first()
     assert events.media == [{"image": 1}]
+    assert events.sizes == [len(PICTURES)]
     assert len(out.read_text().splitlines()) == len(PICTURES)
     assert not events.engines[0].closed  # the job's: kept in the registry as any
     phases = _phases(out)
@@ -190,7 +198,7 @@ def test_a_resumed_caption_starts_its_engine_once_it_knows_what_is_left(
 
 def test_caption_guesses_a_prompts_media_from_the_names_and_options(tmp_path: Path) -> None:
     """Pictures: one each, counted; videos only as clips; audio beside other media only
-    with --sample-rate; what only the listing knows (a sub-folder, a manifest) not counted."""
+    with --sample-rate; what only the listing knows (a manifest, windows, clips) not counted."""
     from mmbatch.cli import build_parser
     from mmbatch.cli.caption import _engine_guess
     from mmbatch.cli.options import clip_split_from
@@ -215,8 +223,10 @@ def test_caption_guesses_a_prompts_media_from_the_names_and_options(tmp_path: Pa
     assert guess(str(mixed / "tone.wav")) == ({"audio": 1}, None)
     assert guess(str(mixed / "clip.mp4"), "--as-clip") == ({"video": 1}, 1)
     (mixed / "tone.wav").unlink()
-    (mixed / "more").mkdir()
-    assert guess(str(mixed)) == ({"image": 1}, None)
+    for folder in ("more", ".hidden"):  # walked as the listing walks: hidden ones not
+        (mixed / folder).mkdir()
+        shutil.copy(SAMPLES / "sunset.jpg", mixed / folder / "again.jpg")
+    assert guess(str(mixed)) == ({"image": 1}, 3)
     manifest = tmp_path / "items.jsonl"
     manifest.write_text(json.dumps({"path": str(mixed / "clip.mp4")}) + "\n")
     assert guess(str(manifest), "--as-clip") == ({"video": 1}, None)
@@ -237,6 +247,7 @@ def test_frames_begins_its_engine_before_the_videos_are_indexed(
     assert main(argv) == EXIT_OK
     assert events.began_first()
     assert events.media == [{"image": 1}]  # each frame a picture
+    assert events.sizes == [2]
     assert len(out.read_text().splitlines()) == 2
     phases = _phases(out)
     assert phases["engine_start_begun"] < phases["inputs_listed"]
@@ -269,6 +280,7 @@ def test_run_begins_its_engine_before_the_recipes_inputs_are_listed(
     assert main(["run", recipe, str(pictures), *_job_args(model, out)]) == EXIT_OK
     assert events.began_first()
     assert events.media == [{"image": 1}]
+    assert events.sizes == [len(PICTURES)]  # one question a picture
     assert len(out.read_text().splitlines()) == len(PICTURES)
     phases = _phases(out)
     assert phases["engine_start_begun"] < phases["inputs_listed"]
@@ -315,13 +327,6 @@ def test_run_dataset_begins_its_engine_before_the_rows_become_requests(
     monkeypatch.setattr(
         dataset_tables, "dataset_requests", events.slowed(dataset_tables.dataset_requests)
     )
-    sizes: list[int | None] = []
-    begin = EngineStart.begin
-    monkeypatch.setattr(
-        EngineStart,
-        "begin",
-        classmethod(lambda cls, c, m, n: sizes.append(n) or begin(c, m, n)),
-    )
     wav = (SAMPLES / "tone.wav").read_bytes()
     ds = datasets.Dataset.from_dict({"audio": [{"bytes": wav, "path": None}] * 3})
     ds = ds.cast_column("audio", datasets.Audio(decode=False))
@@ -330,7 +335,7 @@ def test_run_dataset_begins_its_engine_before_the_rows_become_requests(
     assert done.num_rows == 3
     assert events.began_first()
     assert events.media == [{"audio": 1}]
-    assert sizes == [3]
+    assert events.sizes == [3]
     assert not events.engines[0].closed
 
 
