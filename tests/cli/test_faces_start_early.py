@@ -368,3 +368,40 @@ def test_an_engine_begun_for_media_the_job_does_not_carry_is_started_again_for_i
     bigger = EngineStart.begin(config, {"image": 1}, 4)
     bigger.engine({"image": 2})
     assert starts[-2:] == [{"image": 1}, {"image": 2}]
+
+
+def test_ctrl_c_while_any_face_reads_its_inputs_closes_the_engine_begun(
+    tmp_path: Path,
+    model: Path,
+    pictures: Path,
+    events: Events,
+    fitted: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``frames`` indexing its videos, ``run`` listing a recipe's inputs, ``run_dataset``
+    reading its rows: each interrupted, the engine it began is closed, no rows written."""
+    import datasets
+
+    from mmbatch import DatasetMap, run_dataset
+    from mmbatch.integrations import dataset_tables
+    from mmbatch.recipe import requests
+    from mmbatch.sources import timeline
+
+    stop = KeyboardInterrupt()
+    monkeypatch.setattr(timeline, "frame_requests", events.slowed(timeline.frame_requests, stop))
+    monkeypatch.setattr(requests, "recipe_requests", events.slowed(requests.recipe_requests, stop))
+    monkeypatch.setattr(
+        dataset_tables, "dataset_requests", events.slowed(dataset_tables.dataset_requests, stop)
+    )
+    out = tmp_path / "o.jsonl"
+    frames = ["frames", str(SAMPLES / "clip.mp4"), "--num-frames", "2", *_job_args(model, out)]
+    assert main(frames) == EXIT_INTERRUPTED
+    recipe = str(RECIPES / "short_caption.toml")
+    assert main(["run", recipe, str(pictures), *_job_args(model, out)]) == EXIT_INTERRUPTED
+    ds = datasets.Dataset.from_dict({"image": [(SAMPLES / "sunset.jpg").read_bytes()]})
+    with pytest.raises(KeyboardInterrupt):
+        run_dataset(ds, DatasetMap(str(model), "Describe."), cache_dir=tmp_path / "jobs")
+    starts_ended()
+    assert [e.closed for e in events.engines] == [True, True, True]
+    assert list(tmp_path.glob("o.jsonl*")) == []
+    assert list((tmp_path / "jobs").rglob("rows.jsonl")) == []
