@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from mmbatch.cli import ray
 from mmbatch.cli.options import (
@@ -45,9 +45,13 @@ if TYPE_CHECKING:
     from mmbatch.engine.early import EngineStart
     from mmbatch.media.options import MediaOptions
     from mmbatch.sources.clips import ClipSplit
-    from mmbatch.sources.local_datasets import DatasetInput
+    from mmbatch.sources.local_datasets import DatasetFormat, DatasetInput
     from mmbatch.sources.log import ListingLog
     from mmbatch.types import Modality, Request, Sampling
+
+
+InputFormat: TypeAlias = "DatasetFormat | Literal['files']"
+"""How INPUT is read: files by path, or one local dataset of a format."""
 
 
 def register(commands: Commands) -> None:
@@ -105,15 +109,17 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     if args.ray is None and args.out is not None:
         file_output_from(args)  # a bad --out is said before the inputs are read
     sampling = sampling_from(args)
-    guessed, size = _engine_guess(args, clips) if engine is None else (None, None)
+    fmt = _input_format(args, clips)  # the options that fit no such input are said first
+    guessed, size = _engine_guess(args, clips, fmt) if engine is None else (None, None)
     # The engine starts while the inputs are listed (and the model's processor asked what
     # it takes): the user waits for the longer, not for both.
     with engine_begun(args, config, guessed, size) as begun:
-        return _run(args, config, media, clips, sampling, engine or begun)
+        return _run(args, fmt, config, media, clips, sampling, engine or begun)
 
 
 def _run(
     args: argparse.Namespace,
+    fmt: InputFormat,
     config: EngineConfig,
     media: MediaOptions,
     clips: ClipSplit | None,
@@ -127,7 +133,7 @@ def _run(
     from mmbatch.sources.log import ListingLog
 
     log = ListingLog()
-    requests, info = _inputs(args, config, media, clips, log)
+    requests, info = _inputs(args, fmt, config, media, clips, log)
     ray_rows = info.pop("ray_rows", None)  # how Ray reads a dataset's rows: not a record
     # Only a job that cuts clips records how: the outputs of earlier jobs resume as they were.
     cutting = {"clips": asdict(clips)} if clips is not None else {}
@@ -162,11 +168,12 @@ def _run(
 
 
 def _engine_guess(
-    args: argparse.Namespace, clips: ClipSplit | None
+    args: argparse.Namespace, clips: ClipSplit | None, fmt: InputFormat
 ) -> tuple[dict[Modality, int] | None, int | None]:
     """The media a prompt of the job carries, and how many requests it has (None: not
     known), as the named inputs' names tell (``glance_at``), before they are listed: what
-    its engine begins its start for. A dataset's rows are pictures; files are taken as
+    its engine begins its start for. A dataset's rows are pictures (how many, known once
+    it is read); files are taken as
     ``Takes`` says (videos only as clips; a clip cut as a frame is a picture), as if the
     model took them (its processor, asked while the engine starts, says), but audio beside
     other media only where ``--sample-rate`` asks for it: a model that sees rarely hears.
@@ -175,7 +182,7 @@ def _engine_guess(
     from mmbatch.sources.glance import glance_at
     from mmbatch.sources.mixed_media import Takes
 
-    if args.input_format not in (None, "files"):
+    if fmt != "files":
         return {"image": 1}, None
     glance = glance_at(args.inputs)
     if glance.absent:
@@ -194,32 +201,21 @@ def _engine_guess(
 
 def _inputs(
     args: argparse.Namespace,
+    fmt: InputFormat,
     config: EngineConfig,
     media: MediaOptions,
     clips: ClipSplit | None,
     log: ListingLog,
 ) -> tuple[list[Request], dict[str, Any]]:
-    """The requests, and what the summary records about the inputs (the gallery reopens a
-    dataset from it); what listing passed over goes to ``log``."""
+    """The requests of the inputs read as ``fmt`` (``_input_format``), and what the summary
+    records about them (the gallery reopens a dataset from it); what listing passed over
+    goes to ``log``."""
     from dataclasses import asdict
 
-    from mmbatch.errors import ConfigError
-    from mmbatch.sources.local_datasets import DatasetInput, dataset_requests, detect_format
+    from mmbatch.sources.local_datasets import DatasetInput, dataset_requests
 
-    fmt = args.input_format
-    if fmt is None:
-        detected = [found for found in map(detect_format, args.inputs) if found is not None]
-        if detected and len(args.inputs) > 1:
-            raise ConfigError("a dataset is read one at a time; name it alone as INPUT")
-        fmt = detected[0] if detected else None
-    if fmt in (None, "files"):
-        if args.image_column or args.split or args.id_column:
-            raise ConfigError("--image-column, --split and --id-column apply to datasets only")
+    if fmt == "files":
         return _file_requests(args, config, media, clips, log), {"inputs": list(args.inputs)}
-    if clips is not None:
-        raise ConfigError(f"a {fmt} dataset holds pictures: --clip-seconds and --scenes cut videos")
-    if len(args.inputs) != 1:
-        raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
     spec = DatasetInput(args.inputs[0], fmt, args.image_column, args.split, args.id_column)
     if args.ray is not None:
         return _ray_dataset(spec, args)
@@ -228,6 +224,29 @@ def _inputs(
         spec, args.prompt or DEFAULT_PROMPT, args.system, keep, local_paths_from(args)
     )
     return requests, {"inputs": list(args.inputs), "dataset": asdict(spec)}
+
+
+def _input_format(args: argparse.Namespace, clips: ClipSplit | None) -> InputFormat:
+    """How INPUT is read: ``files``, or the format of the one dataset it names (as given,
+    else detected), the options checked against it: said before an engine begins."""
+    from mmbatch.errors import ConfigError
+    from mmbatch.sources.local_datasets import detect_format
+
+    fmt = args.input_format
+    if fmt is None:
+        detected = [found for found in map(detect_format, args.inputs) if found is not None]
+        if detected and len(args.inputs) > 1:
+            raise ConfigError("a dataset is read one at a time; name it alone as INPUT")
+        fmt = detected[0] if detected else "files"
+    if fmt == "files":
+        if args.image_column or args.split or args.id_column:
+            raise ConfigError("--image-column, --split and --id-column apply to datasets only")
+        return "files"
+    if clips is not None:
+        raise ConfigError(f"a {fmt} dataset holds pictures: --clip-seconds and --scenes cut videos")
+    if len(args.inputs) != 1:
+        raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
+    return fmt  # type: ignore[no-any-return]
 
 
 def _ray_dataset(

@@ -212,7 +212,8 @@ def test_caption_guesses_a_prompts_media_from_the_names_and_options(tmp_path: Pa
 
     def guess(*argv: str) -> tuple[dict[str, int] | None, int | None]:
         args = build_parser().parse_args(["caption", *argv, "--model", "m", "--out", "o"])
-        return _engine_guess(args, clip_split_from(args))  # type: ignore[return-value]
+        clips = clip_split_from(args)
+        return _engine_guess(args, clips, "files")  # type: ignore[return-value]
 
     assert guess(str(mixed)) == ({"image": 1}, 2)
     assert guess(str(mixed), "--as-clip") == ({"image": 1, "video": 1}, 3)

@@ -7,6 +7,8 @@ import json
 import shutil
 import tarfile
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import datasets
 import pytest
@@ -159,10 +161,28 @@ def caption_argv(tmp_path: Path, *inputs: Path | str) -> list[str]:
 
 
 def test_caption_checks_dataset_options_before_any_engine(
-    on_disk: Path, samples: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    on_disk: Path,
+    samples: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Each fails with its own message, not with "cannot load no-such-model": the engine
-    # never started.
+    # Each fails with its own message, not with "cannot load no-such-model": options that
+    # fit no such input are said before an engine begins; a column or split the dataset
+    # lacks once it is read, while its engine starts, which is then closed.
+    from fake_engine import FakeEngine
+    from processes import starts_ended
+
+    from mmbatch.engine import registry
+
+    begun: list[str] = []
+
+    def begin(host: Any, media: Any, layout: Any) -> tuple[FakeEngine, Any]:
+        begun.append(host.config.model)
+        return FakeEngine(), layout
+
+    monkeypatch.setattr(registry, "shared_engine_and_layout", begin)
+    closed = mock.patch.object(FakeEngine, "close", autospec=True)
     cases = [
         ([*caption_argv(tmp_path, on_disk), "--image-column", "nope"], "no column 'nope'"),
         (caption_argv(tmp_path, on_disk, samples), "a dataset is read one at a time"),
@@ -172,10 +192,13 @@ def test_caption_checks_dataset_options_before_any_engine(
         ),
         ([*caption_argv(tmp_path, on_disk), "--split", "test"], "holds a single split"),
     ]
-    for argv, message in cases:
-        assert main(argv) == EXIT_JOB_FAILED, argv
-        assert message in capsys.readouterr().err
+    with closed as close:
+        for argv, message in cases:
+            assert main(argv) == EXIT_JOB_FAILED, argv
+            assert message in capsys.readouterr().err
+        starts_ended()
     assert not (tmp_path / "o").exists()
+    assert len(begun) == close.call_count == 2  # the column and the split
 
 
 def anonymous_mib() -> int:
