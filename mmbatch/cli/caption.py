@@ -173,12 +173,11 @@ def _engine_guess(
     """The media a prompt of the job carries, and how many requests it has (None: not
     known), as the named inputs' names tell (``glance_at``), before they are listed: what
     its engine begins its start for. A dataset's rows are pictures (how many, known once
-    it is read); files are taken as
-    ``Takes`` says (videos only as clips; a clip cut as a frame is a picture), as if the
-    model took them (its processor, asked while the engine starts, says), but audio beside
-    other media only where ``--sample-rate`` asks for it: a model that sees rarely hears.
-    Audio is cut into windows and videos into clips: their requests are known only once
-    listed."""
+    it is read); files are taken as ``Takes`` says (videos only as clips; a clip cut as a
+    frame is a picture), as if the model took them (its processor, asked while the engine
+    starts, says), but audio beside other media only where ``--sample-rate`` asks for it:
+    a model that sees rarely hears. Audio is cut into windows and videos into clips: their
+    requests are known only once listed."""
     from mmbatch.sources.glance import glance_at
     from mmbatch.sources.mixed_media import Takes
 
@@ -232,7 +231,7 @@ def _input_format(args: argparse.Namespace, clips: ClipSplit | None) -> InputFor
     from mmbatch.errors import ConfigError
     from mmbatch.sources.local_datasets import detect_format
 
-    fmt = args.input_format
+    fmt: InputFormat | None = args.input_format
     if fmt is None:
         detected = [found for found in map(detect_format, args.inputs) if found is not None]
         if detected and len(args.inputs) > 1:
@@ -246,7 +245,7 @@ def _input_format(args: argparse.Namespace, clips: ClipSplit | None) -> InputFor
         raise ConfigError(f"a {fmt} dataset holds pictures: --clip-seconds and --scenes cut videos")
     if len(args.inputs) != 1:
         raise ConfigError(f"a {fmt} dataset is read one at a time; got {len(args.inputs)} inputs")
-    return fmt  # type: ignore[no-any-return]
+    return fmt
 
 
 def _ray_dataset(

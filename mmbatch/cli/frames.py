@@ -61,6 +61,9 @@ def register(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
+    from pathlib import Path
+
+    from mmbatch.output.writable import check_folder_writable
     from mmbatch.sources.glance import glance_at
 
     # Everything that can be checked without the engine is checked before it starts.
@@ -70,6 +73,8 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
     sampling = sampling_from(args)
     if config is None:
         return _listed(args, None, video, policy, sampling, engine)
+    if args.save_frames is not None and not args.dry_run:  # said before an engine begins
+        check_folder_writable(Path(args.save_frames), "the saved frames (--save-frames)")
     # The engine starts while the videos are indexed; each frame is a picture.
     glance = glance_at(args.inputs)
     absent = glance.absent  # the listing refuses the job: no engine needed

@@ -113,6 +113,37 @@ def test_a_read_only_save_frames_folder_is_one_line(
     assert list(read_only.iterdir()) == []
 
 
+@pytest.mark.parametrize("where", ["--out", "--save-frames"])
+def test_a_read_only_output_is_said_before_an_engine_begins(
+    tmp_path: Path,
+    samples: Path,
+    read_only: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+) -> None:
+    """The engine begins its start before the videos are indexed (``mmbatch.engine.early``),
+    and only once the folders the job writes in are known writable."""
+    from mmbatch import cli
+    from mmbatch.engine.early import EngineStart
+
+    def begin(*args: object) -> None:
+        raise AssertionError("an engine was begun")
+
+    monkeypatch.setattr(EngineStart, "begin", classmethod(begin))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = read_only / "o.jsonl" if where == "--out" else tmp_path / "o.jsonl"
+    frames = read_only / "frames" if where == "--save-frames" else tmp_path / "frames"
+    argv = ["frames", str(samples / "clip.mp4"), "--num-frames", "2", "--model", str(model)]
+    argv += ["--out", str(out), "--save-frames", str(frames), "--no-progress"]
+    assert cli.main(argv) == EXIT_JOB_FAILED  # the command's own engine, not a fake one
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"mmbatch: error: cannot write in the folder {str(read_only)!r}")
+    assert not out.exists()
+
+
 def test_a_read_only_output_folder_is_found_before_anything_starts(
     pictures: Path, read_only: Path, tiny_vl_model: Path
 ) -> None:
