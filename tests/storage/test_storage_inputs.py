@@ -257,6 +257,40 @@ def test_report_over_an_output_in_storage_says_to_copy_it_down(
     assert "copy it and its OUT.summary.json down first" in capsys.readouterr().err
 
 
+def test_a_prefix_that_is_not_there_closes_the_engine_begun_while_it_was_listed(
+    s3: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command's own engine begins before the store is listed (``mmbatch.engine.early``):
+    a prefix the store does not have is one line, no output, and that engine closed."""
+    from processes import starts_ended
+
+    from mmbatch import cli
+    from mmbatch.engine import registry
+
+    begun: list[FakeEngine] = []
+
+    def begin(host: Any, media: Any, layout: Any) -> tuple[FakeEngine, Any]:
+        begun.append(FakeEngine())
+        return begun[-1], layout
+
+    monkeypatch.setattr(registry, "shared_engine_and_layout", begin)
+    closed: list[FakeEngine] = []
+    monkeypatch.setattr(FakeEngine, "close", lambda self: closed.append(self))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out = tmp_path / "out.jsonl"
+    argv = ["caption", s3.url("no/such/prefix"), "--model", str(model), "--out", str(out)]
+    assert cli.main(argv) == EXIT_JOB_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "does not exist" in err[0]
+    starts_ended()
+    assert len(begun) == 1
+    assert closed == begun
+    assert not out.exists()
+
+
 def test_what_storage_cannot_give_is_one_line_and_exit_2_before_any_engine(
     s3: Bucket, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
