@@ -338,6 +338,9 @@ def test_run_dataset_begins_its_engine_before_the_rows_become_requests(
     assert events.media == [{"audio": 1}]
     assert events.sizes == [3]
     assert not events.engines[0].closed
+    [rows] = (tmp_path / "jobs").rglob("rows.jsonl")
+    phases = _phases(rows)
+    assert phases["engine_start_begun"] < phases["inputs_listed"]
 
 
 # -- the engine begun for a guess -------------------------------------------------------
