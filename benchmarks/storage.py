@@ -255,7 +255,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             print(json.dumps({"run": n, "side": side, **found}), flush=True)
     medians = {
         side: {
-            name: statistics.median(r[name] for r in found)
+            name: round(statistics.median(r[name] for r in found), 3)
             for name in ("wall_s", "job_cpu_s", "server_cpu_s")
         }
         for side, found in runs.items()
