@@ -759,13 +759,16 @@ def engine_begun(
 ) -> Iterator[EngineConfig | EngineStart]:
     """The engine for ``config`` begun now, while the face reads its inputs inside the
     ``with`` (``mmbatch.engine.early``), for a job of about ``requests`` carrying ``media``
-    per prompt as the face guessed them cheaply; closed if reading them fails. ``config``
-    itself (started once the inputs are read) where ``media`` is None (not guessed), or
+    per prompt as the face guessed them cheaply (``--limit`` caps the size); closed if
+    reading them fails. ``config`` itself (started once the inputs are read) where ``media``
+    or ``requests`` is None (not guessed), or
     where ``--out`` already holds rows (or is in storage): only what is left to run says
     whether an engine is needed, and for how much; and for a dry run (no engine), a job on
     a kept engine (``--engine``) or on Ray (its engines are its workers')."""
     from mmbatch.engine.early import begun_while_reading
 
+    if requests is not None and getattr(args, "limit", None) is not None:
+        requests = min(requests, args.limit)  # a trial's size, whatever the folder holds
     elsewhere = getattr(args, "engine", None) is not None or getattr(args, "ray", None) is not None
     if media is None or args.dry_run or elsewhere or _resumes(args, config):
         media = None

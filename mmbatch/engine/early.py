@@ -137,9 +137,11 @@ def begun_while_reading(
     """The engine for ``config`` begun now (``EngineStart.begin``) for a job of about
     ``requests`` carrying ``media`` per prompt, while the caller reads its inputs inside the
     ``with``; closed when the ``with`` ends without the job having taken it (its inputs
-    refused, Ctrl-C, nothing left to run). ``config`` itself where ``media`` is None: the
-    caller begins nothing (a dry run, a resumed output, an engine started elsewhere)."""
-    if media is None:
+    refused, Ctrl-C, nothing left to run). ``config`` itself where ``media`` is None (the
+    caller begins nothing: a dry run, a resumed output, an engine started elsewhere) or
+    ``requests`` is: a job of unknown size would be laid out as a long one (compiled
+    engines, slower to start), so its engine starts once the inputs are listed and counted."""
+    if media is None or requests is None:
         yield config
         return
     start = EngineStart.begin(config, media, requests)

@@ -137,10 +137,21 @@ def test_caption_begins_its_engine_before_the_folder_is_listed(
     assert phases["engine_start_begun"] < phases["inputs_listed"]
 
 
-def test_a_folder_caption_cannot_list_exits_2_and_closes_the_engine_begun(
+def test_a_trial_begins_an_engine_laid_out_for_its_limit(
+    tmp_path: Path, model: Path, pictures: Path, events: Events
+) -> None:
+    """``--limit 1`` of a folder: the engine begun is laid out for one request, not for
+    every picture the folder holds."""
+    out = tmp_path / "o.jsonl"
+    assert main(["caption", str(pictures), "--limit", "1", *_job_args(model, out)]) == EXIT_OK
+    assert events.sizes == [1]
+
+
+def test_a_folder_without_media_exits_2_and_begins_no_engine(
     tmp_path: Path, model: Path, events: Events, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A folder that holds no media: one line, no output, the engine begun closed."""
+    """A folder that holds no media: one line, no output, and no engine begun (a glance
+    that counts nothing gives the job no size to lay an engine out for)."""
     empty = tmp_path / "notes"
     empty.mkdir()
     (empty / "readme.txt").write_text("no pictures here")
@@ -148,7 +159,7 @@ def test_a_folder_caption_cannot_list_exits_2_and_closes_the_engine_begun(
     assert main(["caption", str(empty), *_job_args(model, out)]) == EXIT_JOB_FAILED
     assert "no media file found" in one_error(capsys)
     starts_ended()
-    assert [e.closed for e in events.engines] == [True]
+    assert events.engines == []
     assert list(tmp_path.glob("o.jsonl*")) == []
 
 
@@ -294,8 +305,9 @@ def test_run_with_a_bad_recipe_or_inputs_exits_2_and_leaves_no_engine(
     fitted: None,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A recipe that does not read is said before any engine begins; a folder the recipe
-    finds nothing in, once its engine began, which is then closed. Neither writes output."""
+    """A recipe that does not read is said before any engine begins; so is a folder the
+    recipe finds nothing in (nothing counted: no size to begin an engine for). Neither
+    writes output."""
     bad = tmp_path / "bad.toml"
     bad.write_text('name = "x"\n[prompt]\nname = "p"\ntext = "t"\n[media]\nkind = "smell"\n')
     out = tmp_path / "o.jsonl"
@@ -309,7 +321,7 @@ def test_run_with_a_bad_recipe_or_inputs_exits_2_and_leaves_no_engine(
     assert main(["run", recipe, str(videos), *_job_args(model, out)]) == EXIT_JOB_FAILED
     assert "no images found" in one_error(capsys)
     starts_ended()
-    assert [e.closed for e in events.engines] == [True]
+    assert events.engines == []
     assert list(tmp_path.glob("o.jsonl*")) == []
 
 
