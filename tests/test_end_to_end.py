@@ -276,6 +276,23 @@ def test_cli_captions_the_samples_with_a_hub_model_name(
     logged = log.read_text()
     assert "Resolved architecture" in logged
     assert "Loading safetensors checkpoint shards" in logged
+    summary = json.loads(Path(f"{out}.summary.json").read_text())
+    assert_start_up_in_steps(summary["stats"]["startup_phases"])
+
+
+def assert_start_up_in_steps(phases: dict[str, float]) -> None:
+    """A job's start-up phases name each step of its own process's checks and of its
+    engine's start, in the order each process takes them (the engine reads its chat
+    template beside its build, so that one is placed only between its neighbours)."""
+    job = ["engine_processes_spawned", "preflight_passed", "template_read", "counts_read",
+           "settings_checked", "engines_ready"]  # fmt: skip
+    engine = ["engine_0_started", "engine_0_vllm_imported", "engine_0_template_read",
+              "engine_0_ready"]  # fmt: skip
+    built = ["engine_0_vllm_imported", "engine_0_llm_built", "engine_0_ready"]
+    for steps in (job, engine, built):
+        missing = [name for name in steps if name not in phases]
+        assert not missing, f"{missing} not in {phases}"
+        assert [phases[name] for name in steps] == sorted(phases[name] for name in steps), phases
 
 
 TINY_ENGINE_ARGS = [

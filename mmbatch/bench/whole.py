@@ -22,8 +22,13 @@ against ``mmbatch run-openai-batch`` on the same file. Their ratios are against 
 Each mmbatch run's start-up is reported by phase (``startup_phases``, seconds from its
 process's start): ``imports_done`` (its arguments read), ``engine_start_begun`` (where the
 engine starts while the inputs are read), ``inputs_listed`` (read and parsed),
-``engines_ready``, ``first_row``, ``last_row``, and ``exit`` (the process gone), taken from
-the job's own clock (its summary), not from its log.
+``engine_processes_spawned``; while the engines start, the job's own checks:
+``preflight_passed`` (the settings as vLLM reads them), ``template_read`` (the model's chat
+template), ``counts_read`` (vLLM's token counts) and ``settings_checked``; each engine
+process's own, as ``engine_N_started``, ``engine_N_vllm_imported``,
+``engine_N_template_read`` (read beside the engine's build), ``engine_N_llm_built`` and
+``engine_N_ready``; then ``engines_ready``, ``first_row``, ``last_row``, and ``exit`` (the
+process gone), taken from the job's own clock (its summary), not from its log.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mmbatch.clock import milestone
 from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.invariance import enable_if_asked, prepare_batch_invariance
@@ -38,7 +39,9 @@ from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.types import Modality
 
 if TYPE_CHECKING:
-    from mmbatch.engine.vllm import VLLMEngine
+    from mmbatch.engine.processor import ChatTemplate
+    from mmbatch.engine.vllm import ModelFacts, VLLMEngine
+    from mmbatch.engine.vllm_counts import ProcessingCounts
 
 
 @dataclass(frozen=True)
@@ -93,23 +96,16 @@ def start_engine(host: Host, media_per_prompt: dict[Modality, int], layout: Layo
         # One engine here, without the restart a replica process gives.
         check_engine(config, media_per_prompt)
         return open_engine(config, media_per_prompt)
-    from mmbatch.engine.processor import ChatTemplate
     from mmbatch.engine.replicas import ReplicaEngine
-    from mmbatch.engine.vllm import processing_counts
-    from mmbatch.engine.vllm_counts import ProcessingCounts
     from mmbatch.lifetime import engines_may_end_at_once
     from mmbatch.mainguard import check_main_guard
 
     check_main_guard()  # the engine processes are spawned: a script must be guarded
 
-    trust = bool(config.engine_kwargs.get("trust_remote_code", False))
-    template: list[ChatTemplate] = []
-    counts: list[ProcessingCounts] = []
+    read: list[tuple[ChatTemplate, ProcessingCounts]] = []
 
     def check_then_read_template() -> None:
-        check_engine(config, media_per_prompt)  # first: it names a missing model best
-        template.append(ChatTemplate(config.model, trust))
-        counts.append(processing_counts(config, template[0].render))
+        read.append(check_then_read(config, media_per_prompt))
 
     log = config.log_file
     fresh_log = log is not None and not os.path.exists(log)
@@ -119,7 +115,7 @@ def start_engine(host: Host, media_per_prompt: dict[Modality, int], layout: Layo
         return ReplicaEngine(
             partial(open_engine, config, media_per_prompt),
             layout.devices(),
-            lambda *limits: template[0].budget(counts[0], *limits),
+            lambda *limits: read[0][0].budget(read[0][1], *limits),
             while_starting=check_then_read_template,
             # An engine of one GPU holds no shared memory; others may hold some, which only
             # a command's quiet resource tracker cleans up without a word.
@@ -136,6 +132,26 @@ def start_engine(host: Host, media_per_prompt: dict[Modality, int], layout: Layo
             with suppress(OSError):  # not empty: something else is there now
                 folder.rmdir()
         raise
+
+
+def check_then_read(
+    config: EngineConfig, media_per_prompt: dict[Modality, int]
+) -> tuple[ChatTemplate, ProcessingCounts]:
+    """What the job's own process needs of the model while its engine processes start:
+    the settings checked (``check_engine``, first: it names a missing model best), the
+    model's chat template, and vLLM's token counts for the pre-flight budget, these read
+    with the ``ModelConfig`` the check made. Each step is a start-up milestone."""
+    from mmbatch.engine.processor import ChatTemplate
+    from mmbatch.engine.vllm import processing_counts
+
+    checked = check_engine(config, media_per_prompt)
+    milestone("preflight_passed")
+    trust = bool(config.engine_kwargs.get("trust_remote_code", False))
+    template = ChatTemplate(config.model, trust)
+    milestone("template_read")
+    counts = processing_counts(config, template.render, checked)
+    milestone("counts_read")
+    return template, counts
 
 
 def _missing_folders(path: str) -> list[Path]:
@@ -158,14 +174,14 @@ def may_start_processes() -> bool:
     return not any(m is not None and m.current_process().daemon for m in modules)
 
 
-def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> None:
+def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> ModelFacts:
     """``ConfigError`` (one line) for settings vLLM would refuse, before any model is
     loaded (the model's name was checked as the host was read, ``read_host``); then says
-    where vLLM's log will go."""
+    where vLLM's log will go. What vLLM's check read of the model (``preflight``)."""
     from mmbatch.engine.vllm import preflight
 
     with _quietly(config):
-        preflight(config, media_per_prompt)
+        facts = preflight(config, media_per_prompt)
     log = config.log_shown or config.log_file
     if log is not None:
         print(
@@ -173,6 +189,7 @@ def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
             f"{config.log_shown_by})",
             file=sys.stderr,
         )
+    return facts
 
 
 def check_engine_without_devices(config: EngineConfig) -> None:

@@ -8,10 +8,12 @@ is seconds for a hub model, so it is loaded once and shared.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from mmbatch.clock import milestone
 from mmbatch.engine.config import EngineConfig
 from mmbatch.errors import ConfigError
 from mmbatch.types import Modality, Turn
@@ -78,6 +80,42 @@ class ChatTemplate:
         return PromptBudget.from_processor(
             self.processor, self.render, counts, max_model_len, max_item_tokens
         )
+
+
+class TemplateLoad:
+    """The model's chat template (``ChatTemplate``), loaded on a thread of its own from the
+    moment this is made, so that an engine's process reads it while ``vllm.LLM`` is built
+    (the model's Hugging Face processor and its tokenizer: a second or two for a hub
+    model) instead of after; ``template`` waits for it. A load that fails raises its error
+    there, where the engine's start reports it.
+
+    The thread loads a processor of its own rather than taking the one vLLM loads: vLLM
+    reaches its processor through caches whose keys and helpers change between its
+    versions, and its renderer threads use that processor's tokenizer, which is not safe to
+    share with ours."""
+
+    def __init__(self, model: str, trust_remote_code: bool) -> None:
+        self._model, self._trust = model, trust_remote_code
+        self._template: ChatTemplate | None = None
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._load, name="mmbatch-template", daemon=True)
+        self.thread.start()
+
+    def _load(self) -> None:
+        try:
+            self._template = ChatTemplate(self._model, self._trust)
+        except BaseException as exc:  # raised again by ``template``, in its caller's thread
+            self._error = exc
+            return
+        milestone("template_read")
+
+    def template(self) -> ChatTemplate:
+        """The loaded template, once the thread is done; its error if it failed."""
+        self.thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._template is not None
+        return self._template
 
 
 def chat_messages(

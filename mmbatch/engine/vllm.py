@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.clock import milestone
 from mmbatch.engine.config import EngineConfig
-from mmbatch.engine.processor import ChatTemplate
+from mmbatch.engine.processor import TemplateLoad
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.engine.vllm_arguments import LLM_ONLY_ARGUMENTS
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
@@ -115,6 +115,9 @@ class VLLMEngine:
         self.render_threads = render_threads
         from vllm.platforms import current_platform
 
+        # The chat template loads while vLLM builds the engine, not after it.
+        trust = bool(settings.llm_kwargs.get("trust_remote_code", False))
+        template = TemplateLoad(config.model, trust)
         with one_thread_for_engine_processes(on_gpu=not current_platform.is_cpu()):
             self.llm: LLM = LLM(**settings.llm_kwargs)
         milestone("llm_built")
@@ -122,8 +125,7 @@ class VLLMEngine:
         if _core_in_process(self._engine):
             with _CLOSING:
                 _IN_PROCESS.add(self)
-        trust = bool(settings.llm_kwargs.get("trust_remote_code", False))
-        self._template = ChatTemplate(config.model, trust)
+        self._template = template.template()
         self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left
         self._ids = itertools.count()
         self._prompt_tokens = [0, 0]  # finished requests' prompt tokens, and their count
@@ -525,6 +527,9 @@ class ModelFacts:
 
     max_model_len: int
     """The context the engine would run with: ``max_model_len`` if given, else the model's."""
+    model_config: Any = dataclasses.field(default=None, compare=False, repr=False)
+    """vLLM's ``ModelConfig`` the check made, for what else reads the model with the same
+    settings (``processing_counts``): vLLM builds it anew on each ask."""
 
 
 def check_engine_arguments(engine_kwargs: Mapping[str, Any]) -> None:
@@ -552,7 +557,8 @@ def preflight(config: EngineConfig, media_per_prompt: dict[Modality, int]) -> Mo
         vllm_config = engine_args(config, media_per_prompt).create_engine_config()
     except Exception as exc:  # vLLM checks with pydantic, ValueError, OSError from the hub...
         raise ConfigError(_config_problem(config, exc)) from exc
-    return ModelFacts(max_model_len=int(vllm_config.model_config.max_model_len))
+    model = vllm_config.model_config
+    return ModelFacts(max_model_len=int(model.max_model_len), model_config=model)
 
 
 def model_config(config: EngineConfig) -> Any:
@@ -567,13 +573,18 @@ def model_config(config: EngineConfig) -> Any:
         raise ConfigError(_config_problem(config, exc)) from exc
 
 
-def processing_counts(config: EngineConfig, render: Render) -> ProcessingCounts:
+def processing_counts(
+    config: EngineConfig, render: Render, checked: ModelFacts | None = None
+) -> ProcessingCounts:
     """The token counts of the model ``config`` names (``mmbatch.engine.vllm_counts``),
     with its engine settings (a user's ``mm_processor_kwargs`` change the counts), without
-    starting an engine."""
+    starting an engine. ``checked``: what ``preflight`` said of the same ``config``, whose
+    ``ModelConfig`` is taken rather than made again (the engine's own counts read its
+    engine's, media limits and all, as these do)."""
     from mmbatch.engine.vllm_counts import ProcessingCounts
 
-    return ProcessingCounts(model_config(config), render)
+    made = checked.model_config if checked is not None else None
+    return ProcessingCounts(made if made is not None else model_config(config), render)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,14 @@ import sys
 import pytest
 from repo_paths import PACKAGE, REPO
 
-ONE_OFF_CHECKS = ("invariance_check", "kill_check", "memory", "storage", "video_decode")
+ONE_OFF_CHECKS = (
+    "invariance_check",
+    "kill_check",
+    "memory",
+    "startup_loads",
+    "storage",
+    "video_decode",
+)
 
 
 @pytest.mark.parametrize("name", ONE_OFF_CHECKS)
