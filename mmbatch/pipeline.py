@@ -266,6 +266,7 @@ class Pipeline:
         self._inbox: queue.SimpleQueue[Submission] = queue.SimpleQueue()
         self._open: dict[int, Submission] = {}
         self._in_flight: dict[str, tuple[Submission, LoadedRequest]] = {}
+        self._sent_any = False
         self._repeats: Repeats[_Asked] = Repeats()
         self._tags = itertools.count()
         self._wake = threading.Event()
@@ -423,6 +424,9 @@ class Pipeline:
             self.feeder.done(loaded)
             submission.emit(Result.failure(loaded.id, exc.stage, str(exc), exc.kind))
             return None
+        if not self._sent_any:  # the start-up's end as a job sees it (a kept engine's too)
+            milestone("first_request")
+            self._sent_any = True
         self._in_flight[engine_id] = (submission, loaded)
         submission.in_flight += 1
         return engine_id

@@ -109,6 +109,7 @@ ONLY_HERE = {
         "bench/worker.py",
         "bench/naive_job.py",
         "bench/datasets_naive.py",
+        "bench/frames_naive.py",
     },
     "ray": {"integrations/ray_data.py"},
 }

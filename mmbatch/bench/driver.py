@@ -199,14 +199,7 @@ def table(report: dict[str, Any]) -> str:
         f"{'gpu busy':>8} {'prefix hit':>10} {'mm hit':>7} {'of bound':>8} {'core loop':>9}"
     ]
     for run in report.get("whole_process", {}).get("runs", []):
-        split = (
-            f"(start-up {run['startup_s']:.1f}, work {run['work_s']:.1f}, exit {run['exit_s']:.1f})"
-            if "startup_s" in run
-            else "(in all: vLLM's run_batch keeps no clock of its phases)"
-        )
-        lines.append(
-            f"whole {run['images']:5} pictures {run['mode']:12} {run['wall_s']:7.1f} s {split}"
-        )
+        lines.append(_whole_line(run))
     for key, ratio in report.get("whole_process", {}).items():
         if key.startswith("ratio_"):
             lines.append(f"whole {key.removeprefix('ratio_')} = {ratio:.2f}x")
@@ -230,6 +223,27 @@ def table(report: dict[str, Any]) -> str:
                 mode, base = key.removeprefix("ratio_").split("_over_")
                 lines.append(f"{workload:8} {mode} / {base} = {ratio:.2f}x")
     return "\n".join(lines)
+
+
+def _whole_line(run: dict[str, Any]) -> str:
+    """A whole-process run in one line: its media, side, time and its time's parts (a
+    frames side: the frames it captioned; a kept engine's job: its first request's time and
+    the engine's own start)."""
+    split = (
+        f"(start-up {run['startup_s']:.1f}, work {run['work_s']:.1f}, exit {run['exit_s']:.1f})"
+        if "startup_s" in run
+        else "(in all: vLLM's run_batch keeps no clock of its phases)"
+    )
+    media = f"{run['images']:5} pictures" if "images" in run else f"{run['videos']:3} videos"
+    line = f"whole {media} {run['mode']:12} {run['wall_s']:7.1f} s {split}"
+    if "frames" in run:
+        line += f", {run['frames']} frames"
+    if "first_request_s" in run:
+        line += (
+            f", first request at {run['first_request_s']} s "
+            f"(the kept engine started in {run['engine_start_s']:.1f} s)"
+        )
+    return line
 
 
 def _core_loop(r: dict[str, Any]) -> float | None:

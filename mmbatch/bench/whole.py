@@ -19,6 +19,10 @@ the same pictures as an OpenAI batch file of one line per picture (``-x4``: four
 picture, prompt-major, as W2): vLLM's own ``python -m vllm.entrypoints.openai.run_batch``
 against ``mmbatch run-openai-batch`` on the same file. Their ratios are against vLLM's.
 
+The faces' sides (``--modes run,frames,frames-naive,kept``, ``mmbatch.bench.faces``) time
+``mmbatch run`` against naive, ``mmbatch frames`` over W3's videos against a naive PyAV
+script, and a job on a kept engine (``mmbatch caption --engine``) against ``mmbatch``.
+
 Each mmbatch run's start-up is reported by phase (``startup_phases``, seconds from its
 process's start): ``imports_done`` (its arguments read), ``engine_start_begun`` (where the
 engine starts while the inputs are read), ``inputs_listed`` (read and parsed),
@@ -27,8 +31,9 @@ engine starts while the inputs are read), ``inputs_listed`` (read and parsed),
 template), ``counts_read`` (vLLM's token counts) and ``settings_checked``; each engine
 process's own, as ``engine_N_started``, ``engine_N_vllm_imported``,
 ``engine_N_template_read`` (read beside the engine's build), ``engine_N_llm_built`` and
-``engine_N_ready``; then ``engines_ready``, ``first_row``, ``last_row``, and ``exit`` (the
-process gone), taken from the job's own clock (its summary), not from its log.
+``engine_N_ready``; then ``engines_ready``, ``first_request`` (the first handed to the
+engine), ``first_row``, ``last_row``, and ``exit`` (the process gone), taken from the job's
+own clock (its summary), not from its log.
 """
 
 from __future__ import annotations
@@ -40,9 +45,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mmbatch.bench.faces import FACE_BASES, FRAME_MODES, timed_face
+from mmbatch.bench.job_process import (
+    engine_arg_flags,
+    mmbatch_job_argv,
+    naive_settings,
+    script_times,
+    summary_times,
+    whole_sampling,
+)
 from mmbatch.bench.sides import run_side, side_environment, side_spec_for
-from mmbatch.bench.workloads import CAPTION
-from mmbatch.output.paths import OutputPaths
+from mmbatch.bench.workloads import CAPTION, make_videos
 
 NAIVE_JOB = Path(__file__).with_name("naive_job.py")
 DATASETS_NAIVE_JOB = Path(__file__).with_name("datasets_naive.py")
@@ -60,20 +73,11 @@ BATCH_MODES = {
     "openai-batch-x4": ("mmbatch", 4),
 }
 """The batch-file sides: whose command runs the file, and the prompts per picture in it."""
-WHOLE_ONLY_MODES = frozenset(DATASETS_MODES) | frozenset(BATCH_MODES)
+WHOLE_ONLY_MODES = frozenset(DATASETS_MODES) | frozenset(BATCH_MODES) | frozenset(FACE_BASES)
 """The sides that have a whole-process form only (``--whole``)."""
 VLLM_RUN_BATCH = "vllm.entrypoints.openai.run_batch"
 MAP_BATCH = 512
 """Rows per ``Dataset.map`` batch on the naive and ``DatasetMap`` sides."""
-
-
-def whole_sampling(spec: dict[str, Any]) -> dict[str, Any]:
-    """The sampling of both sides, as the command line states it: the workloads' settings
-    without ``ignore_eos`` and a seed, which ``mmbatch caption`` does not take."""
-    from mmbatch.bench.worker import sampling_settings
-
-    left_out = ("seed", "ignore_eos")
-    return {k: v for k, v in sampling_settings(spec).items() if k not in left_out}
 
 
 def run_whole(
@@ -81,8 +85,8 @@ def run_whole(
 ) -> list[dict[str, Any]]:
     """Every whole-process run ``options["whole"]`` asks for: each picture count, each mode
     but ``prebuilt``, ``options["whole_repeats"]`` times, the order reversed from one count
-    or repeat to the next."""
-    modes = [m for m in options["modes"] if m != "prebuilt"]
+    or repeat to the next; the frames sides once per repeat, over W3's videos."""
+    modes = [m for m in options["modes"] if m != "prebuilt" and m not in FRAME_MODES]
     entries = []
     for n, count in enumerate(options["whole"]):
         folder = _pictures(work / f"whole-{count}", images[:count])
@@ -90,22 +94,51 @@ def run_whole(
             _build_imagefolder(folder)
         for repeat in range(options["whole_repeats"]):
             for mode in modes if (n + repeat) % 2 == 0 else modes[::-1]:
-                variant = options["variants"].get(mode, {})
-                side = {**side_spec_for(spec, mode, variant), "whole_mode": mode}
                 out = work / f"whole-{count}-{mode}-{repeat}.jsonl"
                 print(f"bench: whole process, {count} pictures, {mode}", file=sys.stderr)
-                entry = _timed(side, folder, out, side_environment(variant))
+                entry = _side_run(options, spec, mode, folder, out)
                 entries.append({"images": count, "mode": mode, "repeat": repeat, **entry})
+    frame_modes = [m for m in options["modes"] if m in FRAME_MODES]
+    if frame_modes:
+        entries += _frame_runs(options, spec, frame_modes, work)
     return entries
+
+
+def _frame_runs(
+    options: dict[str, Any], spec: dict[str, Any], modes: list[str], work: Path
+) -> list[dict[str, Any]]:
+    """The frames sides' runs over W3's videos (``--videos`` of ``--video-seconds``), each
+    ``options["whole_repeats"]`` times, the order reversed from one repeat to the next."""
+    folder = work / "whole-videos"
+    count, seconds, size = options["videos"], options["video_seconds"], options["size"]
+    make_videos(folder, count, seconds, size, options["seed"] + 3)
+    entries = []
+    for repeat in range(options["whole_repeats"]):
+        for mode in modes if repeat % 2 == 0 else modes[::-1]:
+            out = work / f"whole-videos-{mode}-{repeat}.jsonl"
+            print(f"bench: whole process, {count} videos, {mode}", file=sys.stderr)
+            entry = _side_run(options, spec, mode, folder, out)
+            entries.append({"videos": count, "mode": mode, "repeat": repeat, **entry})
+    return entries
+
+
+def _side_run(
+    options: dict[str, Any], spec: dict[str, Any], mode: str, media: Path, out: Path
+) -> dict[str, Any]:
+    """One timed run of the side ``mode`` (with its variant's settings) over ``media``."""
+    variant = options["variants"].get(mode, {})
+    side = {**side_spec_for(spec, mode, variant), "whole_mode": mode}
+    return _timed(side, media, out, side_environment(variant))
 
 
 def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
     """Per picture count, each mode's mean wall time against its base's (naive's; for a
-    datasets side, ds-naive's), as a speed ratio (``ratio_MODE_over_BASE_N``: above 1,
-    faster than the base)."""
-    means: dict[tuple[int, str], list[float]] = {}
+    datasets side, ds-naive's; ``_base_of``), as a speed ratio (``ratio_MODE_over_BASE_N``:
+    above 1, faster than the base; the frames sides' N is their videos, as ``10videos``)."""
+    means: dict[tuple[str, str], list[float]] = {}
     for e in entries:
-        means.setdefault((e["images"], e["mode"]), []).append(e["wall_s"])
+        scale = str(e["images"]) if "images" in e else f"{e['videos']}videos"
+        means.setdefault((scale, e["mode"]), []).append(e["wall_s"])
     ratios = {}
     for (count, mode), walls in sorted(means.items()):
         name = _base_of(mode)
@@ -122,7 +155,7 @@ def _base_of(mode: str) -> str:
         return "ds-naive"
     if mode in BATCH_MODES:
         return "vllm-run-batch" + ("-x4" if BATCH_MODES[mode][1] == 4 else "")
-    return "naive"
+    return FACE_BASES.get(mode, "naive")
 
 
 def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -131,6 +164,8 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
     log = out.with_name(out.name + ".log")
     if side["whole_mode"] in BATCH_MODES:
         return _timed_batch(side, folder, out, env, log)
+    if side["whole_mode"] in FACE_BASES:
+        return timed_face(side, folder, out, env, log)
     face = DATASETS_MODES.get(side["whole_mode"])
     naive = side["mode"] == "naive" and face is None
     if face is not None:
@@ -141,33 +176,20 @@ def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -
     run_side(argv, env, log)
     wall = time.time() - began
     rows = out.read_bytes().count(b"\n")
-    if face is not None:
-        times = json.loads(out.with_name(out.name + ".times.json").read_text())
-        ready = _engine_ready(times)
-        startup, work = ready - began, times["done"] - ready
-        failed = sum(1 for line in out.read_text().splitlines() if json.loads(line).get("error"))
-        phases = {k: round(v - began, 2) for k, v in times.items() if k not in ("done",)}
-    elif naive:
-        times = json.loads(out.with_name(out.name + ".times.json").read_text())
-        startup, work = times["engine_ready"] - began, times["done"] - times["engine_ready"]
-        failed, phases = 0, {"vllm_imported": round(times["vllm_imported"] - began, 2)}
-    else:
-        stats = json.loads(OutputPaths(out).summary.read_text())["stats"]
-        startup, work = (
-            stats["startup_seconds"],
-            stats["process_seconds"] - stats["startup_seconds"],
-        )
-        failed, phases = stats["failed"], {**stats["startup_phases"], "exit": round(wall, 2)}
+    entry = {"side": side["mode"], "wall_s": round(wall, 2), "rows": rows, "log": str(log)}
+    if face is None:
+        timing = script_times(out, began, wall) if naive else summary_times(out, wall)
+        return {**entry, **timing}
+    times = json.loads(out.with_name(out.name + ".times.json").read_text())
+    ready = _engine_ready(times)
+    startup, work = ready - began, times["done"] - ready
     return {
-        "side": side["mode"],
-        "wall_s": round(wall, 2),
+        **entry,
         "startup_s": round(startup, 2),
         "work_s": round(work, 2),
         "exit_s": round(wall - startup - work, 2),
-        "rows": rows,
-        "failed": failed,
-        "startup_phases": phases,
-        "log": str(log),
+        "failed": sum(1 for line in out.read_text().splitlines() if json.loads(line).get("error")),
+        "startup_phases": {k: round(v - began, 2) for k, v in times.items() if k != "done"},
     }
 
 
@@ -195,17 +217,7 @@ def _timed_batch(
             "startup_phases": {"exit": round(wall, 2)},
             "log": str(log),
         }
-    stats = json.loads(OutputPaths(out).summary.read_text())["stats"]
-    startup, work = stats["startup_seconds"], stats["process_seconds"] - stats["startup_seconds"]
-    return {
-        **entry,
-        "startup_s": round(startup, 2),
-        "work_s": round(work, 2),
-        "exit_s": round(wall - startup - work, 2),
-        "failed": failed,
-        "startup_phases": {**stats["startup_phases"], "exit": round(wall, 2)},
-        "log": str(log),
-    }
+    return {**entry, **summary_times(out, wall), "failed": failed, "log": str(log)}
 
 
 def batch_file(side: dict[str, Any], folder: Path, prompts: int) -> Path:
@@ -251,10 +263,7 @@ def openai_batch_argv(side: dict[str, Any], requests: Path, out: Path) -> list[s
     """``mmbatch run-openai-batch`` on ``requests``, with mmbatch's engine arguments."""
     argv = [sys.executable, "-m", "mmbatch", "run-openai-batch", str(requests)]
     argv += ["--model", side["model"], "--out", str(out), "--no-progress"]
-    engine = {**side["common_engine_args"], **side["mmbatch_engine_args"]}
-    for key, value in engine.items():
-        argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
-    return argv
+    return argv + engine_arg_flags(side)
 
 
 def engine_flags(settings: dict[str, Any]) -> list[str]:
@@ -276,30 +285,12 @@ def engine_flags(settings: dict[str, Any]) -> list[str]:
 
 
 def _naive_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:
-    settings = {
-        "model": side["model"],
-        "engine": {"disable_log_stats": False, **side["common_engine_args"]},
-        "sampling": whole_sampling(side),
-        "prompt": CAPTION,
-    }
+    settings = naive_settings(side, CAPTION)
     return [sys.executable, str(NAIVE_JOB), str(folder), str(out), json.dumps(settings)]
 
 
 def _mmbatch_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:
-    argv = [sys.executable, "-m", "mmbatch", "caption", str(folder), "--model", side["model"]]
-    argv += ["--out", str(out), "--prompt", CAPTION, "--no-progress"]
-    for key, value in whole_sampling(side).items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    engine = {**side["common_engine_args"], **side["mmbatch_engine_args"]}
-    for key, value in engine.items():
-        argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
-    if side.get("engines_per_gpu"):
-        argv += ["--engines-per-gpu", str(side["engines_per_gpu"])]
-    if side.get("gpus"):
-        argv += ["--gpus", str(side["gpus"])]
-    if side.get("decode_workers") is not None:
-        argv += ["--decode-workers", str(side["decode_workers"])]
-    return argv
+    return mmbatch_job_argv(side, ["caption", str(folder), "--prompt", CAPTION], out)
 
 
 def _datasets_argv(side: dict[str, Any], face: str, folder: Path, out: Path) -> list[str]:

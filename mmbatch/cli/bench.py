@@ -53,7 +53,14 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
     for flag, default, counts in SIZES:
         parser.add_argument(flag, type=int, default=default, help=counts)
     parser.add_argument("--workloads", default="W1,W2,W3,W4")
-    parser.add_argument("--modes", default="naive,prebuilt,mmbatch")
+    parser.add_argument(
+        "--modes",
+        default="naive,prebuilt,mmbatch",
+        help="the sides, comma-separated: naive, prebuilt, mmbatch or a --variant's name; "
+        "with --whole also ds-naive, ds-map, ds-pipelined, ds-whole (Hugging Face datasets), "
+        "vllm-run-batch, openai-batch (and their -x4 forms: an OpenAI batch file), run (a "
+        "recipe), frames, frames-naive (W3's videos) and kept (a job on a kept engine)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--temperature",
@@ -71,7 +78,9 @@ def _add_whole_process_options(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="N,N",
         help="also time whole processes on N pictures each: `mmbatch caption` against a "
-        "naive script, from the command to its exit (start-up, work and exit apart)",
+        "naive script, from the command to its exit (start-up, work and exit apart), and "
+        "every whole-process side --modes names: run against naive, kept against mmbatch, "
+        "frames against frames-naive over W3's videos (--videos of --video-seconds)",
     )
     parser.add_argument(
         "--whole-repeats", type=int, default=2, help="runs of each whole-process side"

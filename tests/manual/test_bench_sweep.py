@@ -76,3 +76,43 @@ def test_whole_processes_are_timed_from_the_command_to_its_exit(
     log = Path(whole["runs"][1]["log"]).read_text()
     assert "2 engines on this machine" in log
     assert "whole k2_over_naive_3 =" in stdout
+
+
+def test_every_face_is_timed_whole_against_its_baseline(
+    tiny_vl_model: Path, tmp_path: Path
+) -> None:
+    """``--modes naive,run,frames,frames-naive,kept,mmbatch``: every face's side a whole
+    process (the kept engine's job on an engine started for it), each with its rows, its
+    start-up by phase and its ratio against its own baseline."""
+    from mmbatch.cli import main
+
+    out = tmp_path / "report.json"
+    modes = ["naive", "run", "frames", "frames-naive", "kept", "mmbatch"]
+    argv = ["bench", "--model", str(tiny_vl_model), "--workloads", "", "--modes", ",".join(modes)]
+    argv += ["--whole", "4", "--whole-repeats", "1", "--videos", "2", "--video-seconds", "3"]
+    argv += ["--size", "56", "--max-tokens", "3", "--out", str(out)]
+    argv += ["--work-dir", str(tmp_path / "work")]
+    for arg in ("dtype=float32", "max_model_len=1024", "enforce_eager=true"):
+        argv += ["--engine-arg", arg]
+    assert main(argv) == 0
+    whole = json.loads(out.read_text())["whole_process"]
+    runs = {r["mode"]: r for r in whole["runs"]}
+    assert sorted(runs) == sorted(modes)
+    for mode, run in runs.items():
+        frames = mode.startswith("frames")
+        assert (run["rows"], run["failed"]) == (6 if frames else 4, 0), run
+        assert run["startup_s"] > 0, run
+        phases = run["startup_phases"]
+        if mode.endswith("naive"):
+            assert phases["vllm_imported"] < phases["engine_ready"] < phases["exit"], run
+        else:
+            order = ["imports_done", "engines_ready", "first_request", "first_row", "exit"]
+            assert [phases[name] for name in order] == sorted(phases[name] for name in order)
+    assert runs["frames"]["frames"] == runs["frames-naive"]["frames"] == 6  # 2 videos of 3 s
+    assert runs["kept"]["first_request_s"] < 3.0  # the engine kept: no start-up to wait for
+    assert set(whole) - {"runs"} == {
+        "ratio_run_over_naive_4",
+        "ratio_mmbatch_over_naive_4",
+        "ratio_kept_over_mmbatch_4",
+        "ratio_frames_over_frames-naive_2videos",
+    }
