@@ -17,6 +17,10 @@ What datasets' ``map`` asks of a function, and how this one answers:
   model), for ``new_fingerprint=`` or your own bookkeeping. datasets' own cache key hashes
   exactly that string (the callable registers itself with datasets' hasher), so
   ``DatasetMap.pipelined``, the same callable as a coroutine, shares the plain one's cache.
+* A plain call returns once its batch is done, having submitted the next batch's rows of
+  the dataset being mapped, so that the engine does not drain between two calls; a row takes
+  such an answer only where it is the request submitted at its place
+  (``mmbatch.integrations.lookahead``).
 * With ``with_rank=True`` each worker gets a rank, which picks its GPU (round robin over
   ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts. ``num_proc``
   workers are daemonic processes, which may not start processes of their own, so there the
@@ -166,8 +170,8 @@ class DatasetMap:
     @property
     def pipelined(self) -> DatasetMap:
         """This callable as a coroutine function: ``Dataset.map`` then keeps many batches in
-        flight at once, all on this process's one engine, which therefore never drains
-        between batches (a plain call returns only once its batch is done)::
+        flight at once, all on this process's one engine (a plain call keeps the next batch
+        in flight: ``mmbatch.integrations.lookahead``)::
 
             ds.map(captioner.pipelined, batched=True, batch_size=256, with_rank=True)
 

@@ -376,7 +376,9 @@ def test_the_plain_call_looks_ahead_and_each_row_gets_its_answer_alone(
     for name, prompt in set(zip(names, prompts, strict=True)):
         request = Request("alone", prompt, (MediaRef("image", str(samples / name)),))
         sink = MemorySink()
-        run_requests([request], vl_engine, MediaOptions(), sink, SAMPLING, RunConfig(progress=False))
+        run_requests(
+            [request], vl_engine, MediaOptions(), sink, SAMPLING, RunConfig(progress=False)
+        )
         [row] = sink.rows
         alone[name, prompt] = row["text"] if row["error"] is None else "error"
     assert len(set(alone.values())) >= 4  # or a swapped caption could not be seen

@@ -55,9 +55,7 @@ class PacedEngine(FakeEngine):
 
 
 @pytest.fixture
-def engines(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> Iterator[dict[int, PacedEngine]]:
+def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[int, PacedEngine]]:
     """Each process's engine, a paced fake one built on its first batch (a ``num_proc``
     worker builds its own, as it would its vLLM engine)."""
     built: dict[int, PacedEngine] = {}
@@ -193,7 +191,12 @@ def test_num_proc_shards_each_look_ahead_in_their_own(
 ) -> None:
     ds = dataset(6 * BATCH)
     out = ds.map(
-        task(tmp_path), batched=True, batch_size=BATCH, num_proc=2, with_rank=True, with_indices=True
+        task(tmp_path),
+        batched=True,
+        batch_size=BATCH,
+        num_proc=2,
+        with_rank=True,
+        with_indices=True,
     )
     assert out["n"] == list(range(ds.num_rows))
     assert_own_answers(out)
@@ -203,3 +206,34 @@ def test_num_proc_shards_each_look_ahead_in_their_own(
         log = [(what, prompt) for what, prompt in json.loads(shard.read_text())]
         first = min(batch_of(prompt) for _, prompt in log)
         assert_looked_ahead(log, range(first, first + 3))
+
+
+def decode_in_a_fork(data: bytes) -> None:
+    from mmbatch.media.decode import ImageJob, decode
+    from mmbatch.media.decoders import decode_pool
+    from mmbatch.media.options import ImageOptions
+
+    pool = decode_pool(1)
+    pool.submit(decode, ImageJob("k", data, ImageOptions())).result(timeout=30)
+    pool.shutdown()  # or the process waits for its worker at exit
+
+
+def test_a_forked_worker_decodes_in_pools_of_its_own() -> None:
+    """datasets' ``num_proc`` workers are forked from a process that may have decoded
+    already (an earlier map): the decode pool they inherit, copied without the threads that
+    feed it, would take their jobs and never run them, and the map would hang."""
+    import multiprocessing
+
+    from mmbatch.media.decode import ImageJob, decode
+    from mmbatch.media.decoders import decode_pool
+    from mmbatch.media.options import ImageOptions
+
+    data = picture(0)
+    decode_pool(1).submit(decode, ImageJob("k", data, ImageOptions())).result(timeout=60)
+    worker = multiprocessing.get_context("fork").Process(target=decode_in_a_fork, args=(data,))
+    worker.start()
+    worker.join(timeout=90)
+    if worker.is_alive():
+        worker.kill()
+        worker.join()
+    assert worker.exitcode == 0
