@@ -150,6 +150,16 @@ def test_a_filtered_dataset_and_a_dropped_last_batch(
     assert not pipeline_for(engine).busy
 
 
+def test_decoded_pictures_are_guessed_by_their_pixels(
+    tmp_path: Path, engines: dict[int, PacedEngine]
+) -> None:
+    ds = dataset(3 * BATCH).cast_column("image", datasets.Image())  # PIL images
+    out = ds.map(task(tmp_path), batched=True, batch_size=BATCH)
+    assert_own_answers(out)
+    [engine] = engines.values()
+    assert_looked_ahead(engine.log, range(3))  # a guess that missed would stop after one
+
+
 def reversed_prompts(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
     return {**batch, "prompt": batch["prompt"][::-1]}
 
