@@ -1,12 +1,13 @@
 """``mmbatch.run_dataset(ds, task)``: a whole Hugging Face dataset as one job.
 
-``ds.map(DatasetMap(...))`` answers batch by batch: each batch is planned alone and drains
-the engine before the next arrives, and the engine is laid out without knowing the job's
-size. ``run_dataset`` hands the whole dataset to the runner that ``mmbatch caption`` uses
-(``mmbatch.jobs.run_job``) instead: one plan over every row (shared media and prompts
-together, identical requests answered once), the engine layout chosen for the job's size,
-each row's answer kept as it finishes in a resumable output, a summary at the end. Its
-rows are ``DatasetMap``'s: the same columns, the same texts, the same path rule.
+``ds.map(DatasetMap(...))`` answers batch by batch: each batch is planned alone (the next
+one only guessed ahead, ``mmbatch.integrations.lookahead``), and the engine is laid out
+without knowing the job's size. ``run_dataset`` hands the whole dataset to the runner
+that ``mmbatch caption`` uses (``mmbatch.jobs.run_job``) instead: one plan over every row
+(shared media and prompts together, identical requests answered once), the engine layout
+chosen for the job's size, each row's answer kept as it finishes in a resumable output, a
+summary at the end. Its rows are ``DatasetMap``'s: the same columns, the same texts, the
+same path rule.
 
 The job lives in a folder of its own beside the dataset's Arrow files, as datasets keeps a
 ``map``'s cache (``cache_dir`` elsewhere; a dataset held in memory: datasets' cache folder),

@@ -17,6 +17,10 @@ What datasets' ``map`` asks of a function, and how this one answers:
   model), for ``new_fingerprint=`` or your own bookkeeping. datasets' own cache key hashes
   exactly that string (the callable registers itself with datasets' hasher), so
   ``DatasetMap.pipelined``, the same callable as a coroutine, shares the plain one's cache.
+* A plain call returns once its batch is done, having submitted the next batch's rows of
+  the dataset being mapped, so that the engine does not drain between two calls; a row takes
+  such an answer only where it is the request submitted at its place
+  (``mmbatch.integrations.lookahead``).
 * With ``with_rank=True`` each worker gets a rank, which picks its GPU (round robin over
   ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts. ``num_proc``
   workers are daemonic processes, which may not start processes of their own, so there the
@@ -66,6 +70,7 @@ from mmbatch.integrations.dataset_origin import (
     origin_of,
     remember_data_files,
 )
+from mmbatch.integrations.lookahead import LookAhead, MapPlace, Predict, map_place
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.rows import output_row
@@ -150,16 +155,23 @@ class DatasetMap:
         if self._coroutine:
             return self._batch_coroutine(batch, indices_and_rank)
         job, engine, size = self._batch_job(batch, indices_and_rank)
+        place = map_place(size)
         if engine is None:
+            if place is not None and place.last:
+                _LOOKAHEAD.finish()
             return self.columns(job.requests, [], size)
-        rows, _ = run_in_memory(job, engine)
+        if place is None:
+            rows, _ = run_in_memory(job, engine)
+        else:
+            key = (self.fingerprint, id(engine), place.dataset._fingerprint, place.offset)
+            rows = _LOOKAHEAD.run(key, job, engine, place, self._predictor(place))
         return self.columns(job.requests, rows, size)
 
     @property
     def pipelined(self) -> DatasetMap:
         """This callable as a coroutine function: ``Dataset.map`` then keeps many batches in
-        flight at once, all on this process's one engine, which therefore never drains
-        between batches (a plain call returns only once its batch is done)::
+        flight at once, all on this process's one engine (a plain call keeps the next batch
+        in flight: ``mmbatch.integrations.lookahead``)::
 
             ds.map(captioner.pipelined, batched=True, batch_size=256, with_rank=True)
 
@@ -220,22 +232,29 @@ class DatasetMap:
         origin = origin_of(dataset) if dataset is not None else UNKNOWN
         prompts = batch[self.prompt_column] if self.prompt_column else None
         rows = CellRows(self, origin, self.modality_of(dataset))
-        requests = [
-            # The error lands in the row's own cell, so without indices (with_indices=True)
-            # it names no row rather than a position in the batch, which reads as a row.
-            rows.request(
-                str(i),
-                f"row {indices[i]}" if indices is not None else "this row",
-                cell,
-                prompts[i] if prompts is not None else None,
-            )
-            for i, cell in enumerate(cells)
-        ]
+        requests = rows.requests(range(len(cells)), indices, cells, prompts)
         rows.say_refusals(len(cells))
         job = Job(requests, self.sampling, self.media)
         if not any(r.error is None for r in requests):
             return job, None, len(cells)
         return job, self._engine(rank, rows.modality, _rows_mapped(dataset)), len(cells)
+
+    def _predictor(self, place: MapPlace) -> Predict:
+        """How the look-ahead reads the rows at shard positions of the map at ``place`` and
+        makes their requests, each named by its position (a guess: the call for their
+        batch takes an answer only for a request that is its own, ``lookahead``)."""
+
+        def predict(positions: range) -> list[Request]:
+            dataset = place.dataset
+            columns = [self.column, *([self.prompt_column] if self.prompt_column else [])]
+            batch = dataset.select_columns(columns)[positions.start : positions.stop]
+            prompts = batch[self.prompt_column] if self.prompt_column else None
+            rows = CellRows(self, origin_of(dataset), self.modality_of(dataset))
+            shown = range(place.offset + positions.start, place.offset + positions.stop)
+            indices = shown if place.with_indices else None
+            return rows.requests(positions, indices, batch[self.column], prompts)
+
+        return predict
 
     def modality_of(self, dataset: Any) -> Modality:
         """What the media column holds: ``modality``, else the column's feature's kind."""
@@ -334,6 +353,27 @@ class CellRows:
             return Request(row_id, "", error=ItemError(exc.stage, str(exc), exc.kind))
         return Request(row_id, prompt, (ref,), task.system)
 
+    def requests(
+        self,
+        ids: Sequence[int],
+        indices: Sequence[int] | None,
+        cells: Sequence[Any],
+        prompts: Sequence[Any] | None,
+    ) -> list[Request]:
+        """The requests for a batch of ``cells`` (and the rows' own ``prompts``), named by
+        ``ids``; ``indices`` (``with_indices=True``) name the rows in errors."""
+        return [
+            # The error lands in the row's own cell, so without indices (with_indices=True)
+            # it names no row rather than a position in the batch, which reads as a row.
+            self.request(
+                str(ids[i]),
+                f"row {indices[i]}" if indices is not None else "this row",
+                cell,
+                prompts[i] if prompts is not None else None,
+            )
+            for i, cell in enumerate(cells)
+        ]
+
     def say_refusals(self, rows: int) -> None:
         """Stop with the one-argument fix where the dataset's origin is unknown and the
         caller allowed no folder (every path would be refused, silently); where the rule
@@ -360,6 +400,9 @@ class CellRows:
                 file=sys.stderr,
             )
 
+
+_LOOKAHEAD = LookAhead()
+"""This process's plain calls' look-aheads (``mmbatch.integrations.lookahead``)."""
 
 _SAID: set[tuple[str, str]] = set()
 """Refusals said in this process: once per origin and folder, not once per batch."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,17 @@ Done = Callable[[DecodeJob, Decoded], None]
 
 _POOLS: dict[int, Executor] = {}
 _POOLS_LOCK = threading.Lock()
+
+
+def _forget_pools_in_child() -> None:
+    """A forked child (a ``Dataset.map(num_proc=...)`` worker) starts its own pools: the
+    parent's, copied without the threads that feed them, would take jobs and never run them."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_pools_in_child)
 _watching = False
 """Whether this worker already watches for its job's end (``_warm`` runs more than once)."""
 

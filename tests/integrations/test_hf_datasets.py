@@ -356,3 +356,50 @@ def test_usage_columns_and_several_answers_per_row(
     failed = out[len(GOOD)]
     assert (failed["text"], failed["finish_reason"], failed["output_tokens"]) == ([], [], 0)
     assert failed["error"].startswith("source:")
+
+
+@pytest.mark.slow
+def test_the_plain_call_looks_ahead_and_each_row_gets_its_answer_alone(
+    vl_engine,  # type: ignore[no-untyped-def]
+    tiny_vl_model: Path,
+    samples: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain ``ds.map(DatasetMap(...))``: each call also submits the next batch's rows,
+    so two batches are in the engine at once, and each row's greedy text is still the one
+    its picture and prompt get run alone, over three batches whose pictures repeat."""
+    other = "What is shown?"
+    names = [*GOOD, "arrow_exif_rotated.jpg", "truncated.jpg", "sunset.jpg", "checkerboard.png"]
+    names += ["shapes_alpha.png", "sunset.jpg", "arrow_exif_rotated.jpg", "checkerboard.png"]
+    prompts = [PROMPT] * 4 + [other] * 4 + [PROMPT, other, PROMPT, other]
+    alone = {}
+    for name, prompt in set(zip(names, prompts, strict=True)):
+        request = Request("alone", prompt, (MediaRef("image", str(samples / name)),))
+        sink = MemorySink()
+        run_requests(
+            [request], vl_engine, MediaOptions(), sink, SAMPLING, RunConfig(progress=False)
+        )
+        [row] = sink.rows
+        alone[name, prompt] = row["text"] if row["error"] is None else "error"
+    assert len(set(alone.values())) >= 4  # or a swapped caption could not be seen
+    cells = [{"bytes": (samples / n).read_bytes(), "path": n} for n in names]
+    ds = datasets.Dataset.from_dict({"image": cells, "name": names, "prompt": prompts})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+
+    batches_in_engine: list[int] = []
+    real_step = type(vl_engine).step
+
+    def counting_step(engine):  # type: ignore[no-untyped-def]
+        batches_in_engine.append(len({engine_id.split(":")[0] for engine_id in engine._in_flight}))
+        time.sleep(0.02)  # a step as slow as a real model's, next to the reading of a batch
+        return real_step(engine)
+
+    monkeypatch.setattr(type(vl_engine), "step", counting_step)
+    captioner = replace(mapper(tiny_vl_model), prompt_column="prompt")
+    out = ds.map(captioner, batched=True, batch_size=4, with_indices=True, with_rank=True)
+    monkeypatch.undo()
+    for name, prompt, text, error in zip(
+        out["name"], out["prompt"], out["text"], out["error"], strict=True
+    ):
+        assert (text if error == "" else "error") == alone[name, prompt], (name, prompt)
+    assert max(batches_in_engine) >= 2, batches_in_engine
