@@ -74,7 +74,7 @@ def main() -> None:
     if report["idle_gpu_mib"] is None:
         report["gpu"] = "no GPU seen (nvidia-smi): the GPU memory checks are skipped"
     if args.ray:
-        report.update(ray_checks(base, work, args))
+        ray_checks(base, work, args, report)
     else:
         report.update(local_checks(base, work, args, report["idle_gpu_mib"]))
     Path(args.out).write_text(json.dumps(report, indent=2))
@@ -94,21 +94,21 @@ def local_checks(
     return report
 
 
-def ray_checks(base: list[str], work: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The Ray face's checks: a replica's process killed once rows are in the folder, then
-    the resume; each job's end checked for processes left and the GPU's memory."""
+def ray_checks(
+    base: list[str], work: Path, args: argparse.Namespace, report: dict[str, Any]
+) -> None:
+    """The Ray face's checks, into ``report``: a replica's process killed once rows are in
+    the folder, then the resume; each job's end checked for processes left and the GPU's
+    memory. The report is written after each, so that a run cut short keeps the first."""
     command = [*base, "--ray", "local", "--replicas", "1"]
     out = work / "ray-rows"
     for stale in [out, *work.glob(out.name + ".*")]:
         subprocess.run(["rm", "-rf", str(stale)], check=True)
+    report["ray_command"] = [*command, "--out", str(out)]
     idle = _used()
-    killed = _ray_job(command, out, idle, args, kill_after_rows=args.rows_before_kill)
-    resumed = _ray_job(command, out, idle, args, kill_after_rows=None)
-    return {
-        "ray_command": [*command, "--out", str(out)],
-        "replica_killed": killed,
-        "resume": resumed,
-    }
+    report["replica_killed"] = _ray_job(command, out, idle, args, args.rows_before_kill)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    report["resume"] = _ray_job(command, out, idle, args, kill_after_rows=None)
 
 
 def _ray_job(
