@@ -535,6 +535,7 @@ class EngineReplica:
             # Ray kills this worker's direct children as it ends: the tracker, which unlinks
             # the shared memory vLLM's engine core leaves then, must not be one of them.
             orphan_resource_tracker()
+            say_replica_process(job.engine.log_file)
             kind = job.recipe.media.kind if job.recipe else "image"
             try:
                 engine = _replica_engine(job, {kind: 1}, tally)
@@ -572,6 +573,26 @@ class EngineReplica:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)
         return pa.Table.from_pylist(rows, schema=_flat_schema())
+
+
+REPLICA_PROCESS = "mmbatch: a Ray replica runs in process {pid} on {node}"
+"""The engine log's line naming each replica's process, as it starts (again, when Ray
+restarts it)."""
+
+
+def say_replica_process(log: str | None) -> None:
+    """Say in the engine's log (``log``; None: stderr, Ray's worker log) which process this
+    replica is: the one to look at, or end, when a replica misbehaves. Ray's process title
+    names Ray Data's worker class, the same for every map in every job."""
+    import socket
+
+    line = REPLICA_PROCESS.format(pid=os.getpid(), node=socket.gethostname()) + "\n"
+    if log is None:
+        sys.stderr.write(line)
+        return
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", encoding="utf-8") as file:
+        file.write(line)
 
 
 def _replica_engine(
