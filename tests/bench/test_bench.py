@@ -519,13 +519,10 @@ def test_the_ray_sides_run_mmbatch_on_ray_and_ray_data_llms_own_job(tmp_path: Pa
 
     assert {"ray", "ray-data-llm"} <= WHOLE_ONLY_MODES  # no workload side of their own
     folder, out = tmp_path / "whole-2", tmp_path / "out"
+    sampling = {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "seed": 0, "ignore_eos": True}
     side = {
         "model": "/models/m",
-        "max_tokens": 8,
-        "temperature": 0.0,
-        "top_p": 1.0,
-        "seed": 0,
-        "ignore_eos": True,
+        **sampling,
         "common_engine_args": {"max_model_len": 4096},
         "mmbatch_engine_args": {"max_num_seqs": 64},
     }
