@@ -111,7 +111,7 @@ ONLY_HERE = {
         "bench/datasets_naive.py",
         "bench/frames_naive.py",
     },
-    "ray": {"integrations/ray_data.py"},
+    "ray": {"integrations/ray_data.py", "bench/ray_data_llm_job.py"},
 }
 """Third-party packages that only these modules may import. Besides the engine adapter, vllm
 is imported by ``engine/vllm_counts.py`` (the pre-flight budget's token counts come from
@@ -120,7 +120,7 @@ vLLM's per-model processing info, read in a module of their own beside the adapt
 (no engine): they describe the OpenAI batch format, whose reader and writer both need them,
 and the module finds them wherever the installed vLLM keeps them. The benchmark's naive
 sides, a worker's and a whole job's, are what a user writes with vLLM directly, so they import
-vllm too."""
+vllm too; its Ray Data LLM side is what a user writes with Ray Data LLM, so it imports ray."""
 
 
 def module_names(package: Path) -> dict[str, Path]:

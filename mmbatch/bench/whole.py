@@ -23,6 +23,12 @@ The faces' sides (``--modes run,frames,frames-naive,kept``, ``mmbatch.bench.face
 ``mmbatch run`` against naive, ``mmbatch frames`` over W3's videos against a naive PyAV
 script, and a job on a kept engine (``mmbatch caption --engine``) against ``mmbatch``.
 
+The Ray sides (``--modes ray,ray-data-llm``) time the same pictures on a one-node Ray each
+starts for itself: ``mmbatch caption FOLDER --ray local`` (its output a folder) against the
+job as Ray Data LLM's documentation writes it (``ray_data_llm_job.py``:
+``vLLMEngineProcessorConfig`` and ``build_processor`` over ``ray.data.read_images``). Ray
+Data LLM's ratio is against naive's; mmbatch's on Ray against Ray Data LLM's, and naive's.
+
 Each mmbatch run's start-up is reported by phase (``startup_phases``, seconds from its
 process's start): ``imports_done`` (its arguments read), ``engine_start_begun`` (where the
 engine starts while the inputs are read), ``inputs_listed`` (read and parsed),
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -73,7 +80,17 @@ BATCH_MODES = {
     "openai-batch-x4": ("mmbatch", 4),
 }
 """The batch-file sides: whose command runs the file, and the prompts per picture in it."""
-WHOLE_ONLY_MODES = frozenset(DATASETS_MODES) | frozenset(BATCH_MODES) | frozenset(FACE_BASES)
+RAY_MODES = ("ray", "ray-data-llm")
+"""The Ray sides: mmbatch's ``--ray`` and Ray Data LLM's own job."""
+RAY_DATA_LLM_JOB = Path(__file__).with_name("ray_data_llm_job.py")
+RAY_DATA_LLM_BATCH = 128
+"""Rows per batch of Ray Data LLM's engine stage, which holds 8 batches at once (its
+``max_concurrent_batches``): about the thousand requests mmbatch's replica holds."""
+RAY_DATA_LLM_ON_CPUS = {"placement": {"bundles": [{"CPU": 1}]}, "ray_init": {"num_cpus": 8}}
+"""Ray Data LLM's settings where vLLM's CPU build runs the engine: its engine's actor on a
+CPU (by default it asks for a GPU, and waits for one forever), and CPUs enough for its
+stages' actors, one CPU each, on a small host."""
+WHOLE_ONLY_MODES = frozenset([*DATASETS_MODES, *BATCH_MODES, *FACE_BASES, *RAY_MODES])
 """The sides that have a whole-process form only (``--whole``)."""
 VLLM_RUN_BATCH = "vllm.entrypoints.openai.run_batch"
 MAP_BATCH = 512
@@ -141,31 +158,35 @@ def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
         means.setdefault((scale, e["mode"]), []).append(e["wall_s"])
     ratios = {}
     for (count, mode), walls in sorted(means.items()):
-        name = _base_of(mode)
-        base = means.get((count, name))
-        if base and mode != name:
-            ratio = (sum(base) / len(base)) / (sum(walls) / len(walls))
-            ratios[f"ratio_{mode}_over_{name}_{count}"] = ratio
+        for name in _bases_of(mode):
+            base = means.get((count, name))
+            if base and mode != name:
+                ratio = (sum(base) / len(base)) / (sum(walls) / len(walls))
+                ratios[f"ratio_{mode}_over_{name}_{count}"] = ratio
     return ratios
 
 
-def _base_of(mode: str) -> str:
-    """The side ``mode`` is measured against."""
+def _bases_of(mode: str) -> tuple[str, ...]:
+    """The sides ``mode`` is measured against."""
     if mode in DATASETS_MODES:
-        return "ds-naive"
+        return ("ds-naive",)
     if mode in BATCH_MODES:
-        return "vllm-run-batch" + ("-x4" if BATCH_MODES[mode][1] == 4 else "")
-    return FACE_BASES.get(mode, "naive")
+        return ("vllm-run-batch" + ("-x4" if BATCH_MODES[mode][1] == 4 else ""),)
+    if mode == "ray":
+        return ("ray-data-llm", "naive")
+    return (FACE_BASES.get(mode, "naive"),)
 
 
 def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
     for stale in out.parent.glob(out.name + "*"):
-        stale.unlink()
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     log = out.with_name(out.name + ".log")
     if side["whole_mode"] in BATCH_MODES:
         return _timed_batch(side, folder, out, env, log)
     if side["whole_mode"] in FACE_BASES:
         return timed_face(side, folder, out, env, log)
+    if side["whole_mode"] in RAY_MODES:
+        return _timed_ray(side, folder, out, env, log)
     face = DATASETS_MODES.get(side["whole_mode"])
     naive = side["mode"] == "naive" and face is None
     if face is not None:
@@ -218,6 +239,64 @@ def _timed_batch(
             "log": str(log),
         }
     return {**entry, **summary_times(out, wall), "failed": failed, "log": str(log)}
+
+
+def _timed_ray(
+    side: dict[str, Any], folder: Path, out: Path, env: dict[str, str], log: Path
+) -> dict[str, Any]:
+    """A Ray side's run: ``mmbatch caption --ray local`` into a folder, its phases from its
+    summary (its replicas' among them), or Ray Data LLM's job, its start-up up to its first
+    row (the first moment at which it can tell that its engine is up)."""
+    mmbatch = side["whole_mode"] == "ray"
+    target = out.with_suffix("") if mmbatch else out
+    argv = ray_argv(side, folder, target) if mmbatch else ray_data_llm_argv(side, folder, out)
+    began = time.time()
+    run_side(argv, env, log)
+    wall = time.time() - began
+    files = sorted(target.glob("[!.]*")) if mmbatch else [out]
+    lines = [json.loads(line) for f in files for line in f.read_text().splitlines() if line]
+    entry: dict[str, Any] = {"side": side["whole_mode"], "wall_s": round(wall, 2)}
+    entry |= {"rows": len(lines), "log": str(log)}
+    if mmbatch:
+        return {**entry, **summary_times(target, wall)}
+    times = json.loads(out.with_name(out.name + ".times.json").read_text())
+    startup, work = times["first_row"] - began, times["done"] - times["first_row"]
+    phases = {k: round(v - began, 2) for k, v in times.items()} | {"exit": round(wall, 2)}
+    return {
+        **entry,
+        "startup_s": round(startup, 2),
+        "work_s": round(work, 2),
+        "exit_s": round(wall - startup - work, 2),
+        "failed": sum(1 for line in lines if line.get("error")),
+        "startup_phases": phases,
+    }
+
+
+def ray_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:
+    """``mmbatch caption`` as the mmbatch side runs it, on a one-node Ray of its own, one
+    replica, into the folder ``out``."""
+    return [*_mmbatch_argv(side, folder, out), "--ray", "local", "--replicas", "1"]
+
+
+def ray_data_llm_argv(
+    side: dict[str, Any], folder: Path, out: Path, on_cpus: bool | None = None
+) -> list[str]:
+    """Ray Data LLM's job (``ray_data_llm_job.py``) with the sides' common engine arguments
+    and sampling; ``on_cpus`` (None: where vLLM's CPU build is installed) adds its settings
+    for an engine on CPUs."""
+    if on_cpus is None:
+        from mmbatch.engine.vllm import cpu_build
+
+        on_cpus = cpu_build()
+    settings = {
+        "model": side["model"],
+        "engine": {"disable_log_stats": False, **side["common_engine_args"]},
+        "sampling": whole_sampling(side),
+        "prompt": CAPTION,
+        "batch_size": RAY_DATA_LLM_BATCH,
+        **(RAY_DATA_LLM_ON_CPUS if on_cpus else {}),
+    }
+    return [sys.executable, str(RAY_DATA_LLM_JOB), str(folder), str(out), json.dumps(settings)]
 
 
 def batch_file(side: dict[str, Any], folder: Path, prompts: int) -> Path:

@@ -8,6 +8,7 @@ install hint.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig
     from mmbatch.integrations.ray_data import RayJob, RayResources
     from mmbatch.jobs import Job
+    from mmbatch.output.file_output import FileOutput
     from mmbatch.recipe.spec import Recipe
     from mmbatch.sources.local_datasets import ParquetLayout
     from mmbatch.types import Request
@@ -63,21 +65,47 @@ def run(
     """Run ``job`` on Ray into the folder ``args.out`` (resuming there), one input row per
     item: a picture to caption, or a recipe's item, whose questions its replica asks; or a
     row of the Parquet ``dataset``, which Ray's tasks read."""
-    from mmbatch.engine.builder import check_engine_without_devices
     from mmbatch.errors import ConfigError
 
     if getattr(args, "engine", None) is not None:
         raise ConfigError("--engine runs a job on this machine's kept engine, not on Ray")
     from mmbatch.integrations import ray_data
-    from mmbatch.output.file_output import FileOutput
 
     try:
         ray_data.import_ray()
     except ImportError as exc:
         raise ConfigError(str(exc)) from exc
+    ray_job, resources, out, items = _planned(args, job, engine, recipe, dataset)
     # The driver checks the engine settings before any actor starts (``run_on_ray``); here
-    # too, before Ray starts (and prints its own lines): a mistake is then one line.
-    check_engine_without_devices(engine)
+    # too, before Ray is used: a mistake is then one line. The check (vLLM's import, the
+    # model's config) runs while Ray starts: each took seconds, one after the other.
+    check = ray_data.SettingsCheck(engine)
+    try:
+        with ray_data.connected(args.ray, engine.log_file):
+            check.wait()
+            rows = _input_rows(items, dataset)
+            known = items if dataset is not None else None
+            report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
+    except BaseException:
+        # Whatever stopped the job is said once the check is done (its thread may hold the
+        # terminal's output); a mistake in the settings first, as when it ran before Ray.
+        check.wait()
+        raise
+    return show_summary(report, args, [f"note: {note}" for note in job.notes])
+
+
+def _planned(
+    args: argparse.Namespace,
+    job: Job,
+    engine: EngineConfig,
+    recipe: Recipe | None,
+    dataset: ParquetLayout | None,
+) -> tuple[RayJob, RayResources, FileOutput, list[Request]]:
+    """The job as Ray runs it, its output folder and its items (one row each), or a
+    ``ConfigError`` for what the command line asks that Ray cannot do."""
+    from mmbatch.errors import ConfigError
+    from mmbatch.output.file_output import FileOutput
+
     if dataset is not None and args.limit is not None:
         raise ConfigError("on Ray a Parquet dataset is read whole: drop --limit")
     out_format = _out_format(args)
@@ -92,11 +120,7 @@ def run(
         force=args.force,
         overwrite=args.overwrite,
     )
-    with ray_data.connected(args.ray, engine.log_file):
-        rows = _input_rows(items, dataset)
-        known = items if dataset is not None else None
-        report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
-    return show_summary(report, args, [f"note: {note}" for note in job.notes])
+    return ray_job, resources, out, items
 
 
 def _ray_job(
@@ -107,6 +131,10 @@ def _ray_job(
     from mmbatch.engine.invariance import recorded
     from mmbatch.integrations import ray_data
 
+    # Each replica's engine writes its log to the same path on its node (on one node, the
+    # command's own file): a path that names it wherever the replica's worker runs from.
+    log = None if engine.log_file is None else os.path.abspath(engine.log_file)
+    engine = replace(engine, log_file=log)
     ray_job = ray_data.RayJob(
         engine,
         job.sampling,
@@ -117,7 +145,7 @@ def _ray_job(
         info={
             **job.info,
             **recorded(engine),
-            "ray": {"address": args.ray, "replicas": args.replicas},
+            "ray": {"address": args.ray, "replicas": args.replicas, "vllm_log": log},
         },
     )
     batch = {"batch_groups": args.ray_batch} if args.ray_batch else {}

@@ -110,26 +110,51 @@ def engine_log(path: str | Path | None) -> Iterator[None]:
 @contextmanager
 def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
     """File descriptors 1 and 2 (what C code, subprocesses and Python write) into
-    ``target`` (appended) while the block runs; None leaves them on the terminal."""
+    ``target`` (appended) while the block runs; None leaves them on the terminal.
+
+    Blocks may overlap across threads (the Ray command starts Ray on a thread while its
+    main thread checks the settings, vLLM's log dropped meanwhile): the descriptors go to
+    the target of the block entered last of those still open, and back to the terminal
+    when none is, whatever order they end in."""
     if target is None:
         yield
         return
     Path(target).parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
     log = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        yield
-    finally:
+    entry = [log]
+    with _PRINTED_LOCK:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for fd in (*saved, log):
-            os.close(fd)
+        if not _PRINTED_TO:
+            _TERMINAL[:] = [os.dup(1), os.dup(2)]
+        _PRINTED_TO.append(entry)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+    try:
+        yield
+    finally:
+        with _PRINTED_LOCK:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _PRINTED_TO.remove(entry)
+            if _PRINTED_TO:
+                os.dup2(_PRINTED_TO[-1][0], 1)
+                os.dup2(_PRINTED_TO[-1][0], 2)
+            else:
+                os.dup2(_TERMINAL[0], 1)
+                os.dup2(_TERMINAL[1], 2)
+                for fd in _TERMINAL:
+                    os.close(fd)
+                _TERMINAL.clear()
+            os.close(log)
+
+
+_PRINTED_LOCK = threading.Lock()
+_PRINTED_TO: list[list[int]] = []
+"""The open ``printed_to`` blocks' files, in the order they were entered (each a list of
+its one descriptor: a block's own entry, however many name the same file)."""
+_TERMINAL: list[int] = []
+"""Copies of descriptors 1 and 2 as they were before the first open block."""
 
 
 _FORMAT = "%(levelname)s %(asctime)s [%(name)s] %(message)s"

@@ -46,3 +46,19 @@ def one_thread_for_engine_processes(on_gpu: bool) -> Iterator[None]:
     finally:
         torch.set_num_threads(threads)
         del os.environ["OMP_NUM_THREADS"]
+
+
+def threads_as_a_local_process(given: str | None) -> None:
+    """Give a process that hosts engines on a cluster (a Ray actor) the threads a process of
+    the command's own has: the user's ``OMP_NUM_THREADS`` (``given``, read where the command
+    ran) where there is one, else none, so that torch and vLLM choose as they do here.
+
+    Ray sets ``OMP_NUM_THREADS`` to an actor's CPUs (1 for a replica), which torch reads as
+    it is imported: the actor's own torch work (a vision batch's preprocessing, and the
+    model itself on vLLM's CPU build) then ran on one thread, and
+    ``one_thread_for_engine_processes`` took Ray's setting for a user's. Called before torch
+    is imported in the process."""
+    if given is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = given

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.clock import process_seconds
+from mmbatch.clock import milestone, milestones_wall, note_from, process_seconds
 from mmbatch.engine.base import Engine
 from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
@@ -122,6 +123,9 @@ class RayJob:
     requests_per_replica: int | None = None
     """The requests each replica runs (None: unknown), which its engines are laid out for
     as the local runner lays out a job of that size: engines per GPU, compiled or not."""
+    omp_threads: str | None = field(default_factory=lambda: os.environ.get("OMP_NUM_THREADS"))
+    """The user's ``OMP_NUM_THREADS`` where the job was made (None: not set), which each
+    replica's process takes instead of Ray's (``threads_as_a_local_process``)."""
 
     @property
     def shape(self) -> RowShape:
@@ -183,6 +187,36 @@ class RayResources:
         )
 
 
+class SettingsCheck:
+    """``check_engine_without_devices`` run on a thread of its own while the caller starts
+    Ray (the command line: vLLM's import and the model's config, then Ray's start, were
+    seconds each, one after the other). ``wait`` says its verdict.
+
+    The check runs off the main thread, not Ray: ``ray.init`` called on another thread
+    leaves the main thread a connection to Ray's object store that fails at its first use
+    (the process exits, in Ray's words, "The connection to the plasma store is failed")."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.failure: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._check, args=(config,), name="settings-check", daemon=True
+        )
+        self._thread.start()
+
+    def _check(self, config: EngineConfig) -> None:
+        try:
+            check_engine_without_devices(config)
+            milestone("settings_checked")
+        except BaseException as exc:  # said by ``wait``, on the caller's thread
+            self.failure = exc
+
+    def wait(self) -> None:
+        """Block until the check is done; raise what it found."""
+        self._thread.join()
+        if self.failure is not None:
+            raise self.failure
+
+
 @contextmanager
 def connected(address: str | None, log: str | None = None) -> Iterator[None]:
     """Ray for the length of the block: this process's connection where it has one (its
@@ -204,6 +238,7 @@ def connected(address: str | None, log: str | None = None) -> Iterator[None]:
     log file; None: the terminal)."""
     ray = import_ray()
     if ray.is_initialized():
+        milestone("ray_initialised")
         yield
         return
     main_thread = threading.current_thread() is threading.main_thread()
@@ -220,6 +255,7 @@ def connected(address: str | None, log: str | None = None) -> Iterator[None]:
     finally:
         if on_sigterm is not None:
             signal.signal(signal.SIGTERM, on_sigterm)
+    milestone("ray_initialised")
     try:
         yield
     finally:
@@ -328,6 +364,7 @@ def run_on_ray(
     whole = _whole_job(ds, job) if items is None else _whole(items, job)
     plan = out.ready(whole)
     out.record(whole)
+    milestone("job_planned")
     started = time.perf_counter()
     pending = {r.row_id for r in plan.pending}
     ready_at: float | None = None
@@ -340,9 +377,16 @@ def run_on_ray(
             with printed_to(job.engine.log_file):
                 rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
                 _write(rows, out)
-            figures, layouts, ready_at = ray.get(
-                [tally.total.remote(), tally.layouts.remote(), tally.ready_at.remote()]
+            figures, layouts, ready_at, startups = ray.get(
+                [
+                    tally.total.remote(),
+                    tally.layouts.remote(),
+                    tally.ready_at.remote(),
+                    tally.startups.remote(),
+                ]
             )
+            for index, moments in enumerate(startups):
+                note_from(f"replica_{index}", moments)
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -436,8 +480,8 @@ class ReplicaTally:
     def __init__(self) -> None:
         self._batches: dict[str, ReplicaFigures] = {}
         self._ready_at: float | None = None
-
         self._layouts: set[str] = set()
+        self._moments: dict[str, dict[str, float]] = {}
 
     def add(self, batch: str, figures: ReplicaFigures, ready_at: float | None = None) -> None:
         """``figures`` of ``batch``; ``ready_at``: when its replica's engine was ready (the
@@ -449,6 +493,14 @@ class ReplicaTally:
     def ready_at(self) -> float | None:
         """When the first replica's engine was ready (None: none said)."""
         return self._ready_at
+
+    def started(self, replica: str, moments: dict[str, float]) -> None:
+        """The start-up moments ``replica`` has seen so far (``milestones_wall``)."""
+        self._moments[replica] = {**self._moments.get(replica, {}), **moments}
+
+    def startups(self) -> list[dict[str, float]]:
+        """Each replica's start-up moments, the first started first."""
+        return sorted(self._moments.values(), key=lambda m: m.get("started", 0.0))
 
     def laid_out(self, layout: str) -> None:
         """A replica's engines, as ``Layout.describe`` says them."""
@@ -526,6 +578,10 @@ class EngineReplica:
         An engine that cannot start fails the actor's first batch, not its constructor: an
         error raised here reaches the driver only as "the actor died", an error raised from
         a batch as itself (``media_groups`` asks Ray Data for that)."""
+        from mmbatch.engine.torch_threads import threads_as_a_local_process
+
+        milestone("actor_started")
+        threads_as_a_local_process(job.omp_threads)
         self.job = job
         self.tally = tally
         self.failed: MmbatchError | None = None
@@ -539,12 +595,18 @@ class EngineReplica:
             kind = job.recipe.media.kind if job.recipe else "image"
             try:
                 engine = _replica_engine(job, {kind: 1}, tally)
+                milestone("engine_ready")
             except MmbatchError as exc:
                 self.failed = exc
         self.engine = engine
         # When this replica's engine was ready, by the wall clock: the driver's summary
         # splits start-up from work by the first replica's (``startup_split``).
         self.ready_at = time.time()
+        # This actor among the job's, and its start-up's moments (``milestones_wall``),
+        # which the driver's summary shows among its own (``startup_phases``).
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        if tally is not None:
+            tally.started.remote(self.name, milestones_wall())
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         import asyncio
@@ -568,7 +630,9 @@ class EngineReplica:
                 "that do not match its ids one to one"
             )
         if self.tally is not None and items:
-            await self.tally.add.remote(min(written), ReplicaFigures.of(stats), self.ready_at)
+            figures = ReplicaFigures.of(stats)
+            await self.tally.add.remote(min(written), figures, self.ready_at)
+            await self.tally.started.remote(self.name, milestones_wall())  # its first row
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)

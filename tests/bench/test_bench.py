@@ -501,3 +501,53 @@ def test_the_batch_file_sides_are_whole_processes_with_phases(
              "first_row", "last_row", "exit"]  # fmt: skip
     assert [phases[name] for name in order] == sorted(phases[name] for name in order)
     assert "ratio_openai-batch_over_vllm-run-batch_2" in whole
+
+
+def test_the_ray_sides_run_mmbatch_on_ray_and_ray_data_llms_own_job(tmp_path: Path) -> None:
+    """``--modes ray,ray-data-llm``: ``mmbatch caption --ray local`` into a folder, and Ray
+    Data LLM's job (``vLLMEngineProcessorConfig`` + ``build_processor``) with the sides'
+    common engine arguments and sampling; Ray Data LLM against naive, mmbatch on Ray
+    against Ray Data LLM and naive."""
+    from mmbatch.bench.whole import (
+        RAY_DATA_LLM_JOB,
+        WHOLE_ONLY_MODES,
+        ray_argv,
+        ray_data_llm_argv,
+        whole_ratios,
+        whole_sampling,
+    )
+
+    assert {"ray", "ray-data-llm"} <= WHOLE_ONLY_MODES  # no workload side of their own
+    folder, out = tmp_path / "whole-2", tmp_path / "out"
+    sampling = {"max_tokens": 8, "temperature": 0.0, "top_p": 1.0, "seed": 0, "ignore_eos": True}
+    side = {
+        "model": "/models/m",
+        **sampling,
+        "common_engine_args": {"max_model_len": 4096},
+        "mmbatch_engine_args": {"max_num_seqs": 64},
+    }
+    ours = ray_argv(side, folder, out)
+    assert ours[2:5] == ["mmbatch", "caption", str(folder)]
+    assert ours[ours.index("--out") + 1] == str(out)
+    assert ours[ours.index("--ray") + 1] == "local"
+    assert ours[ours.index("--replicas") + 1] == "1"
+    assert "max_model_len=4096" in ours
+    assert "max_num_seqs=64" in ours  # mmbatch's own, as its local side's
+    for on_cpus in (False, True):
+        theirs = ray_data_llm_argv(side, folder, tmp_path / "rows.jsonl", on_cpus=on_cpus)
+        assert theirs[1:4] == [str(RAY_DATA_LLM_JOB), str(folder), str(tmp_path / "rows.jsonl")]
+        settings = json.loads(theirs[4])
+        assert settings["model"] == "/models/m"
+        assert settings["engine"] == {"disable_log_stats": False, "max_model_len": 4096}
+        assert settings["sampling"] == whole_sampling(side)  # as every side's
+        assert settings["sampling"]["max_tokens"] == 8
+        assert ("placement" in settings) is on_cpus  # its engine's actor on a CPU
+    runs = [
+        {"images": 2, "mode": mode, "wall_s": wall}
+        for mode, wall in [("naive", 6.0), ("ray-data-llm", 12.0), ("ray", 4.0), ("ray", 2.0)]
+    ]
+    assert whole_ratios(runs) == {
+        "ratio_ray-data-llm_over_naive_2": 0.5,
+        "ratio_ray_over_ray-data-llm_2": 4.0,
+        "ratio_ray_over_naive_2": 2.0,
+    }

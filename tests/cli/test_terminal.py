@@ -160,3 +160,37 @@ def test_vllms_import_lines_go_to_the_log_of_a_batch_job(samples: Path, tmp_path
     ]
     assert json.loads(done.stdout)["stats"]["ok"] == 2
     assert "Triton" in Path(f"{out}.vllm.log").read_text()
+
+
+OVERLAPPING_BLOCKS = """
+import os, sys
+from mmbatch.engine.logs import printed_to
+
+first, second = printed_to(sys.argv[1]), printed_to(sys.argv[2])
+first.__enter__()
+os.write(1, b"while the first is open\\n")
+second.__enter__()  # another thread's block, say: Ray starting while settings are checked
+os.write(1, b"while both are open\\n")
+first.__exit__(None, None, None)  # the first ends first
+os.write(1, b"while the second is open\\n")
+second.__exit__(None, None, None)
+os.write(1, b"after both\\n")
+"""
+
+
+def test_printed_to_blocks_that_overlap_leave_the_terminal_as_it_was(tmp_path: Path) -> None:
+    """Two ``printed_to`` blocks open at once that end in the order they began (the Ray
+    command starts Ray on a thread, its log in the job's file, while its main thread checks
+    the settings with vLLM's log dropped): what is printed goes to the block entered last
+    of those open, and to the terminal once none is."""
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    done = subprocess.run(
+        [sys.executable, "-c", OVERLAPPING_BLOCKS, str(first), str(second)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert first.read_text() == "while the first is open\n"
+    assert second.read_text() == "while both are open\nwhile the second is open\n"
+    assert done.stdout == "after both\n"

@@ -603,6 +603,21 @@ def test_a_ray_jobs_terminal_holds_its_summary_and_its_log_what_ray_says(
     assert "Running Dataset" in log or "Starting execution of Dataset" in log
     assert "constructor arguments in the object store" in log
     assert "``concurrency`` is deprecated" not in log
+    # Its start-up by phase, the replica's among the driver's (on the driver's clock): the
+    # command's, Ray's start (begun while the settings were checked), the job planned, then
+    # the replica's actor, vLLM's import in it, its engine and its first row.
+    summary = json.loads((tmp_path / "rows.summary.json").read_text())
+    phases = summary["stats"]["startup_phases"]
+    order = ["imports_done", "settings_checked", "job_planned", "replica_0_actor_started",
+             "replica_0_vllm_imported", "replica_0_llm_built", "replica_0_engine_ready",
+             "replica_0_first_row", "replica_0_last_row"]  # fmt: skip
+    assert [phases[name] for name in order] == sorted(phases[name] for name in order), phases
+    assert phases["imports_done"] < phases["ray_initialised"] <= phases["job_planned"]
+    # The job's start-up ends where its replica's engine was ready.
+    assert abs(summary["stats"]["startup_seconds"] - phases["replica_0_engine_ready"]) < 0.5
+    # Where the replica's engine wrote its log, named for whoever collects it.
+    assert summary["job"]["ray"]["vllm_log"] == str(tmp_path / "rows.vllm.log")
+    assert "init engine" in log  # the replica engine's own start-up lines
 
 
 @pytest.mark.ray
@@ -634,6 +649,47 @@ def test_the_replicas_actor_pool_is_asked_for_in_rays_current_words(
     assert not [line for line in said if "deprecated" in line], said
     pool = rows._logical_plan.dag.compute  # the replicas' map, last
     assert (pool.min_size, pool.max_size) == (2, 2)
+
+
+THREADS = """
+import json, os, torch
+print(json.dumps([os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()]))
+"""
+
+
+@pytest.mark.ray
+def test_a_replicas_process_runs_torch_on_the_threads_of_a_local_engine_process(
+    local_ray,  # type: ignore[no-untyped-def]
+) -> None:
+    """Ray gives an actor of one CPU (a replica) ``OMP_NUM_THREADS=1``; a replica's process
+    has the threads a process the command starts here has (torch's own choice, or the
+    user's ``OMP_NUM_THREADS``), so that its preprocessing, and the model on vLLM's CPU
+    build, are not held to one thread, and its engine core on a GPU gets one as a local
+    one does."""
+    from mmbatch.integrations.ray_data import EngineReplica, RayJob
+
+    def torch_threads(replica: EngineReplica) -> list[str | int | None]:
+        import os
+
+        import torch
+
+        return [os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()]
+
+    replica_class = local_ray.remote(num_cpus=1)(EngineReplica)
+    for users in (None, "2"):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        here = subprocess.run(
+            [sys.executable, "-c", THREADS],
+            env=env | ({"OMP_NUM_THREADS": users} if users else {}),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        job = RayJob(EngineConfig("model", {}), omp_threads=users)
+        replica = replica_class.remote(job, None, object())  # an engine given: none starts
+        seen = local_ray.get(replica.__ray_call__.remote(torch_threads))
+        local_ray.kill(replica)
+        assert seen == json.loads(here.stdout), users
 
 
 def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:
