@@ -122,12 +122,15 @@ def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     log = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     entry = [log]
+    thread = threading.get_ident()
     with _PRINTED_LOCK:
         sys.stdout.flush()
         sys.stderr.flush()
         if not _PRINTED_TO:
             _TERMINAL[:] = [os.dup(1), os.dup(2)]
+        _route_other_threads()
         _PRINTED_TO.append(entry)
+        _PRINTING_THREADS.append(thread)
         os.dup2(log, 1)
         os.dup2(log, 2)
     try:
@@ -137,6 +140,7 @@ def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
             sys.stdout.flush()
             sys.stderr.flush()
             _PRINTED_TO.remove(entry)
+            _PRINTING_THREADS.remove(thread)
             if _PRINTED_TO:
                 os.dup2(_PRINTED_TO[-1][0], 1)
                 os.dup2(_PRINTED_TO[-1][0], 2)
@@ -149,7 +153,59 @@ def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
             os.close(log)
 
 
+def terminal_fd(fd: int) -> int:
+    """Where descriptor ``fd`` (1 or 2) pointed before the open ``printed_to`` blocks sent it
+    to a log file (a copy, valid while they are open); ``fd`` itself where none is open."""
+    copies = list(_TERMINAL)
+    return copies[fd - 1] if copies and fd in (1, 2) else fd
+
+
+class _RoutedStream:
+    """``sys.stdout`` or ``sys.stderr`` (over descriptor 1 or 2) once a ``printed_to`` block
+    was opened: a thread inside no open block writes to the terminal (``terminal_fd``), so
+    that the job's own lines reach it while another thread's block (an engine's start begun
+    while the inputs are read) sends the descriptors to a log; a thread inside one, or any
+    thread while none is open, writes to the stream as before."""
+
+    _mmbatch_routed = True
+
+    def __init__(self, stream: TextIO, fd: int) -> None:
+        self._stream = stream
+        self._fd = fd
+
+    def write(self, text: str) -> int:
+        terminal = terminal_fd(self._fd)
+        if terminal == self._fd or threading.get_ident() in _PRINTING_THREADS:
+            return self._stream.write(text)
+        self._stream.flush()
+        try:
+            os.write(terminal, text.encode(self._stream.encoding or "utf-8", "replace"))
+        except OSError:  # the blocks closed meanwhile, and the copy with them
+            return self._stream.write(text)
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _route_other_threads() -> None:
+    """``sys.stdout`` and ``sys.stderr`` as ``_RoutedStream``s, where they write to the
+    process's descriptors 1 and 2 (not where something captures them, a test's capture)."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if getattr(stream, "_mmbatch_routed", False):
+            continue
+        try:
+            writes_to = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            continue
+        if writes_to == fd:
+            setattr(sys, name, _RoutedStream(stream, fd))
+
+
 _PRINTED_LOCK = threading.Lock()
+_PRINTING_THREADS: list[int] = []
+"""The threads inside an open ``printed_to`` block, once for each."""
 _PRINTED_TO: list[list[int]] = []
 """The open ``printed_to`` blocks' files, in the order they were entered (each a list of
 its one descriptor: a block's own entry, however many name the same file)."""

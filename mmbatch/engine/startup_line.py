@@ -32,6 +32,7 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from mmbatch.clock import milestones
+from mmbatch.engine.logs import terminal_fd
 
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("importing vLLM", ()),
@@ -104,7 +105,7 @@ class StartupLine:
     def shows(self) -> bool:
         """Whether the line is drawn: a terminal on ``fd``, and vLLM's log in a file."""
         try:
-            return self._log is not None and os.isatty(self._fd)
+            return self._log is not None and os.isatty(terminal_fd(self._fd))
         except OSError:
             return False
 
@@ -139,7 +140,7 @@ class StartupLine:
             assert self._log is not None
             self._offset = os.path.getsize(self._log) if os.path.exists(self._log) else 0
             # A copy of the terminal: vLLM's start sends descriptor 2 to its log meanwhile.
-            self._out = os.dup(self._fd)
+            self._out = os.dup(terminal_fd(self._fd))
             self._stderr = sys.stderr
             sys.stderr = _ClearingStream(sys.stderr, self)
             self._thread = threading.Thread(target=self._run, name="mmbatch-startup", daemon=True)

@@ -369,7 +369,7 @@ def run_on_ray(
     pending = {r.row_id for r in plan.pending}
     ready_at: float | None = None
     job = replace(job, requests_per_replica=-(-len(plan.pending) // resources.replicas))
-    figures, layouts = ReplicaFigures(), []
+    figures, layouts = ReplicaFigures(), list[str]()
     if pending:
         tally = start_tally(ray)
         try:
@@ -377,16 +377,7 @@ def run_on_ray(
             with printed_to(job.engine.log_file):
                 rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
                 _write(rows, out)
-            figures, layouts, ready_at, startups = ray.get(
-                [
-                    tally.total.remote(),
-                    tally.layouts.remote(),
-                    tally.ready_at.remote(),
-                    tally.startups.remote(),
-                ]
-            )
-            for index, moments in enumerate(startups):
-                note_from(f"replica_{index}", moments)
+            figures, layouts, ready_at = _tallied(ray, tally)
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -407,6 +398,22 @@ def run_on_ray(
     laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
     info = {**whole.info, **(laid_out if layouts else {})}
     return out.summarise(whole, plan, run, info, startup)
+
+
+def _tallied(ray: Any, tally: Any) -> tuple[ReplicaFigures, list[str], float | None]:
+    """What the replicas told the job's tally: their figures, their engines' layouts, when
+    the first was ready; their start-up moments noted as the job's (``replica_N_...``)."""
+    figures, layouts, ready_at, startups = ray.get(
+        [
+            tally.total.remote(),
+            tally.layouts.remote(),
+            tally.ready_at.remote(),
+            tally.startups.remote(),
+        ]
+    )
+    for index, moments in enumerate(startups):
+        note_from(f"replica_{index}", moments)
+    return figures, layouts, ready_at
 
 
 def startup_split(ready_at: float | None, started: float) -> tuple[float | None, float]:

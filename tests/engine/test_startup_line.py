@@ -185,6 +185,9 @@ def test_the_command_on_a_terminal_shows_vllm_s_phases_then_the_summary(
         os.close(slave)
     said = "".join(chunks)
     assert job.returncode == 0, said
+    # The job's own line, printed while its engine's start (begun before the inputs were
+    # listed) had the descriptors sent to vLLM's log, still reaches the terminal.
+    assert "mmbatch: 1 item, model" in said, said
     shown = [part.split("\r")[0] for part in said.split(CLEAR)]
     phases = {name for name, _ in PHASES if any(f"starting vLLM: {name}," in s for s in shown)}
     assert "importing vLLM" in phases, said

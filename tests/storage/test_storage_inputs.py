@@ -257,11 +257,12 @@ def test_report_over_an_output_in_storage_says_to_copy_it_down(
     assert "copy it and its OUT.summary.json down first" in capsys.readouterr().err
 
 
-def test_a_prefix_that_is_not_there_closes_the_engine_begun_while_it_was_listed(
+def test_a_prefix_that_is_not_there_is_one_line_and_begins_no_engine(
     s3: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The command's own engine begins before the store is listed (``mmbatch.engine.early``):
-    a prefix the store does not have is one line, no output, and that engine closed."""
+    """A prefix in the store is counted only as it is listed, so the command's engine begins
+    only then (``mmbatch.engine.early``): a prefix the store does not have is one line, no
+    output, and no engine begun."""
     from processes import starts_ended
 
     from mmbatch import cli
@@ -286,8 +287,7 @@ def test_a_prefix_that_is_not_there_closes_the_engine_begun_while_it_was_listed(
     assert len(err) == 1, err
     assert "does not exist" in err[0]
     starts_ended()
-    assert len(begun) == 1
-    assert closed == begun
+    assert begun == closed == []
     assert not out.exists()
 
 
