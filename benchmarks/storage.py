@@ -44,7 +44,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import fsspec
 from memory import make_photos
 
 from mmbatch.engine.base import Engine
@@ -52,6 +51,7 @@ from mmbatch.jobs import Job, run_job
 from mmbatch.output.file_output import FileOutput
 from mmbatch.pipeline import RunConfig
 from mmbatch.sources.files import image_requests
+from mmbatch.storage.located import locate
 from mmbatch.storage.objects import file_system
 from mmbatch.types import Sampling
 
@@ -157,8 +157,10 @@ def whole_process(program: list[str], caption_args: list[str], logs: Path) -> Ru
         figures: dict[str, Any] = {"returncode": done.returncode}
         if done.returncode != 0:
             return figures | {"log_tail": log.read_text(errors="replace")[-2000:]}
-        # fsspec reads the summary beside the output wherever it is, local or in the store.
-        with fsspec.open(out.rstrip("/") + ".summary.json", "rb") as summary:
+        # The summary beside the output, wherever it is, read as mmbatch reads: not through
+        # fsspec's own instance cache, which would keep this server's file system (its
+        # endpoint taken from the environment) after the server is gone.
+        with locate(out.rstrip("/") + ".summary.json").open() as summary:
             stats = json.load(summary)["stats"]
         return figures | {
             "items": stats["total"],
