@@ -12,7 +12,6 @@ import os
 import pickle
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from conftest import TINY_ENGINE_KWARGS
 from datasets.fingerprint import Hasher
 
+from mmbatch.integrations import hf_datasets, lookahead
 from mmbatch.integrations.hf_datasets import (
     DatasetMap,
     model_identity,
@@ -249,27 +249,27 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``DatasetMap.pipelined``: datasets runs the batches as concurrent coroutines, all on
-    the process's one engine, which holds the next batch's requests before the last one's
-    are done (a plain call drains the engine after every batch)."""
+    the process's one engine: every batch is submitted before the first one's rows are
+    waited for (a plain call without its look-ahead drains the engine after every batch)."""
     reference = texts_from_files(vl_engine, samples)
     names = [*GOOD, "truncated.jpg", *reversed(GOOD), "sunset.jpg"]
     cells = [{"bytes": (samples / n).read_bytes(), "path": n} for n in names]
     ds = datasets.Dataset.from_dict({"image": cells, "name": names})
     ds = ds.cast_column("image", datasets.Image(decode=False))
 
-    batches_in_engine: list[int] = []
-    real_step = type(vl_engine).step
+    events: list[str] = []
+    real_submit, real_rows = hf_datasets.start_in_memory, hf_datasets.rows_of
 
-    def counting_step(engine):  # type: ignore[no-untyped-def]
-        batches = {engine_id.split(":")[0] for engine_id in engine._in_flight}
-        batches_in_engine.append(len(batches))
-        # A tiny model's step can take less time than the next batch's coroutine needs to
-        # hand its requests over: a step as slow as a real model's gives it the time. A
-        # plain call still shows one batch at a time, as it drains the engine between them.
-        time.sleep(0.02)
-        return real_step(engine)
+    def submitting(job, engine):  # type: ignore[no-untyped-def]
+        events.append("submitted")
+        return real_submit(job, engine)
 
-    monkeypatch.setattr(type(vl_engine), "step", counting_step)
+    def waiting(submission):  # type: ignore[no-untyped-def]
+        events.append("waited")
+        return real_rows(submission)
+
+    monkeypatch.setattr(hf_datasets, "start_in_memory", submitting)
+    monkeypatch.setattr(hf_datasets, "rows_of", waiting)
     # datasets runs coroutines on an event loop it makes and never closes; closed here, or
     # its ResourceWarning fails whichever later test the garbage collector meets it in.
     loops: list[asyncio.AbstractEventLoop] = []
@@ -288,7 +288,8 @@ def test_pipelined_batches_give_the_same_columns_and_overlap_in_the_engine(
             assert error.startswith("decode: corrupt or unsupported image")
         else:
             assert text == reference[name], name
-    assert max(batches_in_engine) >= 2, batches_in_engine
+    # four batches (3, 3, 3, 1 rows), all in the engine before the first is waited for
+    assert events[: events.index("waited")] == ["submitted"] * 4, events
 
 
 @pytest.mark.slow
@@ -365,9 +366,11 @@ def test_the_plain_call_looks_ahead_and_each_row_gets_its_answer_alone(
     samples: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A plain ``ds.map(DatasetMap(...))``: each call also submits the next batch's rows,
-    so two batches are in the engine at once, and each row's greedy text is still the one
-    its picture and prompt get run alone, over three batches whose pictures repeat."""
+    """A plain ``ds.map(DatasetMap(...))``: each call submits the next batch's rows before it
+    returns (so the engine has them while datasets writes this batch and reads the next), the
+    next call takes those answers instead of running its rows again, and each row's greedy
+    text is still the one its picture and prompt get run alone, over three batches whose
+    pictures repeat."""
     other = "What is shown?"
     names = [*GOOD, "arrow_exif_rotated.jpg", "truncated.jpg", "sunset.jpg", "checkerboard.png"]
     names += ["shapes_alpha.png", "sunset.jpg", "arrow_exif_rotated.jpg", "checkerboard.png"]
@@ -386,15 +389,27 @@ def test_the_plain_call_looks_ahead_and_each_row_gets_its_answer_alone(
     ds = datasets.Dataset.from_dict({"image": cells, "name": names, "prompt": prompts})
     ds = ds.cast_column("image", datasets.Image(decode=False))
 
-    batches_in_engine: list[int] = []
-    real_step = type(vl_engine).step
+    events: list[int | str] = []  # requests submitted, and "returned" at each call's end
+    engine_adds: list[str] = []
+    real_submit, real_run = lookahead.start_in_memory, lookahead.LookAhead.run
+    real_add = type(vl_engine).add
 
-    def counting_step(engine):  # type: ignore[no-untyped-def]
-        batches_in_engine.append(len({engine_id.split(":")[0] for engine_id in engine._in_flight}))
-        time.sleep(0.02)  # a step as slow as a real model's, next to the reading of a batch
-        return real_step(engine)
+    def submitting(job, engine):  # type: ignore[no-untyped-def]
+        events.append(len(job.requests))
+        return real_submit(job, engine)
 
-    monkeypatch.setattr(type(vl_engine), "step", counting_step)
+    def running(self, *args):  # type: ignore[no-untyped-def]
+        rows = real_run(self, *args)
+        events.append("returned")
+        return rows
+
+    def adding(engine, request, media, sampling):  # type: ignore[no-untyped-def]
+        engine_adds.append(request.id)
+        return real_add(engine, request, media, sampling)
+
+    monkeypatch.setattr(lookahead, "start_in_memory", submitting)
+    monkeypatch.setattr(lookahead.LookAhead, "run", running)
+    monkeypatch.setattr(type(vl_engine), "add", adding)
     captioner = replace(mapper(tiny_vl_model), prompt_column="prompt")
     out = ds.map(captioner, batched=True, batch_size=4, with_indices=True, with_rank=True)
     monkeypatch.undo()
@@ -402,4 +417,6 @@ def test_the_plain_call_looks_ahead_and_each_row_gets_its_answer_alone(
         out["name"], out["prompt"], out["text"], out["error"], strict=True
     ):
         assert (text if error == "" else "error") == alone[name, prompt], (name, prompt)
-    assert max(batches_in_engine) >= 2, batches_in_engine
+    # this batch's rows, then the next batch's guessed; the next call takes them all
+    assert events == [4, 4, "returned", 4, "returned", "returned"], events
+    assert len(engine_adds) == len(set(engine_adds)) <= len(names)  # no row ran twice
