@@ -49,6 +49,7 @@ ENGINES_IN_PROCESS = frozenset(
         "tests/integrations/test_dataset_runs.py",
         "tests/integrations/test_hf_datasets.py",
         "tests/integrations/test_ray_data.py",
+        "tests/integrations/test_ray_restarts.py",
         "tests/media/test_hostile_corpus.py",
         "tests/media/test_media_end_to_end.py",
         "tests/recipe/test_fit.py",

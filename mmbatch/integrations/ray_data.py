@@ -28,7 +28,9 @@ counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
 its engine the way every face does (``mmbatch.engine.builder``: its own host read once, then
 ``start_engine``), its start-up log in the engine's log file and a failure said as a
-``FatalEngineError``. A job stopped by
+``FatalEngineError``. A replica whose process dies Ray starts again, until it has died
+twice in a row without finishing a batch (``replica_starts``): then the job stops, as on an
+engine that does not start. A job stopped by
 Ctrl-C (or SIGTERM) says what the folder holds, as the local runner does
 (``say_interrupted``), and the command line shuts down the Ray it started (``connected``):
 nothing the job started outlives it.
@@ -59,6 +61,7 @@ from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.logs import printed_to
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
+from mmbatch.integrations.replica_starts import ReplicaStarts
 from mmbatch.jobs import Job, engine_stopped, rows_of, say_interrupted, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.output.file_output import FileOutput
@@ -369,7 +372,7 @@ def run_on_ray(
     pending = {r.row_id for r in plan.pending}
     ready_at: float | None = None
     job = replace(job, requests_per_replica=-(-len(plan.pending) // resources.replicas))
-    figures, layouts = ReplicaFigures(), list[str]()
+    figures, layouts, restarts = ReplicaFigures(), list[str](), (0, 0.0)
     if pending:
         tally = start_tally(ray)
         try:
@@ -377,7 +380,7 @@ def run_on_ray(
             with printed_to(job.engine.log_file):
                 rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
                 _write(rows, out)
-            figures, layouts, ready_at = _tallied(ray, tally)
+            figures, layouts, ready_at, restarts = _tallied(ray, tally)
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -395,25 +398,31 @@ def run_on_ray(
     startup, started = startup_split(ready_at, started)
     run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
+    # A restart holds one replica of the job's: its share of the engines' time, not work.
+    run.restarts, run.restart_seconds = restarts[0], restarts[1] / resources.replicas
     laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
     info = {**whole.info, **(laid_out if layouts else {})}
     return out.summarise(whole, plan, run, info, startup)
 
 
-def _tallied(ray: Any, tally: Any) -> tuple[ReplicaFigures, list[str], float | None]:
+def _tallied(
+    ray: Any, tally: Any
+) -> tuple[ReplicaFigures, list[str], float | None, tuple[int, float]]:
     """What the replicas told the job's tally: their figures, their engines' layouts, when
-    the first was ready; their start-up moments noted as the job's (``replica_N_...``)."""
-    figures, layouts, ready_at, startups = ray.get(
+    the first was ready, their restarts (how many, and their seconds); their start-up
+    moments noted as the job's (``replica_N_...``)."""
+    figures, layouts, ready_at, restarts, startups = ray.get(
         [
             tally.total.remote(),
             tally.layouts.remote(),
             tally.ready_at.remote(),
+            tally.restarts.remote(),
             tally.startups.remote(),
         ]
     )
     for index, moments in enumerate(startups):
         note_from(f"replica_{index}", moments)
-    return figures, layouts, ready_at
+    return figures, layouts, ready_at, tuple(restarts)
 
 
 def startup_split(ready_at: float | None, started: float) -> tuple[float | None, float]:
@@ -489,21 +498,43 @@ class ReplicaTally:
         self._ready_at: float | None = None
         self._layouts: set[str] = set()
         self._moments: dict[str, dict[str, float]] = {}
+        self._starts = ReplicaStarts()
 
-    def add(self, batch: str, figures: ReplicaFigures, ready_at: float | None = None) -> None:
-        """``figures`` of ``batch``; ``ready_at``: when its replica's engine was ready (the
-        wall clock), of which the first is when the job's work began."""
+    def add(
+        self,
+        batch: str,
+        figures: ReplicaFigures,
+        ready_at: float | None = None,
+        replica: str | None = None,
+    ) -> None:
+        """``figures`` of ``batch``, finished by ``replica`` (its actor id); ``ready_at``:
+        when its replica's engine was ready (the wall clock), of which the first is when the
+        job's work began."""
         self._batches[batch] = figures
         if ready_at is not None:
             self._ready_at = ready_at if self._ready_at is None else min(self._ready_at, ready_at)
+        if replica is not None:
+            self._starts.finished_batch(replica)
+
+    def begin(self, replica: str, at: float, process: str) -> str | None:
+        """A start of ``replica`` (``ReplicaStarts.begin``): None, or why it must not start."""
+        return self._starts.begin(replica, at, process)
+
+    def engine_ready(self, replica: str, at: float) -> None:
+        self._starts.ready(replica, at)
+
+    def restarts(self) -> tuple[int, float]:
+        """The replicas' restarts and their seconds (``ReplicaStarts.restarts``)."""
+        return self._starts.restarts()
 
     def ready_at(self) -> float | None:
         """When the first replica's engine was ready (None: none said)."""
         return self._ready_at
 
     def started(self, replica: str, moments: dict[str, float]) -> None:
-        """The start-up moments ``replica`` has seen so far (``milestones_wall``)."""
-        self._moments[replica] = {**self._moments.get(replica, {}), **moments}
+        """The start-up moments ``replica`` has seen so far (``milestones_wall``); a
+        restart's do not replace its first start's (the job's start-up)."""
+        self._moments[replica] = {**moments, **self._moments.get(replica, {})}
 
     def startups(self) -> list[dict[str, float]]:
         """Each replica's start-up moments, the first started first."""
@@ -591,8 +622,14 @@ class EngineReplica:
         threads_as_a_local_process(job.omp_threads)
         self.job = job
         self.tally = tally
+        # This actor among the job's, by its process, and by its Ray actor id: the same
+        # across the restarts of its process.
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.replica = _actor_id() if tally is not None else self.name
         self.failed: MmbatchError | None = None
         if engine is None:
+            self.failed = self._not_again()
+        if engine is None and self.failed is None:
             from mmbatch.lifetime import orphan_resource_tracker
 
             # Ray kills this worker's direct children as it ends: the tracker, which unlinks
@@ -607,13 +644,29 @@ class EngineReplica:
                 self.failed = exc
         self.engine = engine
         # When this replica's engine was ready, by the wall clock: the driver's summary
-        # splits start-up from work by the first replica's (``startup_split``).
+        # splits start-up from work by the first replica's (``startup_split``), and counts
+        # a restart's start-up apart from the work (``ReplicaStarts.restarts``).
         self.ready_at = time.time()
-        # This actor among the job's, and its start-up's moments (``milestones_wall``),
-        # which the driver's summary shows among its own (``startup_phases``).
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
         if tally is not None:
-            tally.started.remote(self.name, milestones_wall())
+            if self.failed is None:
+                tally.engine_ready.remote(self.replica, self.ready_at)
+            # Its start-up's moments, which the driver's summary shows among its own
+            # (``startup_phases``).
+            tally.started.remote(self.replica, milestones_wall())
+
+    def _not_again(self) -> MmbatchError | None:
+        """Why this replica's engine must not be started again (``ReplicaStarts``: its
+        process died again and again), asked of the job's tally before anything else; the
+        error its batches then raise, or None (no tally: nothing is counted)."""
+        if self.tally is None:
+            return None
+        import ray
+
+        why = ray.get(self.tally.begin.remote(self.replica, time.time(), self.name))
+        if why is None:
+            return None
+        log = self.job.engine.log_file
+        return FatalEngineError(why + (f"; its engine's log: {log}" if log else ""))
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
         import asyncio
@@ -638,12 +691,19 @@ class EngineReplica:
             )
         if self.tally is not None and items:
             figures = ReplicaFigures.of(stats)
-            await self.tally.add.remote(min(written), figures, self.ready_at)
-            await self.tally.started.remote(self.name, milestones_wall())  # its first row
+            await self.tally.add.remote(min(written), figures, self.ready_at, self.replica)
+            await self.tally.started.remote(self.replica, milestones_wall())  # its first row
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)
         return pa.Table.from_pylist(rows, schema=_flat_schema())
+
+
+def _actor_id() -> str:
+    """The Ray actor this process runs, by its id, which Ray keeps across its restarts."""
+    import ray
+
+    return str(ray.get_runtime_context().get_actor_id())
 
 
 REPLICA_PROCESS = "mmbatch: a Ray replica runs in process {pid} on {node}"

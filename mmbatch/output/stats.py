@@ -92,6 +92,13 @@ class JobStats(Tally):
     decoded by this run, so not in its rate of output tokens."""
     queue: list[QueueSample] = field(default_factory=list)
     """The engine's queues sampled once a second: whether the engine was kept fed."""
+    restarts: int = 0
+    """Engines started again during the run, each after its replica's process died."""
+    restart_seconds: float = 0.0
+    """What those restarts took of the run's time: their start-up (each from its process's
+    start to its engine ready), over the job's engines (one of N replicas restarting holds
+    1/N of them). Start-up, not work: ``wall_seconds`` and the speed leave it out, as they
+    leave out the job's own start-up."""
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
 
@@ -137,8 +144,9 @@ class JobStats(Tally):
 
     @property
     def wall_seconds(self) -> float:
+        """The work's seconds: the run's, less its restarts' (``restart_seconds``)."""
         end = self.finished if self.finished is not None else time.perf_counter()
-        return end - self.started
+        return end - self.started - self.restart_seconds
 
     def summary(self, time_line: str | None = None, model: bool = True) -> str:
         """A few human lines for the end of a run. ``time_line``: how long the whole command
@@ -168,6 +176,12 @@ class JobStats(Tally):
                 else ""
             )
             lines.append(f"media: {self.decodes} decoded, {_size(self.bytes_read)} read{caches}")
+        if self.restarts:
+            lines.append(
+                f"restarts: {counted(self.restarts, 'engine')} started again after its "
+                f"replica's process died: {self.restart_seconds:.1f} s of start-up, left out "
+                "of the work's time and speed"
+            )
         if self.answered_by_identical:
             lines.append(
                 f"repeats: {counted(self.answered_by_identical, 'request')} answered by an "
@@ -200,6 +214,8 @@ class JobStats(Tally):
             "answered_by_identical": self.answered_by_identical,
             "repeated_output_tokens": self.repeated_output_tokens,
             "wall_seconds": round(self.wall_seconds, 3),
+            "restarts": self.restarts,
+            "restart_seconds": round(self.restart_seconds, 3),
             "items_per_second": _rate(self.done, self.wall_seconds),
             "output_tokens_per_second": _rate(self.decoded_tokens, self.wall_seconds),
             "prefix_cache_hit_rate": self.cache.prefix_hit_rate,

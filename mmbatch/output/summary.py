@@ -39,6 +39,8 @@ RUN_FIGURES = (
     "answered_by_identical",
     "repeated_output_tokens",
     "wall_seconds",
+    "restarts",
+    "restart_seconds",
     "items_per_second",
     "output_tokens_per_second",
     "prefix_cache_hit_rate",
@@ -79,18 +81,23 @@ def read_summary(paths: OutputPaths) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-def time_split(whole: float | None, startup: float | None, work: float | None) -> str | None:
+def time_split(
+    whole: float | None, startup: float | None, work: float | None, restarts: float = 0.0
+) -> str | None:
     """``time: 50.2 s for the whole command: start-up 47.7 s, work 0.7 s, finishing 1.8 s``:
     the command's seconds (``whole``: from the process's start to the summary written), then
-    its parts: ``startup`` to the engine ready, ``work`` (the run's rows), and what is left
-    (the rows put in order, the output counted, the summary written). None where the job
-    started no engine in this process (its work is then all a figure can say)."""
+    its parts: ``startup`` to the engine ready, ``work`` (the run's rows), ``restarts``
+    (engines started again during the run, ``JobStats.restart_seconds``; said where there
+    were any), and what is left (the rows put in order, the output counted, the summary
+    written). None where the job started no engine in this process (its work is then all a
+    figure can say)."""
     if whole is None or startup is None or work is None:
         return None
-    finishing = max(0.0, whole - startup - work)
+    finishing = max(0.0, whole - startup - work - restarts)
+    restarted = f", restarts {restarts:.1f} s" if restarts else ""
     return (
         f"time: {whole:.1f} s for the whole command: start-up {startup:.1f} s, "
-        f"work {work:.1f} s, finishing {finishing:.1f} s"
+        f"work {work:.1f} s{restarted}, finishing {finishing:.1f} s"
     )
 
 
@@ -127,7 +134,10 @@ class JobReport:
     def lines(self) -> list[str]:
         """The summary a face prints at the end of the job: the whole command's time first,
         then its parts, so that no figure of one part reads as the command's."""
-        timing = time_split(self.process_seconds, self.startup_seconds, self.run.wall_seconds)
+        run = self.run
+        timing = time_split(
+            self.process_seconds, self.startup_seconds, run.wall_seconds, run.restart_seconds
+        )
         lines = [self.run.summary(timing, self.model)] if self.run.total else []
         lines.append(self.headline())
         if self.output.quarantine is not None:

@@ -192,9 +192,12 @@ def _summary(summary: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]
 def _wall_time(stats: Mapping[str, Any]) -> str:
     """The whole command's seconds, then its parts (``time_split``); a summary without them
     (written before they were recorded, or by a job that started no engine) says its work's."""
-    parts = [stats.get(name) for name in ("process_seconds", "startup_seconds", "wall_seconds")]
-    if all(isinstance(part, (int, float)) for part in parts):
-        split = time_split(*parts)
+    whole, startup, work = (
+        stats.get(name) for name in ("process_seconds", "startup_seconds", "wall_seconds")
+    )
+    restarts = stats.get("restart_seconds") or 0.0  # none before restarts were counted
+    if all(isinstance(part, (int, float)) for part in (whole, startup, work, restarts)):
+        split = time_split(whole, startup, work, restarts)
         if split is not None:
             return split.removeprefix("time: ")
     return f"{_number(stats.get('wall_seconds'))} s of work"
