@@ -14,6 +14,12 @@ and a job restarts a dead replica from its pipeline's driver thread, which ends 
 pipeline. Not the message pipe of a replica either: the job closes that one to stop it
 cleanly while it lives on. Only a process the job forked (never done: every helper is
 spawned) would hold a copy of the job's end, and keep this from firing.
+
+A process this one forks (``Dataset.map(num_proc=...)``'s workers) starts as a copy of it,
+with the engines, pipelines and pools it keeps for later jobs, but not their threads: what
+belongs to the parent's engines is the parent's, and each module that keeps such a thing
+has the child forget it (``forgotten_in_forked_children``), so that the child builds its
+own, as a process started afresh does.
 """
 
 from __future__ import annotations
@@ -52,6 +58,21 @@ def _wait_for_end_of(sentinel: int, end: Callable[[], object]) -> None:
     except OSError:
         pass
     end()
+
+
+_PARENTS: list[object] = []
+"""What forked children forgot (``forgotten_in_forked_children``), still referenced but
+never used: freed in the child, the parent's objects would run their finalizers there,
+which end or delete what is the parent's (vLLM's engine client ends its engine core)."""
+
+
+def forgotten_in_forked_children(forget: Callable[[], object]) -> None:
+    """Have each child this process forks call ``forget`` first of all: it drops state of
+    its module's that belongs to this process's engines (used in the child, an engine's
+    pipes would take the parent's answers, its pipeline would wait for a driver thread that
+    the child has not), and returns what it dropped, which the child keeps and never uses
+    (``_PARENTS``). Called once per module, as it is imported."""
+    os.register_at_fork(after_in_child=lambda: _PARENTS.append(forget()))
 
 
 def end_own_group() -> None:

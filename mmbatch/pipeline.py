@@ -54,6 +54,7 @@ from mmbatch.errors import (
     RequestRejected,
     StorageUnavailable,
 )
+from mmbatch.lifetime import forgotten_in_forked_children
 from mmbatch.media.feeder import Feeder, Ready
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.rows import FLAT, RowBuilder
@@ -562,6 +563,19 @@ beyond these is stopped (its engine stays usable: a later call starts a new pipe
 
 _PIPELINES: OrderedDict[int, Pipeline] = OrderedDict()
 _PIPELINES_LOCK = threading.Lock()
+
+
+def _forget_pipelines_in_child() -> object:
+    """The parent's pipelines, forgotten in a forked child: copied without their driver
+    threads, they would take submissions and never run them."""
+    global _PIPELINES_LOCK
+    parents = dict(_PIPELINES)
+    _PIPELINES.clear()
+    _PIPELINES_LOCK = threading.Lock()
+    return parents
+
+
+forgotten_in_forked_children(_forget_pipelines_in_child)
 
 
 def pipeline_for(engine: Engine, run: RunConfig | None = None) -> Pipeline:

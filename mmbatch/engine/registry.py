@@ -6,7 +6,9 @@ the first call in a process builds the engine (``mmbatch.engine.builder``), ever
 call with the same settings gets the same one, since building it again would cost the model
 load and the GPU memory a second time. An engine kept here that closes is dropped through
 its close hook (``on_close``), so the next ask builds another; the engine itself knows
-nothing of this registry.
+nothing of this registry. A forked child (a ``Dataset.map(num_proc=...)`` worker) keeps
+none of its parent's engines: they are the parent's to use and to close, and the child's
+first ask builds its own.
 """
 
 from __future__ import annotations
@@ -20,9 +22,20 @@ from mmbatch.engine.base import Engine
 from mmbatch.engine.builder import Host
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Layout
+from mmbatch.lifetime import forgotten_in_forked_children
 from mmbatch.types import Modality
 
 _ENGINES: dict[str, tuple[Engine, Layout]] = {}
+
+
+def _forget_in_child() -> object:
+    """The parent's engines, forgotten in a forked child without closing them."""
+    parents = dict(_ENGINES)
+    _ENGINES.clear()
+    return parents
+
+
+forgotten_in_forked_children(_forget_in_child)
 KEPT = "kept from an earlier job in this process, as laid out for that job"
 """Said of a kept engine's layout: its engine count and compilation were chosen for the job
 that built it (a short job's: uncompiled), not for the one asking now, which gets it rather

@@ -40,6 +40,7 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,7 +51,7 @@ from mmbatch.clock import milestone, milestones_wall, note_from
 from mmbatch.engine.base import Engine
 from mmbatch.engine.logs import printed_to
 from mmbatch.errors import FatalEngineError, RequestRejected
-from mmbatch.lifetime import end_own_group, end_with_parent
+from mmbatch.lifetime import end_own_group, end_with_parent, forgotten_in_forked_children
 from mmbatch.media.limits import PromptLimits
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
@@ -137,7 +138,9 @@ class ReplicaEngine:
         self._close_hooks: list[Callable[[], object]] = []
         # Replicas are not daemonic; at exit the interpreter waits for them, so they are
         # stopped first (atexit runs this before multiprocessing's own join).
-        atexit.register(self._abandon if end_at_exit else self.close)
+        self._at_exit = self._abandon if end_at_exit else self.close
+        atexit.register(self._at_exit)
+        _STARTED.add(self)
         for replica in self._replicas:
             self._start(replica)
         milestone("engine_processes_spawned")
@@ -416,6 +419,17 @@ class ReplicaEngine:
         waiting for (none is ready yet, or every row is safe)."""
         _end_all([self._tell_to_stop(replica) for replica in self._replicas], wait=0.0)
 
+    def _let_go(self) -> None:
+        """In a child forked from this engine's process, whose copy this is: leave the
+        replicas to the parent, which uses and ends them. The child closes its copies of
+        their pipes (nothing it does reaches them, and it reads none of their answers) and
+        drops the exit handler that would end them."""
+        atexit.unregister(self._at_exit)
+        for replica in self._replicas:
+            if replica.conn is not None:
+                replica.conn.close()
+            replica.conn, replica.process, replica.ready = None, None, False
+
     def _tell_to_stop(self, replica: _Replica) -> Any:
         """Ask the replica to stop (it closes its engine) and let go of it; its process."""
         if replica.conn is not None:
@@ -425,6 +439,22 @@ class ReplicaEngine:
         process = replica.process
         replica.conn, replica.process, replica.ready = None, None, False
         return process
+
+
+_STARTED: weakref.WeakSet[ReplicaEngine] = weakref.WeakSet()
+"""The engines of replicas this process started."""
+
+
+def _let_go_in_child() -> object:
+    """A forked child's copies of its parent's engines, each let go (``_let_go``)."""
+    engines = list(_STARTED)
+    _STARTED.clear()
+    for engine in engines:
+        engine._let_go()
+    return engines
+
+
+forgotten_in_forked_children(_let_go_in_child)
 
 
 def _end_all(processes: Sequence[Any], wait: float) -> None:

@@ -43,6 +43,7 @@ from mmbatch.engine.processor import TemplateLoad
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.engine.vllm_arguments import LLM_ONLY_ARGUMENTS
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
+from mmbatch.lifetime import forgotten_in_forked_children
 from mmbatch.types import (
     MODALITIES,
     CacheStats,
@@ -337,6 +338,19 @@ _IN_PROCESS: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()
 """The open engines whose vLLM engine core runs in this process (a ``Dataset.map`` worker's,
 under ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): they share vLLM's distributed state there."""
 _CLOSING = threading.Lock()
+
+
+def _forget_in_process_engines_in_child() -> object:
+    """The parent's in-process engines, forgotten in a forked child: an engine the child
+    builds shares no vLLM state with those copies, which are not the child's to use."""
+    global _CLOSING
+    parents = list(_IN_PROCESS)
+    _IN_PROCESS.clear()
+    _CLOSING = threading.Lock()
+    return parents
+
+
+forgotten_in_forked_children(_forget_in_process_engines_in_child)
 
 
 def _core_in_process(llm_engine: Any) -> bool:

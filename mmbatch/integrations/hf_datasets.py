@@ -24,7 +24,9 @@ What datasets' ``map`` asks of a function, and how this one answers:
 * With ``with_rank=True`` each worker gets a rank, which picks its GPU (round robin over
   ``CUDA_VISIBLE_DEVICES``, or every GPU torch sees) before the engine starts. ``num_proc``
   workers are daemonic processes, which may not start processes of their own, so there the
-  engine runs in the worker (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one GPU each.
+  engine runs in the worker (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), one GPU each. A worker
+  forked from a process that mapped before builds its own engine all the same: the
+  parent's engine, pipeline and look-ahead stay the parent's (``mmbatch.lifetime``).
 * A batch is a dict of columns; the answer is two new columns of the same length, ``text``
   and ``error`` (with ``with_usage=True`` also ``finish_reason``, ``prompt_tokens``,
   ``output_tokens`` and ``cached_tokens``; with ``Sampling(n=...)`` above 1, each text is a
@@ -72,6 +74,7 @@ from mmbatch.integrations.dataset_origin import (
 )
 from mmbatch.integrations.lookahead import LookAhead, MapPlace, Predict, map_place
 from mmbatch.jobs import Job, rows_of, run_in_memory, start_in_memory
+from mmbatch.lifetime import forgotten_in_forked_children
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.rows import output_row
 from mmbatch.row_schema import TOKEN_COLUMNS
@@ -403,6 +406,17 @@ class CellRows:
 
 _LOOKAHEAD = LookAhead()
 """This process's plain calls' look-aheads (``mmbatch.integrations.lookahead``)."""
+
+
+def _forget_lookahead_in_child() -> object:
+    """The parent's look-aheads, forgotten in a forked child: they wait on the parent's
+    engine."""
+    global _LOOKAHEAD
+    parents, _LOOKAHEAD = _LOOKAHEAD, LookAhead()
+    return parents
+
+
+forgotten_in_forked_children(_forget_lookahead_in_child)
 
 _SAID: set[tuple[str, str]] = set()
 """Refusals said in this process: once per origin and folder, not once per batch."""

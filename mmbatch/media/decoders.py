@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 
 from mmbatch.errors import DecodersFailed
-from mmbatch.lifetime import end_with_parent, exit_now
+from mmbatch.lifetime import end_with_parent, exit_now, forgotten_in_forked_children
 from mmbatch.mainguard import check_main_guard
 from mmbatch.media.decode import Decoded, DecodeJob, decode
 from mmbatch.types import ItemError
@@ -40,15 +39,17 @@ _POOLS: dict[int, Executor] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def _forget_pools_in_child() -> None:
+def _forget_pools_in_child() -> object:
     """A forked child (a ``Dataset.map(num_proc=...)`` worker) starts its own pools: the
     parent's, copied without the threads that feed them, would take jobs and never run them."""
     global _POOLS_LOCK
+    parents = dict(_POOLS)
     _POOLS.clear()
     _POOLS_LOCK = threading.Lock()
+    return parents
 
 
-os.register_at_fork(after_in_child=_forget_pools_in_child)
+forgotten_in_forked_children(_forget_pools_in_child)
 _watching = False
 """Whether this worker already watches for its job's end (``_warm`` runs more than once)."""
 

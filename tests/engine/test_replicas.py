@@ -662,6 +662,54 @@ def test_a_shared_engine_is_kept_until_it_closes(monkeypatch: pytest.MonkeyPatch
         built[2].close()
 
 
+def in_a_forked_child(inherited: ReplicaEngine, config: EngineConfig, lookahead: int) -> None:
+    """What a ``Dataset.map(num_proc=...)`` worker forked from a process that ran jobs finds:
+    none of the parent's engines, pipelines or look-ahead; and closing its copy of the
+    parent's engine (what its exit handler does) ends nothing of the parent's."""
+    from mmbatch import pipeline
+    from mmbatch.engine import registry
+    from mmbatch.integrations import hf_datasets
+
+    assert registry.kept_engine(config, {"image": 1}) is None
+    assert not pipeline._PIPELINES
+    assert id(hf_datasets._LOOKAHEAD) != lookahead
+    inherited.close()
+    inherited._abandon()
+
+
+def test_a_forked_child_forgets_the_parents_engine_and_never_ends_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mmbatch.engine import builder, registry
+    from mmbatch.engine.layout import Layout
+    from mmbatch.integrations import hf_datasets
+    from mmbatch.jobs import Job, run_in_memory
+
+    monkeypatch.setattr(builder, "start_engine", lambda *_: fakes(1))
+    host, media = builder.Host(EngineConfig("org/forked"), ()), {"image": 1}
+    engine = registry.shared_engine_and_layout(host, media, Layout(1, ((),), "one"))[0]
+    assert isinstance(engine, ReplicaEngine)
+    try:
+        job = Job(caption_requests(write_pictures(tmp_path, 2), ["Describe."]), Sampling())
+        assert len(run_in_memory(job, engine)[0]) == 2  # its pipeline kept for the next
+        [replica] = [r.process.pid for r in engine._replicas]
+        child = multiprocessing.get_context("fork").Process(
+            target=in_a_forked_child, args=(engine, host.config, id(hf_datasets._LOOKAHEAD))
+        )
+        child.start()
+        child.join(timeout=60)
+        assert child.exitcode == 0
+        assert running(replica)
+        assert [r.process.pid for r in engine._replicas] == [replica]
+        assert registry.kept_engine(host.config, media) is engine
+        rows, _ = run_in_memory(job, engine)
+        assert sorted(r["text"] for r in rows) == sorted(
+            expected_text([r["media_hash"]], r["prompt"]) for r in rows
+        )
+    finally:
+        engine.close()
+
+
 def test_a_mistake_found_while_the_replicas_start_ends_them_at_once() -> None:
     before = set(multiprocessing.active_children())
     starting: list[multiprocessing.Process] = []

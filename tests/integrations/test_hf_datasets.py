@@ -8,6 +8,7 @@ picture captioned from its file.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pickle
 import subprocess
@@ -420,3 +421,36 @@ def test_the_plain_call_looks_ahead_and_each_row_gets_its_answer_alone(
     # this batch's rows, then the next batch's guessed; the next call takes them all
     assert events == [4, 4, "returned", 4, "returned", "returned"], events
     assert len(engine_adds) == len(set(engine_adds)) <= len(names)  # no row ran twice
+
+
+@pytest.mark.slow
+def test_num_proc_workers_forked_after_a_map_build_engines_of_their_own(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    """datasets forks its ``num_proc`` workers from a process that mapped already: each
+    starts with a copy of that process's engine, its pipeline and its look-ahead, without the
+    threads that serve them (waited on, they hung the worker). Each worker builds an engine
+    of its own and gives every row the text the process gives it; the process's engine stays
+    its own, and maps on. In a process of its own (``map_then_fork.py`` says why)."""
+    import json
+    import signal
+
+    out = tmp_path / "maps.json"
+    script = Path(__file__).with_name("map_then_fork.py")
+    args = [str(tiny_vl_model), str(samples), json.dumps(TINY_ENGINE_KWARGS), str(out)]
+    job = subprocess.Popen([sys.executable, str(script), *args], start_new_session=True)
+    try:
+        assert job.wait(timeout=300) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)  # a hung worker is not left behind
+        job.wait()
+    maps = json.loads(out.read_text())
+    assert len(set(maps["mapped"])) == len(GOOD)  # or a row given another's could pass
+    assert maps["forked_errors"] == [""] * len(GOOD)
+    assert maps["forked"] == maps["mapped"]
+    assert maps["again"] == maps["mapped"]
+    assert len(maps["started_in"]) == 2  # an engine in each worker
+    assert maps["pid"] not in maps["started_in"]  # and none anew here
+    assert maps["same_engine"]
+    assert maps["replicas_after"] == maps["replicas"] != []  # none ended, none restarted
