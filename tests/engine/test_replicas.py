@@ -243,8 +243,8 @@ def run(requests: list[Request], engine: ReplicaEngine) -> list[dict]:  # type: 
     return sink.rows
 
 
-def fakes(count: int, **kwargs: object) -> RoutedReplicas:
-    factory = partial(FakeEngine, per_step=2, step_seconds=0.01, capacity=8, **kwargs)
+def fakes(count: int, step_seconds: float = 0.01, **kwargs: object) -> RoutedReplicas:
+    factory = partial(FakeEngine, per_step=2, step_seconds=step_seconds, capacity=8, **kwargs)
     return RoutedReplicas(factory, [None] * count)
 
 
@@ -252,7 +252,9 @@ def test_two_replicas_share_the_work_and_keep_an_images_requests_together(
     tmp_path: Path,
 ) -> None:
     requests = caption_requests(write_pictures(tmp_path / "p", 24), ["a", "b", "c"])  # prompt-major
-    engine = fakes(2)
+    # Steps of 50 ms: the job lasts about a second, so that a replica process a loaded machine
+    # leaves waiting for a moment still does its share (at 10 ms, the job took 0.2 s).
+    engine = fakes(2, step_seconds=0.05)
     try:
         rows = run(requests, engine)
     finally:
