@@ -17,6 +17,7 @@ from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -505,29 +506,45 @@ def test_a_replica_adds_steps_reports_and_stops_when_told() -> None:
 
 
 class CountedStats(FakeEngine):
-    """Counts its counter reads (vLLM's: milliseconds of Python each)."""
+    """Counts its counter reads (vLLM's: milliseconds of Python each), each with the replica
+    loop's clock (``clock``: its last reading) and the requests it held then."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: list[float]) -> None:
         # A step as slow as a small model's: the replica's receiving thread keeps ahead of it.
         super().__init__(per_step=1, step_seconds=0.02)
-        self.reads = 0
+        self.clock = clock
+        self.reads: list[tuple[float, int]] = []
 
     def cache_stats(self) -> CacheStats:
-        self.reads += 1
-        return CacheStats(prefix_queries=self.reads)
+        self.reads.append((self.clock[-1], self.num_unfinished()))
+        return CacheStats(prefix_queries=len(self.reads))
 
 
-def test_a_replica_reads_its_engines_counters_now_and_then_and_when_it_runs_dry() -> None:
-    engine = CountedStats()
-    # All waiting from the start: sent one by one, on a loaded machine each could be served
-    # before the next arrived, the replica running dry (and reading) after every one.
+def test_a_replica_reads_its_engines_counters_now_and_then_and_when_it_runs_dry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mmbatch.engine import replicas
+
+    clock: list[float] = []
+
+    def reading() -> float:
+        clock.append(time.monotonic())
+        return clock[-1]
+
+    monkeypatch.setattr(replicas, "time", SimpleNamespace(monotonic=reading, sleep=time.sleep))
+    engine = CountedStats(clock)
+    # All waiting from the start: sent one by one, each could be served before the next
+    # arrived, the replica running dry (and reading, as it should) after every one.
     adds = [("add", text_request(f"r{i}", "hi"), [], Sampling()) for i in range(40)]
     parent, loop = serving(engine, adds)
     got = replies(parent, lambda got: len(results_in(got)) == 40)
     reports = [m for m in got if m[0] == "results" and m[1]]
-    assert len(reports) >= 20  # a step per request, most of them a report of their own
-    assert engine.reads < len(reports) / 2
-    assert got[-1][3].prefix_queries == engine.reads  # read afresh once it had nothing left
+    assert len(reports) == 40  # a step per request, each a report of its own
+    # Each read but the first came once the engine held nothing, or STATS_SECONDS after the
+    # one before by the replica's own clock: not at every report, however fast they come.
+    for (before, _), (at, held) in zip(engine.reads, engine.reads[1:], strict=False):
+        assert held == 0 or at - before >= replicas.STATS_SECONDS, engine.reads
+    assert got[-1][3].prefix_queries == len(engine.reads)  # read afresh once it had nothing left
     parent.send(("stop",))
     loop.join(timeout=10)
 
