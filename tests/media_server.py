@@ -1,6 +1,7 @@
 """A local HTTP server of media for the tests of fetching URLs (``--allow-urls``): it serves
 named payloads, a 404 for any other path, a body that trickles (``/slow``) and one that
-answers after a pause (``/late/...``), and counts what it was asked."""
+answers once it has been asked two things at once (``/late/...``), and counts what it was
+asked."""
 
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-TRICKLE_SECONDS = 4.0
-"""How long ``/slow`` trickles its body, a byte each 0.1 s."""
-LATE_SECONDS = 0.5
-"""How long a ``/late/NAME`` path waits before it serves ``/NAME``."""
+TRICKLE_SECONDS = 20.0
+"""How long ``/slow`` trickles its body, a byte each 0.1 s: far longer than a fetch's
+time limit (1 s) takes to end it, however slow a loaded machine is."""
+LATE_SECONDS = 10.0
+"""How long a ``/late/NAME`` path waits, at most, for the server to be answering another
+request too, before it serves ``/NAME``: requests sent together meet at once; requests sent
+one after another wait this long and leave ``most_at_once`` at 1."""
 
 
 class MediaServer(http.server.ThreadingHTTPServer):
@@ -25,6 +29,8 @@ class MediaServer(http.server.ThreadingHTTPServer):
     most_at_once: int
     """The most requests being answered at one time."""
     lock: threading.Lock
+    overlap: threading.Condition
+    """Notified, under ``lock``, as a request begins."""
 
     @property
     def url(self) -> str:
@@ -39,6 +45,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.server.hits[self.path] += 1
             self.server.in_flight += 1
             self.server.most_at_once = max(self.server.most_at_once, self.server.in_flight)
+            self.server.overlap.notify_all()
         try:
             self._answer()
         finally:
@@ -59,7 +66,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 pass  # the client gave up, as it should
             return
         if path.startswith("/late/"):
-            time.sleep(LATE_SECONDS)
+            with self.server.overlap:
+                together = lambda: self.server.most_at_once >= 2  # noqa: E731
+                self.server.overlap.wait_for(together, timeout=LATE_SECONDS)
             path = path.removeprefix("/late")
         body = self.server.payloads.get(path)
         if body is None:
@@ -83,6 +92,7 @@ def serving(payloads: Mapping[str, bytes]) -> Iterator[MediaServer]:
     httpd.hits = Counter()
     httpd.in_flight = httpd.most_at_once = 0
     httpd.lock = threading.Lock()
+    httpd.overlap = threading.Condition(httpd.lock)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

@@ -324,10 +324,10 @@ def stop_while_decoding_then_resume(
     how: str,
 ) -> None:
     """The real command on vLLM, SIGKILLed or interrupted by Ctrl-C (SIGINT to its process
-    group, as a terminal sends it) while the engine is generating (a random moment after its
-    first row), then resumed by the same command in this process on the session's engine.
-    Ctrl-C ends it with exit 130, every written row whole, and no vLLM process left (two
-    seconds after a SIGKILL, nothing it started is left). An
+    group, as a terminal sends it) while the engine is generating (a moment after its first
+    row, drawn from a fixed seed), then resumed by the same command in this process on the
+    session's engine. Ctrl-C ends it with exit 130, every written row whole, and no vLLM
+    process left (two seconds after a SIGKILL, nothing it started is left). An
     engine start costs ~20-40 s here, so the random kills and interrupts are in
     test_kill_resume.py and test_interrupt.py with fake engines; this proves the same on
     the real engine."""
@@ -382,7 +382,7 @@ def stop_while_decoding_then_resume(
         while job.poll() is None and not whole_rows():
             assert time.monotonic() < deadline, "no row within 300 s"
             time.sleep(0.01)
-        time.sleep(random.uniform(0, 0.1))
+        time.sleep(random.Random(how).uniform(0, 0.1))  # a moment drawn from a fixed seed
         if how == "SIGKILL":
             job.send_signal(signal.SIGKILL)
             assert job.wait(timeout=60) == -signal.SIGKILL, "the job ended before the kill"

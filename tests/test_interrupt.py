@@ -31,12 +31,14 @@ from mmbatch.cli import EXIT_INTERRUPTED, EXIT_ITEMS_FAILED, EXIT_TERMINATED
 
 STOPPED_WITHIN = 10.0
 """Seconds from the signal to the job's exit."""
+ENGINE_LOADING = "120"
+"""Seconds each fake engine takes to load in the start-up rounds: longer than any of them."""
 
 
-def start(inputs: Path, out: Path, mark: str) -> subprocess.Popen[bytes]:
+def start(inputs: Path, out: Path, mark: str, **extra: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, str(FAKE_CLI), "caption", str(inputs), "--model", "fake"]
     argv += ["--out", str(out), "--no-progress"]
-    env = os.environ | {"FAKE_STEP_SECONDS": STEP_SECONDS, "FAKE_REPLICAS": "2"}
+    env = os.environ | {"FAKE_STEP_SECONDS": STEP_SECONDS, "FAKE_REPLICAS": "2", **extra}
     return subprocess.Popen(
         argv,
         env=env | {"MMBATCH_TEST_MARK": mark, "FAKE_ENGINE_CORE": "1"},
@@ -102,27 +104,25 @@ def test_ctrl_c_at_random_moments_of_start_up_exits_130_and_resumes_exactly(
     expected = comparable(whole_rows(tmp_path / "reference.jsonl"))
     assert len(expected) == total
 
-    seed = random.randrange(1 << 30)
+    seed = 3
     rng = random.Random(seed)
-    interrupted = 0
     for round_no in range(5):
         where = f"round {round_no}, seed {seed}"
         out = tmp_path / f"out-{round_no}.jsonl"
-        job = start(inputs, out, mark)
+        # Its engines load for longer than the moment drawn can be (the reference's start-up,
+        # timed on a machine whose load may have dropped since): the signal lands in start-up.
+        job = start(inputs, out, mark, FAKE_START_SECONDS=ENGINE_LOADING)
         time.sleep(rng.uniform(0, startup))  # imports, listing, replicas starting
         code = stop(job, signal.SIGINT, where)
         stderr = job.stderr.read().decode()  # type: ignore[union-attr]
         job.stderr.close()  # type: ignore[union-attr]
         assert_none_left(mark, job.pid)
-        if code == EXIT_ITEMS_FAILED:
-            continue  # the job had finished before the signal came
         if code != -signal.SIGINT:
             assert code == EXIT_INTERRUPTED, f"{where}: exit {code}\n{stderr[-2000:]}"
             assert "Traceback" not in stderr, f"{where}\n{stderr[-2000:]}"
             assert "run the same command again to resume" in stderr.splitlines()[-1], where
         # else: Ctrl-C while Python was still importing the command, before it could take the
         # signal: Python ends itself by SIGINT, which a shell also reports as 130.
-        interrupted += 1
         if out.exists() and out.stat().st_size:
             assert out.read_bytes().endswith(b"\n"), f"a torn row after {where}"
         for row in whole_rows(out):
@@ -133,7 +133,6 @@ def test_ctrl_c_at_random_moments_of_start_up_exits_130_and_resumes_exactly(
         resumed.stderr.close()  # type: ignore[union-attr]
         assert comparable(whole_rows(out)) == expected, where
     assert_none_left(mark)
-    assert interrupted >= 3, f"seed {seed}: only {interrupted} signals landed before the end"
 
 
 def stops_after_rows_started(tmp_path: Path, rounds: int, seed: int) -> None:

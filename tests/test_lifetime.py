@@ -42,7 +42,7 @@ def leave_a_segment(mode: str) -> tuple[str, str]:
     return proc.stdout.strip(), proc.stderr
 
 
-def gone(name: str, within: float = 10.0) -> bool:
+def gone(name: str, within: float = 60.0) -> bool:
     """Whether the segment ``name`` is unlinked within ``within`` seconds (the quiet
     tracker's stderr is not the test's pipe: it may still be at work when the run ends)."""
     deadline = time.monotonic() + within

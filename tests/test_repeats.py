@@ -226,7 +226,7 @@ class Held(FakeEngine):
         super().abort(request_ids)
 
 
-def until(condition: object, seconds: float = 20) -> None:
+def until(condition: object, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
         time.sleep(0.01)

@@ -309,7 +309,7 @@ def test_allowed_urls_are_fetched_within_size_and_time(server: str, samples: Pat
     started = time.monotonic()
     with pytest.raises(MediaError, match=r"took over 1 s|timed out") as slow:
         read_source(f"{server}/slow", policy)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # the 1 s limit, not the body's 20 s
     assert slow.value.kind == "unreadable"
     with pytest.raises(MediaError, match="HTTP 404 Not Found") as missing:
         read_source(f"{server}/nope.jpg", policy)

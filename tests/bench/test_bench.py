@@ -208,7 +208,7 @@ def test_the_datasets_sides_are_whole_processes_over_one_imagefolder(
 def test_cpu_monitor_counts_this_process_and_its_children() -> None:
     from mmbatch.bench.monitor import CpuMonitor
 
-    burn = "import time\nwhile time.process_time() < 0.6: pass"
+    burn = "import time\nwhile time.process_time() < 1.2: pass"  # sampled long before its end
     with CpuMonitor(interval=0.05) as cpu:
         child = subprocess.Popen([sys.executable, "-c", burn])
         until = time.process_time() + 0.3

@@ -1,13 +1,16 @@
 """Every face that runs a job begins its engine before it reads its inputs
 (``mmbatch.engine.early``): ``caption``, ``frames``, ``run`` and ``run_dataset``, each sized
 for the media its options or its inputs' names say a prompt carries. Shown by the order of
-events, with a fake engine whose start records when it was entered and a listing slowed
-down; a mistake in the inputs, or Ctrl-C while they are read, closes the engine begun."""
+events, with a fake engine whose start records when it was entered and a listing that, an
+engine's start being begun, waits for it to be entered (else the start and the listing race
+on a loaded machine); a mistake in the inputs, or Ctrl-C while they are read, closes the
+engine begun."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +29,9 @@ from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.early import EngineStart
 
 LISTING_SECONDS = 0.5
+"""How long a listing takes where no engine's start was begun."""
+ENTERED_WITHIN = 30.0
+"""How long a listing waits, at most, for an engine's start begun to be entered."""
 PICTURES = ("sunset.jpg", "checkerboard.png", "shapes_alpha.png")
 
 
@@ -45,9 +51,13 @@ class Events:
         self.engines: list[ClosedEngine] = []
         self.media: list[dict[str, int]] = []
         self.sizes: list[int | None] = []
+        self.begun = threading.Event()
+        """An engine's start was begun in the background."""
+        self.entered = threading.Event()
 
     def engine(self, host: Any, media: dict[str, int], layout: Any) -> tuple[Any, Any]:
         self.names.append("engine start entered")
+        self.entered.set()
         self.media.append(dict(media))
         self.engines.append(ClosedEngine())
         return self.engines[-1], layout
@@ -57,7 +67,10 @@ class Events:
 
         def slow(*args: Any, **kwargs: Any) -> Any:
             self.names.append("listing begun")
-            time.sleep(LISTING_SECONDS)
+            if self.begun.is_set():  # a start begun before: entered meanwhile, if it overlaps
+                self.entered.wait(ENTERED_WITHIN)
+            else:
+                time.sleep(LISTING_SECONDS)
             try:
                 if fails is not None:
                     raise fails
@@ -82,7 +95,10 @@ def events(monkeypatch: pytest.MonkeyPatch) -> Events:
 
     def sized(cls: type[EngineStart], config: Any, media: Any, requests: int | None) -> Any:
         seen.sizes.append(requests)  # the job's size as the face guessed it
-        return begin(config, media, requests)
+        start = begin(config, media, requests)
+        if start._thread is not None:
+            seen.begun.set()
+        return start
 
     monkeypatch.setattr(EngineStart, "begin", classmethod(sized))
     return seen

@@ -1,10 +1,12 @@
 """The engine's start overlaps the reading of the job's inputs (``mmbatch.engine.early``):
 shown by the order of events, with a fake engine whose start records when it was entered
-and a batch file whose parse is slowed down."""
+and a batch file whose parse, an engine's start being begun, waits for it to be entered (else
+the start and the parse race on a loaded machine)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,9 +18,13 @@ from processes import starts_ended
 from mmbatch import cli
 from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.engine import registry
+from mmbatch.engine.early import EngineStart
 from mmbatch.openai_batch import reader
 
 PARSE_SECONDS = 0.5
+"""How long a parse takes where no engine's start was begun."""
+ENTERED_WITHIN = 30.0
+"""How long a parse waits, at most, for an engine's start begun to be entered."""
 
 
 class Events:
@@ -28,9 +34,13 @@ class Events:
         self.names: list[str] = []
         self.engines: list[ClosedEngine] = []
         self.media: list[dict[str, int]] = []
+        self.begun = threading.Event()
+        """An engine's start was begun in the background."""
+        self.entered = threading.Event()
 
     def engine(self, host: Any, media: dict[str, int], layout: Any) -> tuple[Any, Any]:
         self.names.append("engine start entered")
+        self.entered.set()
         self.media.append(dict(media))
         engine = ClosedEngine()
         self.engines.append(engine)
@@ -53,14 +63,26 @@ def events(monkeypatch: pytest.MonkeyPatch) -> Events:
 
     def slow_parse(*args: Any, **kwargs: Any) -> Any:
         seen.names.append("parse begun")
-        time.sleep(PARSE_SECONDS)
+        if seen.begun.is_set():  # a start begun before: entered meanwhile, if it overlaps
+            seen.entered.wait(ENTERED_WITHIN)
+        else:
+            time.sleep(PARSE_SECONDS)
         try:
             return parse(*args, **kwargs)
         finally:
             seen.names.append("parse done")
 
+    begin = EngineStart.begin
+
+    def noted(cls: type[EngineStart], config: Any, media: Any, requests: int | None) -> Any:
+        start = begin(config, media, requests)
+        if start._thread is not None:
+            seen.begun.set()
+        return start
+
     monkeypatch.setattr(registry, "shared_engine_and_layout", seen.engine)
     monkeypatch.setattr(reader, "read_batch", slow_parse)
+    monkeypatch.setattr(EngineStart, "begin", classmethod(noted))
     return seen
 
 

@@ -110,7 +110,7 @@ def test_a_job_on_the_kept_engine_writes_the_rows_of_the_same_job_alone(
     assert all(r["error"] is None for r in kept_rows)
     summary = json.loads((tmp_path / "kept.jsonl.summary.json").read_text())
     assert summary["job"]["engines"].startswith(f"kept engine {NAME}: ")
-    assert summary["stats"]["startup_seconds"] < 3.0
+    assert summary["stats"]["startup_seconds"] < 10.0  # seconds: no engine start, on any load
 
 
 def test_the_socket_is_owner_only_in_an_owner_only_folder(kept: Kept) -> None:

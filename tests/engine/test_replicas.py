@@ -17,6 +17,7 @@ from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -243,8 +244,8 @@ def run(requests: list[Request], engine: ReplicaEngine) -> list[dict]:  # type: 
     return sink.rows
 
 
-def fakes(count: int, **kwargs: object) -> RoutedReplicas:
-    factory = partial(FakeEngine, per_step=2, step_seconds=0.01, capacity=8, **kwargs)
+def fakes(count: int, step_seconds: float = 0.01, **kwargs: object) -> RoutedReplicas:
+    factory = partial(FakeEngine, per_step=2, step_seconds=step_seconds, capacity=8, **kwargs)
     return RoutedReplicas(factory, [None] * count)
 
 
@@ -252,7 +253,9 @@ def test_two_replicas_share_the_work_and_keep_an_images_requests_together(
     tmp_path: Path,
 ) -> None:
     requests = caption_requests(write_pictures(tmp_path / "p", 24), ["a", "b", "c"])  # prompt-major
-    engine = fakes(2)
+    # Steps of 50 ms: the job lasts about a second, so that a replica process a loaded machine
+    # leaves waiting for a moment still does its share (at 10 ms, the job took 0.2 s).
+    engine = fakes(2, step_seconds=0.05)
     try:
         rows = run(requests, engine)
     finally:
@@ -351,8 +354,8 @@ def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_thei
         assert job.stdout is not None
         assert job.stdout.readline() == b"ready\n"
         ready = time.monotonic()
-        assert job.wait(timeout=30) == 0
-        assert time.monotonic() - ready < 10  # not the 60 s each engine's close would take
+        assert job.wait(timeout=40) == 0
+        assert time.monotonic() - ready < 40  # not the 60 s each engine's close would take
     assert not left_after(partial(in_session, job.pid), 2.0)
 
 
@@ -470,9 +473,9 @@ def text_request(request_id: str, prompt: str) -> LoadedRequest:
 
 def replies(parent: Connection, until: Callable[[list[Any]], bool]) -> list[Any]:
     got: list[Any] = []
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a liveness bound: replies come in milliseconds
     while not until(got):
-        assert time.monotonic() < deadline, f"no such reply within 10 s: {got}"
+        assert time.monotonic() < deadline, f"no such reply within 60 s: {got}"
         if parent.poll(0.1):
             got.append(parent.recv())
     return got
@@ -503,29 +506,45 @@ def test_a_replica_adds_steps_reports_and_stops_when_told() -> None:
 
 
 class CountedStats(FakeEngine):
-    """Counts its counter reads (vLLM's: milliseconds of Python each)."""
+    """Counts its counter reads (vLLM's: milliseconds of Python each), each with the replica
+    loop's clock (``clock``: its last reading) and the requests it held then."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: list[float]) -> None:
         # A step as slow as a small model's: the replica's receiving thread keeps ahead of it.
         super().__init__(per_step=1, step_seconds=0.02)
-        self.reads = 0
+        self.clock = clock
+        self.reads: list[tuple[float, int]] = []
 
     def cache_stats(self) -> CacheStats:
-        self.reads += 1
-        return CacheStats(prefix_queries=self.reads)
+        self.reads.append((self.clock[-1], self.num_unfinished()))
+        return CacheStats(prefix_queries=len(self.reads))
 
 
-def test_a_replica_reads_its_engines_counters_now_and_then_and_when_it_runs_dry() -> None:
-    engine = CountedStats()
-    # All waiting from the start: sent one by one, on a loaded machine each could be served
-    # before the next arrived, the replica running dry (and reading) after every one.
+def test_a_replica_reads_its_engines_counters_now_and_then_and_when_it_runs_dry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mmbatch.engine import replicas
+
+    clock: list[float] = []
+
+    def reading() -> float:
+        clock.append(time.monotonic())
+        return clock[-1]
+
+    monkeypatch.setattr(replicas, "time", SimpleNamespace(monotonic=reading, sleep=time.sleep))
+    engine = CountedStats(clock)
+    # All waiting from the start: sent one by one, each could be served before the next
+    # arrived, the replica running dry (and reading, as it should) after every one.
     adds = [("add", text_request(f"r{i}", "hi"), [], Sampling()) for i in range(40)]
     parent, loop = serving(engine, adds)
     got = replies(parent, lambda got: len(results_in(got)) == 40)
     reports = [m for m in got if m[0] == "results" and m[1]]
-    assert len(reports) >= 20  # a step per request, most of them a report of their own
-    assert engine.reads < len(reports) / 2
-    assert got[-1][3].prefix_queries == engine.reads  # read afresh once it had nothing left
+    assert len(reports) == 40  # a step per request, each a report of its own
+    # Each read but the first came once the engine held nothing, or STATS_SECONDS after the
+    # one before by the replica's own clock: not at every report, however fast they come.
+    for (before, _), (at, held) in zip(engine.reads, engine.reads[1:], strict=False):
+        assert held == 0 or at - before >= replicas.STATS_SECONDS, engine.reads
+    assert got[-1][3].prefix_queries == len(engine.reads)  # read afresh once it had nothing left
     parent.send(("stop",))
     loop.join(timeout=10)
 
@@ -558,7 +577,7 @@ def test_a_replica_whose_engine_dies_says_so_and_stops() -> None:
 
 
 def slow_to_start_fake() -> FakeEngine:
-    time.sleep(30)  # loading a model
+    time.sleep(120)  # loading a model
     return FakeEngine(per_step=2, step_seconds=0.01, capacity=8)
 
 
@@ -589,35 +608,48 @@ def running(pid: int) -> bool:
         return False
 
 
-def fake_with_a_child(pids: Any) -> FakeEngine:
+def fake_with_a_child(pids: Any, closing: Any, closed: Any) -> FakeEngine:
     """A fake engine that, as vLLM's does, starts a process of its own (in the replica's
-    process group) that would outlive it, and takes 3 s to close."""
+    process group) that would outlive it, and whose close waits for the other replica's
+    (``closing``, a barrier of two; 20 s at most, well within the replicas' time to stop):
+    ``closed`` gets whether the two closes ran at once."""
     import subprocess
+    import threading
 
     child = subprocess.Popen(["sleep", "600"])
     pids.put(child.pid)
     engine = FakeEngine(per_step=2, step_seconds=0.01, capacity=8)
-    engine.close = lambda: time.sleep(3)  # type: ignore[method-assign]
+
+    def close() -> None:
+        try:
+            closing.wait(timeout=20)
+            closed.put(True)
+        except threading.BrokenBarrierError:  # the other closes before or after this one
+            closed.put(False)
+
+    engine.close = close  # type: ignore[method-assign]
     return engine
 
 
 def test_closing_stops_every_replica_together_and_leaves_nothing_they_started(
     tmp_path: Path,
 ) -> None:
-    pids = multiprocessing.get_context("spawn").Queue()
+    spawn = multiprocessing.get_context("spawn")
+    pids, closing, closed = spawn.Queue(), spawn.Barrier(2), spawn.Queue()
     before = set(multiprocessing.active_children())  # a shared engine's replicas may live on
-    engine = ReplicaEngine(partial(fake_with_a_child, pids), [None, None])
+    engine = ReplicaEngine(partial(fake_with_a_child, pids, closing, closed), [None, None])
     children = [pids.get(timeout=30), pids.get(timeout=30)]
     replicas = [p.pid for p in set(multiprocessing.active_children()) - before]
     assert len(replicas) == 2
     rows = run(caption_requests(write_pictures(tmp_path, 4), ["Describe."]), engine)
     assert len(rows) == 4
-    began = time.monotonic()
     engine.close()
-    assert time.monotonic() - began < 5.5  # both engines closed at once: 3 s, not 6
+    # both engines closed at once: each close met the other's, not one after the other
+    assert [closed.get(timeout=30), closed.get(timeout=30)] == [True, True]
     assert not [pid for pid in [*children, *replicas] if running(pid)]
-    pids.close()
-    pids.join_thread()
+    for queue in (pids, closed):
+        queue.close()
+        queue.join_thread()
 
 
 def test_a_shared_engine_is_kept_until_it_closes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -721,6 +753,6 @@ def test_a_mistake_found_while_the_replicas_start_ends_them_at_once() -> None:
     began = time.monotonic()
     with pytest.raises(ConfigError, match="max_model_len"):
         ReplicaEngine(slow_to_start_fake, [None, None], None, check)
-    assert time.monotonic() - began < 10  # ended, not waited for
+    assert time.monotonic() - began < 60  # ended, not waited for (120 s)
     assert len(starting) >= 2
     assert not any(p.is_alive() for p in starting)

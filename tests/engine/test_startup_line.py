@@ -8,15 +8,18 @@ with the tiny model, so that vLLM's own log lines are shown to be picked up."""
 from __future__ import annotations
 
 import os
+import re
 import select
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import TINY_ENGINE_FLAGS
 
+from mmbatch.engine import startup_line
 from mmbatch.engine.startup_line import CLEAR, PHASES, TICK, StartupLine, phase_of
 
 VLLM_LINES = [  # as vLLM 0.32 writes them into the log mmbatch gives it
@@ -43,15 +46,28 @@ def read_all(fd: int, wait: float = 0.5) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def wait_for(condition: object, seconds: float = 5.0) -> None:
+def read_until(fd: int, drawn: str, seconds: float = 30.0) -> str:
+    """What the terminal's other end receives until it has received ``drawn`` (a pattern),
+    read as it comes: the line is drawn at a tick, which a loaded machine may delay."""
+    said = ""
     deadline = time.monotonic() + seconds
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline
-        time.sleep(TICK / 2)
+    while not re.search(drawn, said, re.DOTALL):
+        assert time.monotonic() < deadline, f"{drawn!r} not drawn within {seconds} s: {said!r}"
+        if select.select([fd], [], [], 0.1)[0]:
+            said += os.read(fd, 65536).decode("utf-8", "replace")
+    return said
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The line's clock, set by the test: the seconds it shows are the ones the test says."""
+    now = [1000.0]
+    monkeypatch.setattr(startup_line, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
 
 
 def test_the_line_follows_vllm_s_log_and_the_engines_ready_on_a_terminal(
-    tmp_path: Path,
+    tmp_path: Path, clock: list[float]
 ) -> None:
     log = tmp_path / "o.jsonl.vllm.log"
     log.write_text("an earlier run's line: Starting to load model x\n")  # appended to: skipped
@@ -60,17 +76,15 @@ def test_the_line_follows_vllm_s_log_and_the_engines_ready_on_a_terminal(
     try:
         with StartupLine(log, engines=2, ready=lambda: ready[0], fd=slave) as line:
             assert line.shows
-            time.sleep(3 * TICK)
-            first = read_all(master)
+            first = read_until(master, "engines ready 0 of 2")
             with log.open("a") as file:
                 for text in VLLM_LINES[:3]:
                     file.write(text + "\n")
-            time.sleep(3 * TICK)
-            loading = read_all(master)
+            loading = read_until(master, "loading weights, 0 s, engines ready 0 of 2")
+            clock[0] += 3
             ready[0] = 1
             print("mmbatch: a line printed while it shows", file=sys.stderr)
-            time.sleep(3 * TICK)
-            later = read_all(master)
+            later = read_until(master, "loading weights, 3 s, engines ready 1 of 2")
         after = read_all(master)
     finally:
         os.close(master)
@@ -92,13 +106,13 @@ def test_a_line_printed_meanwhile_takes_the_status_line_off_first(tmp_path: Path
         with open(os.dup(slave), "w") as terminal:
             sys.stderr = terminal  # a command's stderr: the same terminal
             with StartupLine(log, engines=1, fd=slave):
-                time.sleep(3 * TICK)
+                said = read_until(master, "starting vLLM: importing vLLM")
                 sys.stderr.write("mmbatch: warning: something")  # print's two writes,
                 time.sleep(5 * TICK)  # far apart: the line waits for the second
                 sys.stderr.write(" to say\n")
-                time.sleep(5 * TICK)
+                said += read_until(master, "to say.*starting vLLM: importing vLLM")
             sys.stderr = saved
-        said = read_all(master)
+        said += read_all(master)
     finally:
         sys.stderr = saved
         os.close(master)
@@ -158,8 +172,8 @@ def test_a_log_that_cannot_be_read_ends_nothing(tmp_path: Path) -> None:
     master, slave = os.openpty()
     try:
         with StartupLine(tmp_path / "no-folder" / "vllm.log", engines=1, fd=slave):
-            time.sleep(3 * TICK)
-        said = read_all(master)
+            said = read_until(master, "starting vLLM: importing vLLM")
+        said += read_all(master)
     finally:
         os.close(master)
         os.close(slave)

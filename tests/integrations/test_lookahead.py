@@ -29,10 +29,25 @@ BATCH = 12
 """Rows per batch: three times the engine's capacity, so a batch takes steps to go through."""
 
 
+HOLD_SECONDS = 30.0
+"""The longest a paced engine holds a batch's last row for the next batch's to come."""
+
+
 class PacedEngine(FakeEngine):
     """Finishes its oldest request first, one a step, each step taking a while (as a real
     model's does), holding four at a time; logs each request's arrival and finish, in
-    order, by prompt."""
+    order, by prompt.
+
+    Where a test says which batch each prompt is of (``batch_of_prompt``) and which batches
+    are their shard's last (``last_batches``), the engine keeps the last row it holds of a
+    batch unfinished until a row of a later batch is in (``HOLD_SECONDS`` at most), as a real
+    engine's slowest request is still running when a look-ahead comes: whether the next batch
+    comes in time is then the map's doing, not the machine's load. A map that submits the
+    next batch only after this one's rows are back finds the row held, and its batch done
+    before the next one begins."""
+
+    batch_of_prompt: Callable[[str], int] | None = None
+    last_batches: frozenset[int] = frozenset()
 
     def __init__(self, log_file: Path) -> None:
         super().__init__(per_step=1, capacity=4, step_seconds=0.02)
@@ -40,6 +55,7 @@ class PacedEngine(FakeEngine):
         self.log_file = log_file
         """Where the log is kept too, for a test to read from a worker process's engine."""
         self._prompts: dict[str, str] = {}
+        self._held_since: float | None = None
 
     def add(self, request: LoadedRequest, media: Sequence[MediaItem], sampling: Sampling) -> None:
         super().add(request, media, sampling)
@@ -48,10 +64,25 @@ class PacedEngine(FakeEngine):
 
     def step(self) -> list[Result]:
         time.sleep(self.step_seconds)
+        if self._holds_its_batch_s_last_row():
+            return []
         done, self._queue = self._queue[:1], self._queue[1:]
         self.log.extend(("done", self._prompts[r.request_id]) for r in done)
         self.log_file.write_text(json.dumps(self.log))
         return done
+
+    def _holds_its_batch_s_last_row(self) -> bool:
+        batch = type(self).batch_of_prompt
+        if batch is None or len(self._queue) != 1:
+            self._held_since = None
+            return False
+        mine = batch(self._prompts[self._queue[0].request_id])
+        if mine in self.last_batches or any(batch(p) > mine for p in self._prompts.values()):
+            self._held_since = None
+            return False
+        if self._held_since is None:
+            self._held_since = time.monotonic()
+        return time.monotonic() - self._held_since < HOLD_SECONDS
 
 
 @pytest.fixture
@@ -105,6 +136,15 @@ def batch_of(prompt: str) -> int:
     return int(prompt.split()[1]) // BATCH
 
 
+def held_for_the_next(
+    monkeypatch: pytest.MonkeyPatch, batch: Callable[[str], int], last: Sequence[int]
+) -> None:
+    """Paced engines (a ``num_proc`` worker's too) hold each batch's last row until the
+    next batch is in: ``batch`` tells a prompt's batch, ``last`` the shards' last ones."""
+    monkeypatch.setattr(PacedEngine, "batch_of_prompt", staticmethod(batch))
+    monkeypatch.setattr(PacedEngine, "last_batches", frozenset(last))
+
+
 def assert_looked_ahead(log: Sequence[tuple[str, str]], batches: range) -> None:
     """Each batch but the last had the next one's rows in the engine before its own last
     row was done: the engine did not drain between them."""
@@ -120,8 +160,12 @@ def assert_looked_ahead(log: Sequence[tuple[str, str]], batches: range) -> None:
 
 @pytest.mark.parametrize("with_indices", [False, True])
 def test_the_next_batch_is_in_the_engine_before_this_one_is_done(
-    tmp_path: Path, engines: dict[int, PacedEngine], with_indices: bool
+    tmp_path: Path,
+    engines: dict[int, PacedEngine],
+    with_indices: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    held_for_the_next(monkeypatch, batch_of, last=[3])
     ds = dataset(4 * BATCH)
     out = ds.map(task(tmp_path), batched=True, batch_size=BATCH, with_indices=with_indices)
     assert_own_answers(out)
@@ -135,9 +179,11 @@ def test_the_next_batch_is_in_the_engine_before_this_one_is_done(
 
 
 def test_a_filtered_dataset_and_a_dropped_last_batch(
-    tmp_path: Path, engines: dict[int, PacedEngine]
+    tmp_path: Path, engines: dict[int, PacedEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ds = dataset(5 * BATCH).filter(lambda row: row["n"] % 3 != 1)
+    index = {prompt: n for n, prompt in enumerate(ds["prompt"])}
+    held_for_the_next(monkeypatch, lambda prompt: index[prompt] // BATCH, last=[2])
     out = ds.map(task(tmp_path), batched=True, batch_size=BATCH, drop_last_batch=True)
     assert out.num_rows == ds.num_rows // BATCH * BATCH == 3 * BATCH
     assert_own_answers(out)
@@ -151,8 +197,9 @@ def test_a_filtered_dataset_and_a_dropped_last_batch(
 
 
 def test_decoded_pictures_are_guessed_by_their_pixels(
-    tmp_path: Path, engines: dict[int, PacedEngine]
+    tmp_path: Path, engines: dict[int, PacedEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    held_for_the_next(monkeypatch, batch_of, last=[2])
     ds = dataset(3 * BATCH).cast_column("image", datasets.Image())  # PIL images
     out = ds.map(task(tmp_path), batched=True, batch_size=BATCH)
     assert_own_answers(out)
@@ -197,8 +244,12 @@ def test_a_batch_other_than_the_one_guessed_gets_its_own_answers(
 
 
 def test_num_proc_shards_each_look_ahead_in_their_own(
-    tmp_path: Path, engines: dict[int, PacedEngine], environ_kept: None
+    tmp_path: Path,
+    engines: dict[int, PacedEngine],
+    environ_kept: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    held_for_the_next(monkeypatch, batch_of, last=[2, 5])  # a shard of three batches each
     ds = dataset(6 * BATCH)
     out = ds.map(
         task(tmp_path),

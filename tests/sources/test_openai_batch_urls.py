@@ -113,8 +113,8 @@ def test_without_allow_urls_each_remote_image_is_its_lines_error(
 
 
 def test_a_lines_urls_are_fetched_together(tmp_path: Path, server: MediaServer) -> None:
-    """Each answer is delayed: the URLs of one unit are in flight at the same time, not one
-    after another."""
+    """The server answers once it is asked two at once (10 s at most): the URLs of one unit
+    are in flight at the same time, not one after another."""
     lines = [batch_line(f"l{i}", f"{server.url}/late/p{i}.png") for i in range(4)]
     code, rows = run_batch(write_batch(tmp_path, lines), tmp_path / "o.jsonl", "--allow-urls")
     assert code == EXIT_OK

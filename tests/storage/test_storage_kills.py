@@ -5,8 +5,8 @@ uninterrupted run.
 
 The job is the real command (sources, loader, pipeline, the output's commit) in a
 subprocess with the fake engine (``tests/fake_cli.py``), against the tests' S3 server, so a
-kill costs a second or two. Kills land at random times (start-up, reading, writing parts,
-assembling) and just before a random one of the output's writes and deletes
+kill costs a second or two. Kills land at times drawn from a fixed seed (start-up, reading,
+writing parts, assembling) and just before one of the output's writes and deletes, drawn alike
 (``FAKE_KILL_AT_STORAGE_WRITE``): between a part and the next, between the assembly and its
 marker, half-way through clearing the parts, before the summary.
 
@@ -129,7 +129,7 @@ def test_random_kills_of_a_job_in_storage_lose_nothing_and_duplicate_nothing(
     expected = {row["id"]: comparable(row) for row in reference}
     assert len(expected) == total
 
-    seed = random.randrange(1 << 30)
+    seed = 11  # a fixed seed: what the kills are is not a draw of the run
     rng = random.Random(seed)
     kills = mid_job = at_writes = finished = 0
     out = "rows/out-0.jsonl"
