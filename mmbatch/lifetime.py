@@ -28,11 +28,45 @@ import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 ORPHANED_EXIT = 70
 """The exit code of a helper that ended because its job was gone (``os.EX_SOFTWARE``)."""
+
+
+@contextmanager
+def ctrl_c_left_to_the_job() -> Iterator[None]:
+    """Processes started inside the ``with`` start with SIGINT blocked, and keep it so.
+
+    Ctrl-C in a terminal reaches the job's whole process group: a helper the job stops on
+    its own would die of it where it stands (a decode worker still importing, or waiting
+    for work) and print its traceback on the job's terminal. A blocked signal stays blocked
+    across the helper's start (fork, then exec: ``spawn``) and is never delivered there.
+    Only this thread's mask changes meanwhile: a Ctrl-C for the job is taken by another of
+    its threads, or by this one as the ``with`` ends. multiprocessing's resource tracker
+    is started first, as a spawn would start it: its start unblocks SIGINT in this thread."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def take_ctrl_c_again() -> None:
+    """In a helper started with Ctrl-C left to its job (``ctrl_c_left_to_the_job``), once a
+    terminal's Ctrl-C can no longer reach it (it leads a process group of its own): SIGINT
+    unblocked, here and in what it starts (vLLM's engine core stops on it), and one that
+    came while it was blocked dropped (ignored while pending, a signal is discarded)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # only a process's main thread sets its handlers: not a helper's start
+    kept = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, kept)
 
 
 def end_with_parent(end: Callable[[], object]) -> bool:

@@ -9,6 +9,10 @@ resumable sink and the exit codes. The kill tests run it as a subprocess
   command runs vLLM: ``ReplicaEngine``);
 * ``FAKE_ENGINE_CORE=1``: each fake engine starts a child process, as vLLM's engine starts
   its engine core, and ``FAKE_START_SECONDS`` then loads that long;
+* ``FAKE_BEGUN_EARLY=1``: the command starts the fake engine itself, where it starts vLLM's
+  (``builder.start_engine``): begun while the inputs are listed (``mmbatch.engine.early``),
+  as the real command's is, rather than handed to it (``--model`` then names a folder with
+  a ``config.json``);
 * ``FAKE_TEAR_AT_ROW=N``: the job SIGKILLs itself half-way through writing its N-th row, the
   torn write that a kill during ``write`` can leave;
 * ``FAKE_KILL_AT_ORDER=before`` (or ``during``): the job SIGKILLs itself once its rows are
@@ -45,8 +49,13 @@ real_write_bytes_atomic = order.write_bytes_atomic
 
 
 def main(argv: Sequence[str], engine: Engine | None = None) -> int:
-    engine = engine or fake_engine()
     with ExitStack() as patches:
+        if os.environ.get("FAKE_BEGUN_EARLY") == "1":
+            from mmbatch.engine import builder
+
+            patches.enter_context(mock.patch.object(builder, "start_engine", _started_engine))
+        else:
+            engine = engine or fake_engine()
         tear_at = os.environ.get("FAKE_TEAR_AT_ROW")
         if tear_at is not None:
             patches.enter_context(
@@ -99,6 +108,11 @@ def fake_engine() -> Engine:
     from mmbatch.engine.replicas import ReplicaEngine
 
     return ReplicaEngine(make, [None] * replicas)
+
+
+def _started_engine(host: object, media: object, layout: object) -> Engine:
+    """``builder.start_engine``'s stand-in: the fake engine, whatever was asked."""
+    return fake_engine()
 
 
 def _tearing_write(tear_at: int) -> Any:

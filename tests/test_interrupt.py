@@ -192,3 +192,58 @@ def test_sigint_and_sigterm_at_six_moments_after_rows_started_stop_the_job_in_se
     """Three Ctrl-Cs and three SIGTERMs at a fixed seed (``tests/manual``: twenty at a
     random seed)."""
     stops_after_rows_started(tmp_path, rounds=6, seed=5)
+
+
+def test_ctrl_c_while_the_job_waits_for_the_engine_it_began_exits_130_at_once(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C once the inputs are listed, while the job waits for the engine it began beside
+    the listing (still loading) and its decode workers start: exit 130 within seconds and no
+    traceback (the workers, in the terminal's process group, leave Ctrl-C to the job), the
+    engine's processes and the workers gone as it exits, and the same command then runs
+    the job to its end."""
+    inputs = tmp_path / "in"
+    total = make_inputs(inputs)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    out, mark = tmp_path / "out.jsonl", uuid.uuid4().hex
+
+    def begun_early(start_seconds: str) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, str(FAKE_CLI), "caption", str(inputs), "--model", str(model)]
+        argv += ["--out", str(out), "--no-progress", "--decode-workers", "2"]
+        env = {"FAKE_BEGUN_EARLY": "1", "FAKE_REPLICAS": "1", "FAKE_ENGINE_CORE": "1"}
+        env |= {"FAKE_START_SECONDS": start_seconds, "FAKE_STEP_SECONDS": STEP_SECONDS}
+        return subprocess.Popen(
+            argv,
+            env=os.environ | env | {"MMBATCH_TEST_MARK": mark},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    job = begun_early(start_seconds="120")
+    # Waiting: the engine's replica (begun as the listing began) and both decode workers
+    # (started as the job took its engine) are up, the engine not ready.
+    deadline = time.monotonic() + 60
+    while len([p for p in in_session(job.pid) if "spawn_main" in command(p)]) < 3:
+        assert job.poll() is None, job.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    trackers = resource_trackers(job.pid)
+    code = stop(job, signal.SIGINT, "the wait for the engine")
+    engines = [f"{pid} {command(pid)}" for pid in in_session(job.pid) if pid not in trackers]
+    stderr = job.stderr.read().decode()  # type: ignore[union-attr]
+    job.stderr.close()  # type: ignore[union-attr]
+    assert code == EXIT_INTERRUPTED, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert "run the same command again to resume" in stderr.splitlines()[-1]
+    assert not engines, f"processes outlived the job: {engines}"
+    assert_none_left(mark, job.pid)
+    assert whole_rows(out) == []
+
+    resumed = begun_early(start_seconds="0")
+    assert resumed.wait(timeout=120) == EXIT_ITEMS_FAILED
+    resumed.stderr.close()  # type: ignore[union-attr]
+    assert len(whole_rows(out)) == total
+    assert_none_left(mark)

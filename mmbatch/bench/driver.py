@@ -15,6 +15,7 @@ from mmbatch.bench.flops import minimal_flops
 from mmbatch.bench.monitor import gpu_lines
 from mmbatch.bench.sides import BASE_SIDES, run_side, side_environment, side_spec_for
 from mmbatch.bench.workloads import FRAME_FPS, make_images, make_videos
+from mmbatch.engine.installed_vllm import vllm_version
 
 PEAK_BF16_FLOPS = 790e12
 """bf16 matrix-product rate measured on an H200 (8192^3, random data)."""
@@ -149,7 +150,7 @@ def _report(
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": "mmbatch " + shlex.join(argv),
         "machine": _machine(),
-        "vllm_version": next(iter(sides.values()))["vllm_version"] if sides else None,
+        "vllm_version": vllm_version(),  # every side's: they run this interpreter
         "engine_start_s": {mode: side["engine_start_s"] for mode, side in sides.items()},
         "workload_spec": {
             "w1_images": options["w1_images"],

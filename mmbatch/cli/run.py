@@ -28,6 +28,7 @@ from mmbatch.cli.options import (
 
 if TYPE_CHECKING:
     from mmbatch.engine.base import Engine
+    from mmbatch.engine.config import EngineConfig
     from mmbatch.jobs import Job
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.recipe.spec import Recipe
@@ -80,19 +81,20 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         log_shown=engine_log_shown_from(args),
         engines_per_gpu=args.engines_per_gpu,
     )
-    if engine is None and not args.dry_run:  # the vLLM engine: sized for what the recipe needs
-        from mmbatch.recipe.fit import fit_engine
-
-        with quiet_unless_verbose(args):
-            config, note = fit_engine(recipe, config)
-        if note is not None:
-            print(f"mmbatch: {note}", file=sys.stderr)
     guessed, size = _engine_guess(recipe, args.inputs) if engine is None else (None, None)
+    # The vLLM engine is sized for what the recipe needs, which imports vLLM: before the
+    # inputs are listed where its start may begin beside the listing (their size known at a
+    # glance), else after, so that a mistake in them is said at once.
+    fits = engine is None and not args.dry_run
+    if fits and size is not None:
+        config, fits = _fitted(recipe, config, args), False
     # The engine starts while the inputs are listed: the user waits for the longer.
     with engine_begun(args, config, guessed, size) as begun:
         job = recipe_job(
             recipe, args.inputs, model, source_policy_from(args), url_policy_from(args)
         )
+        if fits:  # nothing was begun (``engine_begun`` begins only for a known size)
+            begun = config = _fitted(recipe, config, args)
         if args.dry_run:
             print(describe_recipe(args.recipe, recipe, model))
         print(
@@ -102,6 +104,17 @@ def run(args: argparse.Namespace, engine: Engine | None = None) -> int:
         )
         on_ray = None if args.ray is None else partial(ray.run, args, engine=config, recipe=recipe)
         return launch(job, engine or begun, args, on_ray)
+
+
+def _fitted(recipe: Recipe, config: EngineConfig, args: argparse.Namespace) -> EngineConfig:
+    """``config`` sized for what ``recipe`` needs (``fit_engine``), what was changed said."""
+    from mmbatch.recipe.fit import fit_engine
+
+    with quiet_unless_verbose(args):
+        config, note = fit_engine(recipe, config)
+    if note is not None:
+        print(f"mmbatch: {note}", file=sys.stderr)
+    return config
 
 
 def _engine_guess(

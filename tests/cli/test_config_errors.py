@@ -200,6 +200,44 @@ def test_a_missing_model_folder_is_said_before_vllm_is_imported(
     assert not out.parent.exists()
 
 
+INPUT_MISTAKES_OF_RUN = """
+import json, sys
+from mmbatch.cli import main
+recipe, model, out, *inputs = sys.argv[1:]
+codes = [main(["run", recipe, given, "--model", model, "--out", out]) for given in inputs]
+print(json.dumps({"codes": codes, "vllm": "vllm" in sys.modules}))
+"""
+
+
+def test_a_mistake_in_runs_inputs_is_said_before_vllm_is_imported(
+    tmp_path: Path, tiny_vl_model: Path
+) -> None:
+    """A missing input, a folder of nothing to run and a manifest that cannot be read are
+    said as ``caption`` says them, before the recipe is fitted to the model (which imports
+    vLLM, seconds); a real model, which the fit would read."""
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "rows.jsonl").write_text('{"file": "a.jpg"}\n')
+    body = '[prompt]\ntext = "Describe."\n'
+    inputs = [str(tmp_path / name) for name in ("missing", "empty", "rows.jsonl")]
+    out = tmp_path / "out" / "r.jsonl"
+    argv = [str(recipe(tmp_path, body)), str(tiny_vl_model), str(out), *inputs]
+    probe = [sys.executable, "-c", INPUT_MISTAKES_OF_RUN, *argv]
+    done = subprocess.run(probe, capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "codes": [EXIT_JOB_FAILED] * 3,
+        "vllm": False,
+    }, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [
+        f"mmbatch: error: input {inputs[0]!r} does not exist",
+        f"mmbatch: error: no images found in {inputs[1]!r}",
+        f"mmbatch: error: {inputs[2]}:1: row has no 'path' (got {{'file': 'a.jpg'}})",
+    ]
+    assert not out.parent.exists()
+
+
 def recipe(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "r.toml"
     path.write_text(textwrap.dedent(body))

@@ -7,7 +7,10 @@ jobs at once get, and who may reach the engine at all."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ import pytest
 from fake_engine import FakeEngine
 from picture_requests import caption_requests, write_pictures
 
-from mmbatch.cli import main
+from mmbatch.cli import EXIT_INTERRUPTED, main
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.kept import KeptEngine, connect_engine, refusal
 from mmbatch.engine.kept_folder import FOLDER_ENV, EngineFiles, check_private_folder
@@ -122,6 +125,39 @@ def test_a_job_gone_leaves_nothing_in_the_engine_and_the_next_job_is_served(
     assert [row["error"] for row in rows] == [None] * 12
     assert all(str(row["text"]).endswith("|Describe.") for row in rows)
     assert len({row["text"] for row in rows}) == 12  # each its own picture's answer
+
+
+def test_ctrl_c_of_a_job_on_the_kept_engine_takes_its_requests_out_and_exits_130(
+    served: Served, tmp_path: Path
+) -> None:
+    """The job's command in a process of its own, with decode workers, Ctrl-C sent to its
+    group as a terminal sends it: exit 130 with no traceback (the workers leave Ctrl-C to
+    the job), its requests aborted in the engine, not run to their end, and the same
+    command then finishes the job on the same engine."""
+    items = 60
+    write_pictures(tmp_path / "in", items)
+    out = tmp_path / "rows.jsonl"
+    argv = [sys.executable, "-m", "mmbatch", "caption", str(tmp_path / "in"), "--model", MODEL]
+    argv += ["--engine", NAME, "--out", str(out), "--no-progress", "--decode-workers", "2"]
+    job = subprocess.Popen(argv, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (out.exists() and out.read_text().count("\n") >= 2):
+        assert job.poll() is None, job.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(job.pid, signal.SIGINT)
+    assert job.wait(timeout=10) == EXIT_INTERRUPTED
+    stderr = job.stderr.read().decode()  # type: ignore[union-attr]
+    job.stderr.close()  # type: ignore[union-attr]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1].endswith("run the same command again to resume")
+    while served.engine.num_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert served.engine.num_unfinished() == 0
+    assert served.engine.steps < items  # aborted, not run to their end
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert len(out.read_text().splitlines()) == items
 
 
 def test_two_jobs_at_once_each_get_their_own_rows(served: Served, tmp_path: Path) -> None:
