@@ -6,7 +6,8 @@ flags]`` runs ``mmbatch caption`` on W1-like pictures three times:
 1. **an engine killed**: once rows flow, ``kill -9`` of one engine process (a replica: a
    child of the job leading a process group of its own); the job must finish with every
    picture's row exactly once, and the GPU memory the engine held must be free within 10 s
-   (NVML's used memory sampled every 0.2 s);
+   (NVML's used memory sampled every 0.2 s); the report gives the summary's restart
+   (``restarts``, ``restart_seconds``) apart from the work's seconds and speed;
 2. **the job killed**: once rows flow, ``kill -9`` of the job alone; within 10 s no process
    of the job may be left and the GPU's memory must be back to what it was before the job;
 3. **the resume** of that job: every picture's row exactly once.
@@ -307,7 +308,19 @@ def _engine_killed(base: list[str], out: Path, images: int, rows: int) -> dict[s
         "freed_after_s": freed_after,
         "exit": code,
         **_rows(out, images),
+        **_restart_and_work(out),
     }
+
+
+def _restart_and_work(out: Path) -> dict[str, Any]:
+    """The summary's figures of the job whose engine was killed: the restart (how many,
+    and their start-up's seconds) apart from the work (its seconds and speed)."""
+    summary = out.with_name(out.name + ".summary.json")
+    if not summary.exists():
+        return {}
+    stats = json.loads(summary.read_text())["stats"]
+    names = ("restarts", "restart_seconds", "wall_seconds", "items_per_second")
+    return {name: stats.get(name) for name in names}
 
 
 def _freed(before: int | None, used: int | None, engines: int) -> bool:

@@ -61,7 +61,7 @@ from mmbatch.output.rows import FLAT, RowBuilder
 from mmbatch.output.sinks import MemorySink, Sink
 from mmbatch.output.stats import JobStats
 from mmbatch.repeats import Repeats, request_key
-from mmbatch.types import LoadedRequest, MediaItem, Request, Result, Sampling
+from mmbatch.types import LoadedRequest, MediaItem, Request, Restarts, Result, Sampling
 
 IDLE_WAIT = 0.05
 """Seconds the driver waits for ready media when the engine has nothing to do."""
@@ -142,6 +142,9 @@ class Submission:
         self._shown = 0
         self.answered = False
         """Whether the engine has finished any of these requests yet."""
+        self.restarts_before = Restarts()
+        """The engine's restarts as this submission began (``Engine.restarts``): the ones
+        after it are its own, counted apart from its work as it ends."""
         self._bar_timed = False
 
     @property
@@ -378,6 +381,7 @@ class Pipeline:
     def _accept(self) -> None:
         while not self._inbox.empty():
             submission = self._inbox.get()
+            submission.restarts_before = self.engine.restarts()
             self._open[submission.tag] = submission
             if submission.order:
                 plan = planner.plan(submission.order)
@@ -468,6 +472,7 @@ class Pipeline:
         submission.stats.decodes, submission.stats.bytes_read = self.feeder.counts(submission.tag)
         self.feeder.forget(submission.tag)
         submission.stats.cache = self.engine.cache_stats()
+        submission.stats.count_restarts(self.engine.restarts().since(submission.restarts_before))
         submission.sink.flush()
         submission.finish(error)
 

@@ -376,3 +376,19 @@ class CacheStats:
     @property
     def mm_hit_rate(self) -> float | None:
         return self.mm_hits / self.mm_queries if self.mm_queries else None
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """An engine's restarts so far, cumulative as ``CacheStats``: its engines started again
+    after their process died (``count``), and the seconds those starts took, summed (each
+    from its process's start to its engine ready; one still starting, up to now).
+    ``engines``: how many engines it runs side by side, of which a restart holds one."""
+
+    count: int = 0
+    seconds: float = 0.0
+    engines: int = 1
+
+    def since(self, earlier: Restarts) -> Restarts:
+        """The restarts after ``earlier`` (the same engine's figures, read before)."""
+        return Restarts(self.count - earlier.count, self.seconds - earlier.seconds, self.engines)

@@ -16,7 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mmbatch.errors import FatalEngineError, RequestRejected
-from mmbatch.types import CacheStats, Choice, LoadedRequest, MediaItem, Result, Sampling, Usage
+from mmbatch.types import (
+    CacheStats,
+    Choice,
+    LoadedRequest,
+    MediaItem,
+    Restarts,
+    Result,
+    Sampling,
+    Usage,
+)
 
 
 def expected_text(media_keys: Sequence[str], prompt: str) -> str:
@@ -136,6 +145,10 @@ class FakeEngine:
 
     def cache_stats(self) -> CacheStats:
         return CacheStats()
+
+    def restarts(self) -> Restarts:
+        """It runs in the process that made it: nothing of its own to restart."""
+        return Restarts()
 
     def prompt_limits(self) -> None:
         """The fake engine has no model, hence no limits."""

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from mmbatch.media.limits import PromptLimits
-from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
+from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Restarts, Result, Sampling
 
 
 class Engine(Protocol):
@@ -47,6 +47,11 @@ class Engine(Protocol):
 
     def cache_stats(self) -> CacheStats:
         """Cumulative prefix and multimodal cache counters, as far as the engine reports them."""
+        ...
+
+    def restarts(self) -> Restarts:
+        """Its engines started again so far after their process died, and their start-up's
+        seconds (none for an engine that does not restart its own processes)."""
         ...
 
     def prompt_limits(self) -> PromptLimits | None:

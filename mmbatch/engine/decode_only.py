@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mmbatch.errors import FatalEngineError
-from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
+from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Restarts, Result, Sampling
 
 DECODE_ONLY_CAPACITY = 256
 """Requests in flight: enough to keep the decoders busy, few enough to bound held frames."""
@@ -46,6 +46,10 @@ class DecodeOnly:
 
     def cache_stats(self) -> CacheStats:
         return CacheStats()
+
+    def restarts(self) -> Restarts:
+        """No engine process, none restarted."""
+        return Restarts()
 
     def prompt_limits(self) -> None:
         """No model, no limits."""

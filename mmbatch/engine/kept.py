@@ -28,7 +28,16 @@ from typing import TYPE_CHECKING, Any
 from mmbatch.engine.kept_folder import EngineFiles
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
 from mmbatch.media.options import VideoOptions
-from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Modality, Request, Result, Sampling
+from mmbatch.types import (
+    CacheStats,
+    LoadedRequest,
+    MediaItem,
+    Modality,
+    Request,
+    Restarts,
+    Result,
+    Sampling,
+)
 
 if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig
@@ -183,6 +192,11 @@ class KeptEngine:
             now.mm_queries - base.mm_queries,
             now.mm_hits - base.mm_hits,
         )
+
+    def restarts(self) -> Restarts:
+        """None told: the kept engine restarts its engine processes in its own process, and
+        its messages to a job do not say so."""
+        return Restarts()
 
     def prompt_limits(self) -> RemoteLimits | None:
         return self._limits

@@ -17,7 +17,9 @@ again as a group on a replica that holds no other suspects (beside its ordinary 
 group that kills its replica again is split in two and each half tried in turn; a single
 request that does is the poison, and becomes the one error row, however many requests were
 in flight with it. Only when replicas keep dying without finishing anything does the job
-stop (``FatalEngineError``).
+stop (``FatalEngineError``). A restart's start-up (the model loaded again: minutes on a GPU)
+is not the job's work: the engine counts its restarts and their seconds (``restarts``), which
+the job's summary sets apart from its work's time and speed.
 
 A replica is a spawned process running ``serve``: a thread receives the parent's messages
 (so that sending a picture never waits for an engine step), the main loop adds them to its
@@ -59,7 +61,7 @@ from mmbatch.lifetime import (
     take_ctrl_c_again,
 )
 from mmbatch.media.limits import PromptLimits
-from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Result, Sampling
+from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Restarts, Result, Sampling
 
 EngineFactory = Callable[[], Engine]
 """Builds a replica's engine inside its process (picklable: a class or a ``partial``)."""
@@ -104,6 +106,9 @@ class _Replica:
     """The suspects this replica is trying (a subset of ``held``)."""
     backlog: list[tuple[Any, ...]] = field(default_factory=list)
     """Messages for a replica still starting, sent once it is ready."""
+    restarted: float | None = None
+    """When its process was started again after one died (``time.monotonic``), until its
+    engine is ready; None: not restarting."""
 
 
 class ReplicaEngine:
@@ -140,6 +145,8 @@ class ReplicaEngine:
         self._failed: list[Result] = []
         self._suspects: deque[list[str]] = deque()  # groups to try, one per replica at a time
         self._deaths_in_a_row = 0
+        self._restarts = Restarts(engines=len(self._replicas))
+        """The restarts whose start-up is over (ready, or died again while starting)."""
         self._context_limits: tuple[int, int | None] | None = None
         self._close_hooks: list[Callable[[], object]] = []
         # Replicas are not daemonic; at exit the interpreter waits for them, so they are
@@ -219,6 +226,15 @@ class ReplicaEngine:
                 total.mm_hits + r.cache.mm_hits,
             )
         return total
+
+    def restarts(self) -> Restarts:
+        """Replicas started again after their process died, and their start-up's seconds:
+        each from its new process's start to its engine ready (or to its next start, where
+        it died again first; up to now, while it still starts)."""
+        now = time.monotonic()
+        starting = [now - r.restarted for r in self._replicas if r.restarted is not None]
+        done = self._restarts
+        return replace(done, seconds=done.seconds + sum(starting))
 
     def prompt_limits(self) -> PromptLimits | None:
         if self._make_limits is None or self._context_limits is None:
@@ -314,6 +330,7 @@ class ReplicaEngine:
         if kind == "ready":
             _, capacity, context_limits, moments = message
             replica.ready, replica.capacity = True, capacity
+            self._restart_over(replica)
             note_from(f"engine_{replica.index}", moments)
             self._context_limits = self._context_limits or context_limits
             backlog, replica.backlog = replica.backlog, []
@@ -355,6 +372,9 @@ class ReplicaEngine:
                 f"engine replicas died {self._deaths_in_a_row} times without finishing a "
                 f"request; the last: replica {replica.index} ({why})"
             )
+        self._restart_over(replica)  # it died while it was starting again
+        replica.restarted = time.monotonic()
+        self._restarts = replace(self._restarts, count=self._restarts.count + 1)
         self._start(replica)
         failed = []
         if trial and len(suspects) == 1:
@@ -375,6 +395,13 @@ class ReplicaEngine:
         if trial and bystanders:
             self._suspects.append(bystanders)  # most likely innocent: tried after the halves
         return failed
+
+    def _restart_over(self, replica: _Replica) -> None:
+        """``replica``'s restart, if it was restarting, is over: its seconds are counted."""
+        if replica.restarted is not None:
+            seconds = self._restarts.seconds + time.monotonic() - replica.restarted
+            self._restarts = replace(self._restarts, seconds=seconds)
+            replica.restarted = None
 
     def _try_suspects(self) -> None:
         """Give each ready replica without a trial the next group of suspects."""

@@ -51,6 +51,7 @@ from mmbatch.types import (
     LoadedRequest,
     MediaItem,
     Modality,
+    Restarts,
     Result,
     Sampling,
     TokenLogprob,
@@ -299,6 +300,11 @@ class VLLMEngine:
             if field is not None:
                 counts[field] += int(getattr(metric, "value", 0))
         return CacheStats(**counts)
+
+    def restarts(self) -> Restarts:
+        """None: a vLLM engine whose engine core dies is over (``FatalEngineError``); the
+        engine processes around it restart it (``mmbatch.engine.replicas``)."""
+        return Restarts()
 
     def prompt_limits(self) -> PromptBudget:
         """The limits and token counts for measuring prompts before they are added: this

@@ -69,7 +69,7 @@ from mmbatch.output.folders import folder_format
 from mmbatch.output.rows import FLAT, RowShape, output_row
 from mmbatch.output.stats import JobStats
 from mmbatch.output.summary import JobReport
-from mmbatch.types import ItemError, MediaRef, Modality, Request, Result, Sampling
+from mmbatch.types import ItemError, MediaRef, Modality, Request, Restarts, Result, Sampling
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -398,8 +398,7 @@ def run_on_ray(
     startup, started = startup_split(ready_at, started)
     run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
-    # A restart holds one replica of the job's: its share of the engines' time, not work.
-    run.restarts, run.restart_seconds = restarts[0], restarts[1] / resources.replicas
+    run.count_restarts(Restarts(*restarts, engines=resources.replicas))
     laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
     info = {**whole.info, **(laid_out if layouts else {})}
     return out.summarise(whole, plan, run, info, startup)

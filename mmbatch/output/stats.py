@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from mmbatch.jsonl import write_atomic
 from mmbatch.output.rows import RowShape
-from mmbatch.types import CacheStats, Result
+from mmbatch.types import CacheStats, Restarts, Result
 from mmbatch.words import counted
 
 
@@ -97,8 +97,8 @@ class JobStats(Tally):
     restart_seconds: float = 0.0
     """What those restarts took of the run's time: their start-up (each from its process's
     start to its engine ready), over the job's engines (one of N replicas restarting holds
-    1/N of them). Start-up, not work: ``wall_seconds`` and the speed leave it out, as they
-    leave out the job's own start-up."""
+    1/N of them: ``count_restarts``). Start-up, not work: ``wall_seconds`` and the speed
+    leave it out, as they leave out the job's own start-up."""
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
 
@@ -136,6 +136,13 @@ class JobStats(Tally):
         keeps every k-th sample, at most ``most``."""
         every = max(1, -(-len(self.queue) // most))
         return [[round(q.at, 2), *q[1:]] for q in self.queue[::every]]
+
+    def count_restarts(self, restarts: Restarts) -> None:
+        """Count ``restarts`` (the run's engines' restarts, ``Engine.restarts``) as this
+        run's: while one of N engines starts again, the other N-1 still work, so its seconds
+        are 1/N of the run's seconds lost to it, whichever face ran the engines."""
+        self.restarts += restarts.count
+        self.restart_seconds += restarts.seconds / max(1, restarts.engines)
 
     @property
     def decoded_tokens(self) -> int:

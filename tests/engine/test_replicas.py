@@ -308,6 +308,58 @@ def test_a_replica_killed_mid_job_loses_and_repeats_no_row(tmp_path: Path) -> No
     assert left == [[]], f"the killed replica's group lived on: {left}"
 
 
+class KilledOnce(ReplicaEngine):
+    """Kills the process of the replica it sends its ``at``-th request to (SIGKILL, as the
+    kernel's out-of-memory killer would), once: a crash at a known point of the job."""
+
+    def __init__(self, at: int, *args: object, **kwargs: object) -> None:
+        self.sends_left = at
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def _send_to(self, replica, flight):  # type: ignore[no-untyped-def]
+        super()._send_to(replica, flight)
+        self.sends_left -= 1
+        if self.sends_left == 0:
+            os.kill(replica.process.pid, signal.SIGKILL)
+
+
+LOAD_SECONDS = 0.5
+"""How long the fake engine takes to start (a model loaded: minutes on a GPU)."""
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_restarts_start_up_is_counted_apart_from_the_work(tmp_path: Path, replicas: int) -> None:
+    """An engine started again after its process died loads its model again: the run counts
+    that start-up as a restart (``restarts``, ``restart_seconds``), and its work's time and
+    speed leave it out, as they leave out the job's own start-up. One engine of two
+    restarting holds half of the job's engines: half its seconds count."""
+    requests = caption_requests(write_pictures(tmp_path / "p", 12), ["a"])
+    loading = Lifecycle(start_seconds=LOAD_SECONDS)
+    make = partial(FakeEngine, per_step=2, capacity=8, lifecycle=loading)
+    engine = KilledOnce(4, make, [None] * replicas)
+    sink = MemorySink()
+    try:
+        stats = run_requests(
+            requests, engine, MediaOptions(), sink, Sampling(), RunConfig(progress=False)
+        )
+    finally:
+        engine.close()
+    assert sorted(r["id"] for r in sink.rows) == sorted(r.id for r in requests)
+    assert all(row["error"] is None for row in sink.rows)
+    assert stats.restarts == 1
+    assert stats.finished is not None
+    elapsed = stats.finished - stats.started
+    assert stats.wall_seconds == pytest.approx(elapsed - stats.restart_seconds)
+    if replicas == 1:  # every request waited for the model to load again
+        assert stats.restart_seconds >= LOAD_SECONDS
+    else:  # the other engine went on working: half of the run's seconds at most
+        assert 0 < stats.restart_seconds <= elapsed / 2
+    figures = stats.to_dict()
+    assert figures["restarts"] == 1
+    assert figures["items_per_second"] == pytest.approx(len(requests) / stats.wall_seconds, 0.01)
+    assert "restarts: 1 engine started again" in stats.summary()
+
+
 def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> None:
     """SIGKILL of the job while its engines load their models (the worst case: nothing
     stops them, and the GPU stays full): each replica ends its whole group (here the
