@@ -8,6 +8,7 @@ import platform
 import shlex
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,16 @@ PEAK_BF16_FLOPS = 790e12
 """bf16 matrix-product rate measured on an H200 (8192^3, random data)."""
 
 
-def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+UNFINISHED = "the runs so far: the bench was stopped before its end, or is still running"
+"""The report's ``unfinished`` key, in what is saved after each run and gone from the last."""
+
+
+def run_bench(
+    options: dict[str, Any], argv: list[str], save: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Every side and whole-process run ``options`` asks for; the report so far goes to
+    ``save`` after each, so that a bench cut short (a time limit, Ctrl-C, a lost machine)
+    keeps what it measured, marked ``unfinished``. Returns the whole report."""
     work = Path(options["work_dir"] or tempfile.mkdtemp(prefix="mmbatch-bench-"))
     size, seed = options["size"], options["seed"]
     spec = bench_spec(options, work)
@@ -46,14 +56,24 @@ def run_bench(options: dict[str, Any], argv: list[str]) -> dict[str, Any]:
             side_environment(variant),
         )
         sides[mode] = json.loads(result_path.read_text())
+        save({**_report(options, argv, spec, sides), "unfinished": UNFINISHED})
     report = _report(options, argv, spec, sides)
     if options.get("whole"):
         from mmbatch.bench.whole import run_whole, whole_ratios
 
+        def with_whole(runs: list[dict[str, Any]]) -> dict[str, Any]:
+            return {**report, "whole_process": {"runs": runs, **whole_ratios(runs)}}
+
         count = max(options["whole"])
         images = [str(p) for p in make_images(work / "whole-source", count, size, seed + 7)]
-        runs = run_whole(options, spec, images, work)
-        report["whole_process"] = {"runs": runs, **whole_ratios(runs)}
+        runs = run_whole(
+            options,
+            spec,
+            images,
+            work,
+            lambda so_far: save({**with_whole(so_far), "unfinished": UNFINISHED}),
+        )
+        report = with_whole(runs)
     return report
 
 

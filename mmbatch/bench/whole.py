@@ -49,6 +49,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,16 @@ MAP_BATCH = 512
 
 
 def run_whole(
-    options: dict[str, Any], spec: dict[str, Any], images: list[str], work: Path
+    options: dict[str, Any],
+    spec: dict[str, Any],
+    images: list[str],
+    work: Path,
+    after_each: Callable[[list[dict[str, Any]]], None],
 ) -> list[dict[str, Any]]:
     """Every whole-process run ``options["whole"]`` asks for: each picture count, each mode
     but ``prebuilt``, ``options["whole_repeats"]`` times, the order reversed from one count
-    or repeat to the next; the frames sides once per repeat, over W3's videos."""
+    or repeat to the next; the frames sides once per repeat, over W3's videos. The runs so
+    far go to ``after_each`` after each run."""
     modes = [m for m in options["modes"] if m != "prebuilt" and m not in FRAME_MODES]
     entries = []
     for n, count in enumerate(options["whole"]):
@@ -115,28 +121,34 @@ def run_whole(
                 print(f"bench: whole process, {count} pictures, {mode}", file=sys.stderr)
                 entry = _side_run(options, spec, mode, folder, out)
                 entries.append({"images": count, "mode": mode, "repeat": repeat, **entry})
+                after_each(entries)
     frame_modes = [m for m in options["modes"] if m in FRAME_MODES]
     if frame_modes:
-        entries += _frame_runs(options, spec, frame_modes, work)
+        _frame_runs(options, spec, frame_modes, work, entries, after_each)
     return entries
 
 
 def _frame_runs(
-    options: dict[str, Any], spec: dict[str, Any], modes: list[str], work: Path
-) -> list[dict[str, Any]]:
+    options: dict[str, Any],
+    spec: dict[str, Any],
+    modes: list[str],
+    work: Path,
+    entries: list[dict[str, Any]],
+    after_each: Callable[[list[dict[str, Any]]], None],
+) -> None:
     """The frames sides' runs over W3's videos (``--videos`` of ``--video-seconds``), each
-    ``options["whole_repeats"]`` times, the order reversed from one repeat to the next."""
+    ``options["whole_repeats"]`` times, the order reversed from one repeat to the next,
+    added to ``entries`` (then given to ``after_each``) one by one."""
     folder = work / "whole-videos"
     count, seconds, size = options["videos"], options["video_seconds"], options["size"]
     make_videos(folder, count, seconds, size, options["seed"] + 3)
-    entries = []
     for repeat in range(options["whole_repeats"]):
         for mode in modes if repeat % 2 == 0 else modes[::-1]:
             out = work / f"whole-videos-{mode}-{repeat}.jsonl"
             print(f"bench: whole process, {count} videos, {mode}", file=sys.stderr)
             entry = _side_run(options, spec, mode, folder, out)
             entries.append({"videos": count, "mode": mode, "repeat": repeat, **entry})
-    return entries
+            after_each(entries)
 
 
 def _side_run(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from mmbatch.cli.options import EXIT_OK, Commands
 
@@ -154,12 +156,20 @@ def run(args: argparse.Namespace) -> int:
         "whole_repeats": args.whole_repeats,
     }
     out = Path(args.out) if args.out else default_report_path()
-    report = run_bench(options, sys.argv[1:])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    report = run_bench(options, sys.argv[1:], lambda so_far: write_report(out, so_far))
+    write_report(out, report)
     print(table(report))
     print(f"report written to {out}")
     return EXIT_OK
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    """``report`` at ``out``, whole or not at all: written beside it, then renamed over it,
+    so that a bench stopped while saving leaves the last report it saved."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(partial, out)
 
 
 def default_report_path() -> Path:

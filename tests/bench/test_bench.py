@@ -389,7 +389,7 @@ def test_the_temperature_is_every_sides_and_the_report_says_it(
     from mmbatch.bench.worker import sampling_settings
 
     asked: list[dict[str, object]] = []
-    monkeypatch.setattr(driver, "run_bench", lambda options, argv: asked.append(options) or {})
+    monkeypatch.setattr(driver, "run_bench", lambda options, argv, _: asked.append(options) or {})
     monkeypatch.setattr(driver, "table", lambda report: "")
     argv = ["bench", "--model", "m", "--out", str(tmp_path / "r.json"), "--workloads", ""]
     assert cli.main(argv) == 0
@@ -412,7 +412,7 @@ def test_the_report_goes_to_the_working_directory_unless_out_names_a_file(
     from mmbatch import cli
     from mmbatch.bench import driver
 
-    monkeypatch.setattr(driver, "run_bench", lambda options, argv: {"workloads": {}})
+    monkeypatch.setattr(driver, "run_bench", lambda options, argv, save: {"workloads": {}})
     monkeypatch.setattr(driver, "table", lambda report: "")
     monkeypatch.chdir(tmp_path)
     assert cli.main(["bench", "--model", "m", "--workloads", ""]) == 0
@@ -452,6 +452,39 @@ def test_a_report_of_whole_processes_alone_says_which_vllm_ran_them(
     report = json.loads(out.read_text())
     assert [run["mode"] for run in report["whole_process"]["runs"]] == ["naive", "mmbatch"]
     assert report["vllm_version"] == installed[0]
+    assert "unfinished" not in report
+
+
+def test_a_bench_stopped_in_a_run_keeps_the_runs_before_it_in_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The report is saved after each run: a bench stopped in its third run (a time limit's
+    SIGTERM, taken as Ctrl-C) has the first two on disk, with their ratio, marked
+    unfinished. Each run is a fake one here: what is checked is the report."""
+    from mmbatch import cli
+    from mmbatch.bench import whole
+
+    walls = iter([2.0, 1.0])
+
+    def timed(side: dict[str, object], media: Path, out: Path, env: object) -> dict[str, float]:
+        wall = next(walls, None)
+        if wall is None:
+            raise KeyboardInterrupt
+        return {"wall_s": wall, "startup_s": 0.5, "work_s": 0.25, "exit_s": 0.25}
+
+    monkeypatch.setattr(whole, "_timed", timed)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"vision_config": {}}')
+    out = tmp_path / "report.json"
+    argv = ["bench", "--model", str(model), "--workloads", "", "--modes", "naive,mmbatch"]
+    argv += ["--whole", "2", "--whole-repeats", "2", "--size", "28", "--out", str(out)]
+    assert cli.main([*argv, "--work-dir", str(tmp_path / "work")]) == 130
+    report = json.loads(out.read_text())
+    assert [run["mode"] for run in report["whole_process"]["runs"]] == ["naive", "mmbatch"]
+    assert report["whole_process"]["ratio_mmbatch_over_naive_2"] == 2.0
+    assert report["unfinished"].startswith("the runs so far")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("report")] == [out.name]
 
 
 VERSION_PROBE = """
