@@ -442,13 +442,8 @@ def test_a_report_of_whole_processes_alone_says_which_vllm_ran_them(
             installed.append(importlib.metadata.version(name))
     timed = {"wall_s": 2.0, "startup_s": 1.0, "work_s": 0.5, "exit_s": 0.5}
     monkeypatch.setattr(whole, "_timed", lambda side, media, out, env: dict(timed))
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"vision_config": {}}')
     out = tmp_path / "report.json"
-    argv = ["bench", "--model", str(model), "--workloads", "", "--modes", "naive,mmbatch"]
-    argv += ["--whole", "2", "--whole-repeats", "1", "--size", "28", "--out", str(out)]
-    assert cli.main([*argv, "--work-dir", str(tmp_path / "work")]) == 0
+    assert cli.main(whole_bench_argv(tmp_path, out, repeats=1)) == 0
     report = json.loads(out.read_text())
     assert [run["mode"] for run in report["whole_process"]["runs"]] == ["naive", "mmbatch"]
     assert report["vllm_version"] == installed[0]
@@ -473,18 +468,24 @@ def test_a_bench_stopped_in_a_run_keeps_the_runs_before_it_in_its_report(
         return {"wall_s": wall, "startup_s": 0.5, "work_s": 0.25, "exit_s": 0.25}
 
     monkeypatch.setattr(whole, "_timed", timed)
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"vision_config": {}}')
     out = tmp_path / "report.json"
-    argv = ["bench", "--model", str(model), "--workloads", "", "--modes", "naive,mmbatch"]
-    argv += ["--whole", "2", "--whole-repeats", "2", "--size", "28", "--out", str(out)]
-    assert cli.main([*argv, "--work-dir", str(tmp_path / "work")]) == 130
+    assert cli.main(whole_bench_argv(tmp_path, out, repeats=2)) == 130
     report = json.loads(out.read_text())
     assert [run["mode"] for run in report["whole_process"]["runs"]] == ["naive", "mmbatch"]
     assert report["whole_process"]["ratio_mmbatch_over_naive_2"] == 2.0
     assert report["unfinished"].startswith("the runs so far")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("report")] == [out.name]
+
+
+def whole_bench_argv(tmp_path: Path, out: Path, repeats: int) -> list[str]:
+    """``mmbatch bench``'s arguments for naive and mmbatch whole processes on two pictures,
+    ``repeats`` times, over a model folder of a config alone (the runs themselves faked)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"vision_config": {}}')
+    argv = ["bench", "--model", str(model), "--workloads", "", "--modes", "naive,mmbatch"]
+    argv += ["--whole", "2", "--whole-repeats", str(repeats), "--size", "28", "--out", str(out)]
+    return [*argv, "--work-dir", str(tmp_path / "work")]
 
 
 VERSION_PROBE = """
