@@ -132,7 +132,7 @@ class KeptEngine:
         self._base_cache: CacheStats = details["cache"]
         self._cache = self._base_cache
         self._base_restarts: Restarts = details["restarts"]
-        self._restarts = self._base_restarts
+        self._restarts: Restarts = self._base_restarts
         self._depths: tuple[int, int] = (0, 0)
         self._held: set[str] = set()
         limits = details["limits"]
