@@ -131,6 +131,8 @@ class KeptEngine:
         self._capacity: int = details["capacity"]
         self._base_cache: CacheStats = details["cache"]
         self._cache = self._base_cache
+        self._base_restarts: Restarts = details["restarts"]
+        self._restarts: Restarts = self._base_restarts
         self._depths: tuple[int, int] = (0, 0)
         self._held: set[str] = set()
         limits = details["limits"]
@@ -160,7 +162,7 @@ class KeptEngine:
     def _receive(self, message: tuple[Any, ...]) -> list[Result]:
         if message[0] == "fatal":
             raise FatalEngineError(f"the kept engine {self.name!r}: {message[1]}")
-        _, results, self._capacity, self._cache, self._depths, lost = message
+        _, results, self._capacity, self._cache, self._restarts, self._depths, lost = message
         self._held.difference_update(lost)  # the engine holds none of these: the job says so
         done = [r for r in results if r.request_id in self._held]
         self._held.difference_update(r.request_id for r in done)
@@ -194,9 +196,11 @@ class KeptEngine:
         )
 
     def restarts(self) -> Restarts:
-        """None told: the kept engine restarts its engine processes in its own process, and
-        its messages to a job do not say so."""
-        return Restarts()
+        """The engine's restarts since the job connected, as the server last told them: its
+        engine processes restart in the server's process, and a job's summary counts the
+        start-ups that came while it ran apart from its work, as it would its own engine's
+        (other jobs at the same time count them too)."""
+        return self._restarts.since(self._base_restarts)
 
     def prompt_limits(self) -> RemoteLimits | None:
         return self._limits

@@ -33,7 +33,15 @@ from mmbatch.engine.kept import LimitsFacts
 from mmbatch.engine.kept_folder import EngineFiles
 from mmbatch.errors import FatalEngineError, MmbatchError, RequestRejected
 from mmbatch.media.limits import PromptLimits, failure_of
-from mmbatch.types import CacheStats, LoadedRequest, MediaItem, Modality, Result, Sampling
+from mmbatch.types import (
+    CacheStats,
+    LoadedRequest,
+    MediaItem,
+    Modality,
+    Restarts,
+    Result,
+    Sampling,
+)
 
 REPORT_SECONDS = 1.0
 """How often a job with requests in the engine hears of its counters, results or not."""
@@ -71,6 +79,8 @@ class _Shared:
     limits: PromptLimits | None
     capacity: int = 1
     cache: CacheStats = field(default_factory=CacheStats)
+    restarts: Restarts = field(default_factory=Restarts)
+    """The engine's restarts so far: a job takes them as it joins, and since then as its own."""
     limits_lock: threading.Lock = field(default_factory=threading.Lock)
     """The limits' tokenizer is not to be used by two threads at once."""
 
@@ -113,7 +123,9 @@ def main(argv: Sequence[str]) -> int:
         finally:
             os.umask(old)
         os.chmod(files.socket, 0o600)
-        shared = _Shared(config, layout, engine.prompt_limits(), engine.capacity())
+        shared = _Shared(
+            config, layout, engine.prompt_limits(), engine.capacity(), restarts=engine.restarts()
+        )
         files.write_info({**record, "ready": True, "layout": layout})
         print(f"mmbatch: engine {files.name} ready: {layout}", file=sys.stderr, flush=True)
         serve(engine, listener, shared, stop)
@@ -161,6 +173,8 @@ def serve(engine: Engine, listener: Listener, shared: _Shared, stop: threading.E
                     _send(job, ("fatal", str(exc)))
                 raise
             _route(results, jobs, lost=not engine.num_unfinished())
+            # Every turn, not only when a job is told: a job joining takes them as its base.
+            shared.restarts = engine.restarts()
             now = time.monotonic()
             due = now - last_report > REPORT_SECONDS
             if due:
@@ -172,7 +186,15 @@ def serve(engine: Engine, listener: Listener, shared: _Shared, stop: threading.E
             for job in telling:
                 done, job.results = job.results, []
                 lost, job.lost = job.lost, []
-                message = ("results", done, shared.capacity, shared.cache, depths, lost)
+                message = (
+                    "results",
+                    done,
+                    shared.capacity,
+                    shared.cache,
+                    shared.restarts,
+                    depths,
+                    lost,
+                )
                 if not _send(job, message):
                     _forget(engine, jobs, job)
     finally:
@@ -312,6 +334,7 @@ def _welcome(shared: _Shared) -> dict[str, Any]:
         "layout": shared.layout,
         "capacity": shared.capacity,
         "cache": shared.cache,
+        "restarts": shared.restarts,
         "limits": facts,
     }
 

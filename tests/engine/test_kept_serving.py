@@ -31,7 +31,7 @@ from mmbatch.engine.kept_server import _Shared, serve
 from mmbatch.errors import ConfigError
 from mmbatch.jobs import Job, run_in_memory
 from mmbatch.pipeline import RunConfig, close_pipeline
-from mmbatch.types import LoadedRequest, Result, Sampling
+from mmbatch.types import LoadedRequest, Restarts, Result, Sampling
 
 NAME = "fake"
 MODEL = "org/kept"
@@ -57,6 +57,10 @@ class GatedEngine(FakeEngine):
         super().__init__(**kwargs)
         self.running = threading.Event()
         self.running.set()
+        self.restarted = Restarts()
+
+    def restarts(self) -> Restarts:
+        return self.restarted
 
     def step(self) -> list[Result]:
         if not self.running.is_set():
@@ -70,6 +74,7 @@ class Served:
     engine: GatedEngine
     files: EngineFiles
     stop: threading.Event
+    shared: _Shared
 
 
 @pytest.fixture
@@ -84,7 +89,7 @@ def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
     shared = _Shared(EngineConfig(MODEL), "one fake engine", None, engine.capacity())
     loop = threading.Thread(target=serve, args=(engine, listener, shared, stop), daemon=True)
     loop.start()
-    yield Served(engine, files, stop)
+    yield Served(engine, files, stop, shared)
     stop.set()
     loop.join(timeout=10)
     assert not loop.is_alive()
@@ -125,6 +130,36 @@ def test_a_job_gone_leaves_nothing_in_the_engine_and_the_next_job_is_served(
     assert [row["error"] for row in rows] == [None] * 12
     assert all(str(row["text"]).endswith("|Describe.") for row in rows)
     assert len({row["text"] for row in rows}) == 12  # each its own picture's answer
+
+
+def test_the_engines_restarts_while_a_job_runs_are_counted_in_its_summary_apart_from_work(
+    served: Served, tmp_path: Path
+) -> None:
+    """The kept engine restarts its engine processes in its own process: a job is told of
+    those that came while it ran, and its summary counts them as it counts its own engine's
+    (``restarts``, ``restart_seconds``, left out of the work's time); one before it joined
+    is not its own."""
+    served.engine.restarted = Restarts(1, 30.0)  # before the job: the engine's, not the job's
+    deadline = time.monotonic() + 60
+    while served.shared.restarts != served.engine.restarted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    engine = connect_engine(NAME)
+    step = served.engine.step
+
+    def restarted_at_the_first_step() -> list[Result]:
+        served.engine.restarted = Restarts(2, 34.5)  # one more, of 4.5 s, during the job
+        return step()
+
+    served.engine.step = restarted_at_the_first_step  # type: ignore[method-assign]
+    try:
+        rows, stats = run_in_memory(
+            _job(tmp_path, 6), engine, RunConfig(progress=False, decode_workers=0)
+        )
+    finally:
+        close_pipeline(engine)
+        engine.close()
+    assert [row["error"] for row in rows] == [None] * 6
+    assert (stats.restarts, stats.restart_seconds) == (1, 4.5)
 
 
 def test_ctrl_c_of_a_job_on_the_kept_engine_takes_its_requests_out_and_exits_130(
