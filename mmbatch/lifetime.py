@@ -28,9 +28,9 @@ import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 ORPHANED_EXIT = 70
 """The exit code of a helper that ended because its job was gone (``os.EX_SOFTWARE``)."""
@@ -107,6 +107,48 @@ def forgotten_in_forked_children(forget: Callable[[], object]) -> None:
     the child has not), and returns what it dropped, which the child keeps and never uses
     (``_PARENTS``). Called once per module, as it is imported."""
     os.register_at_fork(after_in_child=lambda: _PARENTS.append(forget()))
+
+
+class _Container(Protocol):
+    def clear(self) -> None: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+Kept = TypeVar("Kept", bound=_Container)
+
+
+class KeptPerProcess(Generic[Kept]):
+    """What a module keeps for this process's later jobs (its engines, pipelines or pools: a
+    container), with the lock that guards it, each used only inside ``locked``.
+
+    A child this process forks (``forgotten_in_forked_children``) starts with both afresh:
+    the container emptied, what it held kept and never used (the parent's engine or pool,
+    copied without its threads, is not the child's to use or to end), and a new lock, as the
+    parent's may have been held by one of its threads at the fork, which the child has not
+    and which would never release it (the forking thread, if it was inside ``locked``,
+    releases the one it took)."""
+
+    def __init__(self, kept: Kept) -> None:
+        self._kept = kept
+        self._lock = threading.Lock()
+        forgotten_in_forked_children(self._forget)
+
+    @contextmanager
+    def locked(self) -> Iterator[Kept]:
+        """The container, this process's only, held by the caller for the ``with``."""
+        with self._lock:
+            yield self._kept
+
+    def _forget(self) -> object:
+        """In a forked child: the container emptied in place (a reference taken before the
+        fork sees it empty too) and a new lock; returns a strong copy of what it held (a
+        weak set's engines too), for the child to keep."""
+        kept = self._kept
+        parents = dict(kept) if isinstance(kept, Mapping) else list(kept)
+        kept.clear()
+        self._lock = threading.Lock()
+        return parents
 
 
 def end_own_group() -> None:

@@ -24,10 +24,10 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.lifetime import (
+    KeptPerProcess,
     ctrl_c_left_to_the_job,
     end_with_parent,
     exit_now,
-    forgotten_in_forked_children,
 )
 from mmbatch.mainguard import check_main_guard
 from mmbatch.media.decode import Decoded, DecodeJob, decode
@@ -40,21 +40,10 @@ items, are what is wrong."""
 Done = Callable[[DecodeJob, Decoded], None]
 """Told each job's outcome once: its items, or an ``ItemError`` per key."""
 
-_POOLS: dict[int, Executor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _forget_pools_in_child() -> object:
-    """A forked child (a ``Dataset.map(num_proc=...)`` worker) starts its own pools: the
-    parent's, copied without the threads that feed them, would take jobs and never run them."""
-    global _POOLS_LOCK
-    parents = dict(_POOLS)
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
-    return parents
-
-
-forgotten_in_forked_children(_forget_pools_in_child)
+_POOLS = KeptPerProcess(dict[int, Executor]())
+"""This process's decode pools by worker count. A forked child (a ``Dataset.map(num_proc=...)``
+worker) starts its own: the parent's, copied without the threads that feed them, would take
+jobs and never run them."""
 _watching = False
 """Whether this worker already watches for its job's end (``_warm`` runs more than once)."""
 
@@ -161,12 +150,12 @@ def decode_pool(workers: int, broken: Executor | None = None) -> Executor:
     """This process's decode pool of ``workers`` processes (0: one thread), started on first
     use and shared by every feeder: its workers' start (a second or two of imports each) is
     paid once per process, not per job. ``broken``: a pool whose worker died, replaced."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
+    with _POOLS.locked() as pools:
+        pool = pools.get(workers)
         if pool is None or pool is broken:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=False)
-            pool = _POOLS[workers] = _new_pool(workers)
+            pool = pools[workers] = _new_pool(workers)
         return pool
 
 

@@ -755,7 +755,8 @@ def in_a_forked_child(inherited: ReplicaEngine, config: EngineConfig, lookahead:
     from mmbatch.integrations import hf_datasets
 
     assert registry.kept_engine(config, {"image": 1}) is None
-    assert not pipeline._PIPELINES
+    with pipeline._PIPELINES.locked() as pipelines:
+        assert not pipelines
     assert id(hf_datasets._LOOKAHEAD) != lookahead
     inherited.close()
     inherited._abandon()
