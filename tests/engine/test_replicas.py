@@ -361,6 +361,15 @@ def test_a_restarts_start_up_is_counted_apart_from_the_work(tmp_path: Path, repl
     assert "restarts: 1 engine started again" in stats.summary()
 
 
+def job_of_its_own(script: str) -> subprocess.Popen[bytes]:
+    """``script`` run as a job in a session of its own, importing what this test imports,
+    its output piped."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
+    )
+
+
 def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> None:
     """SIGKILL of the job while its engines load their models (the worst case: nothing
     stops them, and the GPU stays full): each replica ends its whole group (here the
@@ -411,10 +420,7 @@ def test_the_helpers_of_a_killed_job_end_while_the_workers_it_forked_live() -> N
         "    print(worker, *helpers, flush=True)\n"
         "    time.sleep(120)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    job = subprocess.Popen(
-        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
-    )
+    job = job_of_its_own(script)
     with job:
         assert job.stdout is not None
         worker, *helpers = map(int, job.stdout.readline().split())
@@ -449,10 +455,7 @@ def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_thei
         "    ReplicaEngine(make, [None, None], end_at_exit=True)\n"
         "    print('ready', flush=True)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    job = subprocess.Popen(
-        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
-    )
+    job = job_of_its_own(script)
     with job:
         assert job.stdout is not None
         assert job.stdout.readline() == b"ready\n"
