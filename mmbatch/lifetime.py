@@ -3,23 +3,27 @@
 A job's helper processes (its engine replicas, with the processes vLLM starts under each,
 and its decode workers) hold memory, and an engine holds a GPU: one that outlives a killed
 job holds them for nobody, and the resumed job then finds the GPU full. Each helper is
-spawned by ``multiprocessing``, so it holds the read end of a pipe whose write end only the
-job holds (``multiprocessing.parent_process().sentinel``), and the kernel closes that end
-however the job ends, ``kill -9`` included. ``end_with_parent`` starts a thread that waits
-for that and then ends the helper at once (a replica: its whole process group, with vLLM's
-engine core and workers; ``end_own_group``).
+given, as it is spawned, the read end of the job's *lifeline* (``lifeline``): a pipe whose
+write end only the job holds, which the kernel closes however the job ends, ``kill -9``
+included. ``end_with_parent`` starts a thread that waits for that and then ends the helper
+at once (a replica: its whole process group, with vLLM's engine core and workers;
+``end_own_group``).
 
 Not ``prctl(PR_SET_PDEATHSIG)``: it fires when the *thread* that started the child ends,
 and a job restarts a dead replica from its pipeline's driver thread, which ends with its
 pipeline. Not the message pipe of a replica either: the job closes that one to stop it
-cleanly while it lives on. Only a process the job forked (never done: every helper is
-spawned) would hold a copy of the job's end, and keep this from firing.
+cleanly while it lives on. Not ``multiprocessing``'s own pipe to each process it spawns
+(``parent_process().sentinel``): a process the job forks holds a copy of the job's end of
+it, out of reach (multiprocessing closes it only in the process that spawned), and a
+helper would live as long as that copy, ``Dataset.map(num_proc=...)``'s workers outliving
+a killed job. A forked child closes its copy of the lifeline's ends instead, at once, and
+has a lifeline of its own for the helpers it spawns.
 
 A process this one forks (``Dataset.map(num_proc=...)``'s workers) starts as a copy of it,
 with the engines, pipelines and pools it keeps for later jobs, but not their threads: what
 belongs to the parent's engines is the parent's, and each module that keeps such a thing
-has the child forget it (``forgotten_in_forked_children``), so that the child builds its
-own, as a process started afresh does.
+has the child forget it (``forgotten_in_forked_children``, ``KeptPerProcess``), so that the
+child builds its own, as a process started afresh does.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ import multiprocessing
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Any, Generic, Protocol, TypeVar
 
 ORPHANED_EXIT = 70
 """The exit code of a helper that ended because its job was gone (``os.EX_SOFTWARE``)."""
@@ -69,26 +74,52 @@ def take_ctrl_c_again() -> None:
     signal.signal(signal.SIGINT, kept)
 
 
-def end_with_parent(end: Callable[[], object]) -> bool:
-    """Call ``end`` (on a thread of its own) as soon as this process's parent is gone; False,
-    doing nothing, where this process was not started by ``multiprocessing``."""
-    parent = multiprocessing.parent_process()
-    sentinel = getattr(parent, "sentinel", None)
-    if not isinstance(sentinel, int):
-        return False
+def _new_lifeline() -> list[Connection]:
+    return list(multiprocessing.Pipe(duplex=False))  # [read end, write end]
+
+
+_LIFELINE = _new_lifeline()
+"""This process's lifeline: its ends, the write end never given to anyone."""
+
+
+def _lifeline_of_its_own() -> None:
+    """In a forked child: its copies of the parent's ends closed (the parent's helpers then
+    see the parent's end as soon as it ends, whatever the child does), a new pipe made."""
+    for end in _LIFELINE:
+        end.close()
+    _LIFELINE[:] = _new_lifeline()
+
+
+os.register_at_fork(after_in_child=_lifeline_of_its_own)
+
+
+def lifeline() -> Connection:
+    """The read end of this process's lifeline, to give a helper as it is spawned (among its
+    arguments: the spawn passes the helper a copy), which watches it (``end_with_parent``).
+    Nothing is ever written on it: only its write end's closing, as this process ends, is
+    news; no other process holds that end."""
+    return _LIFELINE[0]
+
+
+def end_with_parent(end: Callable[[], object], parents_lifeline: Connection) -> None:
+    """Call ``end`` (on a thread of its own) as soon as the process that spawned this one,
+    and gave it ``parents_lifeline`` (its ``lifeline``), is gone."""
     watch = threading.Thread(
-        target=_wait_for_end_of, args=(sentinel, end), name="mmbatch-end-with-parent", daemon=True
+        target=_wait_for_end_of,
+        args=(parents_lifeline, end),
+        name="mmbatch-end-with-parent",
+        daemon=True,
     )
     watch.start()
-    return True
 
 
-def _wait_for_end_of(sentinel: int, end: Callable[[], object]) -> None:
-    """Block until the parent's end of ``sentinel`` is closed (a read returns nothing), then
-    ``end``. The read sleeps in the kernel, without the GIL: it costs nothing meanwhile."""
+def _wait_for_end_of(parents_lifeline: Connection, end: Callable[[], object]) -> None:
+    """Block until the parent's end of its lifeline is closed (a read returns nothing),
+    then ``end``. The read sleeps in the kernel, without the GIL: it costs nothing
+    meanwhile."""
     try:
-        while os.read(sentinel, 4096):
-            pass  # nothing is written on it after start-up; only its end matters
+        while os.read(parents_lifeline.fileno(), 4096):
+            pass  # nothing is written on it; only its end matters
     except OSError:
         pass
     end()
@@ -107,6 +138,48 @@ def forgotten_in_forked_children(forget: Callable[[], object]) -> None:
     the child has not), and returns what it dropped, which the child keeps and never uses
     (``_PARENTS``). Called once per module, as it is imported."""
     os.register_at_fork(after_in_child=lambda: _PARENTS.append(forget()))
+
+
+class _Container(Protocol):
+    def clear(self) -> None: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+Kept = TypeVar("Kept", bound=_Container)
+
+
+class KeptPerProcess(Generic[Kept]):
+    """What a module keeps for this process's later jobs (its engines, pipelines or pools: a
+    container), with the lock that guards it, each used only inside ``locked``.
+
+    A child this process forks (``forgotten_in_forked_children``) starts with both afresh:
+    the container emptied, what it held kept and never used (the parent's engine or pool,
+    copied without its threads, is not the child's to use or to end), and a new lock, as the
+    parent's may have been held by one of its threads at the fork, which the child has not
+    and which would never release it (the forking thread, if it was inside ``locked``,
+    releases the one it took)."""
+
+    def __init__(self, kept: Kept) -> None:
+        self._kept = kept
+        self._lock = threading.Lock()
+        forgotten_in_forked_children(self._forget)
+
+    @contextmanager
+    def locked(self) -> Iterator[Kept]:
+        """The container, this process's only, held by the caller for the ``with``."""
+        with self._lock:
+            yield self._kept
+
+    def _forget(self) -> object:
+        """In a forked child: the container emptied in place (a reference taken before the
+        fork sees it empty too) and a new lock; returns a strong copy of what it held (a
+        weak set's engines too), for the child to keep."""
+        kept = self._kept
+        parents = dict(kept) if isinstance(kept, Mapping) else list(kept)
+        kept.clear()
+        self._lock = threading.Lock()
+        return parents
 
 
 def end_own_group() -> None:

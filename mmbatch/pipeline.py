@@ -54,7 +54,7 @@ from mmbatch.errors import (
     RequestRejected,
     StorageUnavailable,
 )
-from mmbatch.lifetime import forgotten_in_forked_children
+from mmbatch.lifetime import KeptPerProcess
 from mmbatch.media.feeder import Feeder, Ready
 from mmbatch.media.options import MediaOptions
 from mmbatch.output.rows import FLAT, RowBuilder
@@ -566,21 +566,9 @@ KEPT_PIPELINES = 4
 """Engines whose pipelines ``pipeline_for`` keeps running; the least recently used one
 beyond these is stopped (its engine stays usable: a later call starts a new pipeline)."""
 
-_PIPELINES: OrderedDict[int, Pipeline] = OrderedDict()
-_PIPELINES_LOCK = threading.Lock()
-
-
-def _forget_pipelines_in_child() -> object:
-    """The parent's pipelines, forgotten in a forked child: copied without their driver
-    threads, they would take submissions and never run them."""
-    global _PIPELINES_LOCK
-    parents = dict(_PIPELINES)
-    _PIPELINES.clear()
-    _PIPELINES_LOCK = threading.Lock()
-    return parents
-
-
-forgotten_in_forked_children(_forget_pipelines_in_child)
+_PIPELINES = KeptPerProcess(OrderedDict[int, Pipeline]())
+"""This process's pipelines by engine (``id``), least recently used first. A forked child's
+copies have no driver threads: they would take submissions and never run them."""
 
 
 def pipeline_for(engine: Engine, run: RunConfig | None = None) -> Pipeline:
@@ -588,21 +576,21 @@ def pipeline_for(engine: Engine, run: RunConfig | None = None) -> Pipeline:
     the batches that follow (a ``Dataset.map``, a Ray replica): its feeder's workers and
     decoded media last across them, and batches submitted together keep the engine busy.
     ``run``'s decode workers and budget apply when the pipeline starts."""
-    with _PIPELINES_LOCK:
-        pipeline = _PIPELINES.get(id(engine))
+    with _PIPELINES.locked() as pipelines:
+        pipeline = pipelines.get(id(engine))
         if pipeline is None or pipeline.engine is not engine or pipeline.closed:
-            pipeline = _PIPELINES[id(engine)] = Pipeline(engine, run)
-        _PIPELINES.move_to_end(id(engine))
-        idle = [key for key, kept in _PIPELINES.items() if not kept.busy and kept is not pipeline]
-        for key in idle[: max(0, len(_PIPELINES) - KEPT_PIPELINES)]:
-            _PIPELINES.pop(key).close()
+            pipeline = pipelines[id(engine)] = Pipeline(engine, run)
+        pipelines.move_to_end(id(engine))
+        idle = [key for key, kept in pipelines.items() if not kept.busy and kept is not pipeline]
+        for key in idle[: max(0, len(pipelines) - KEPT_PIPELINES)]:
+            pipelines.pop(key).close()
         return pipeline
 
 
 def close_pipeline(engine: Engine) -> None:
     """Stop the pipeline kept for ``engine`` (its feeder's workers, its decoded media), if
     there is one: the engine is going away."""
-    with _PIPELINES_LOCK:
-        pipeline = _PIPELINES.pop(id(engine), None)
+    with _PIPELINES.locked() as pipelines:
+        pipeline = pipelines.pop(id(engine), None)
     if pipeline is not None:
         pipeline.close()

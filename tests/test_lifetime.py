@@ -2,14 +2,17 @@
 process leaves in shared memory is still unlinked once it is gone, without a warning on the
 user's terminal; a process that did not ask for it keeps the tracker as Python starts it.
 And a Ray actor's (``orphan_resource_tracker``): it outlives the actor's children, which Ray
-kills as it ends the actor, and unlinks what they left."""
+kills as it ends the actor, and unlinks what they left. And what a forked child keeps of its
+parent's (``KeptPerProcess``)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -130,3 +133,39 @@ def test_the_default_tracker_is_killed_with_them_and_the_segment_stays(tmp_path:
         assert not gone(name, within=1.0)
     finally:
         Path(f"/dev/shm/{name.lstrip('/')}").unlink(missing_ok=True)
+
+
+def test_a_forked_child_starts_with_its_own_empty_container_and_a_free_lock() -> None:
+    """A child forked while one of the parent's threads holds the lock (a pipeline starting,
+    say) finds the container empty and takes the lock at once: the parent's copy would stay
+    held for ever, its holder not being in the child. The parent's are as they were."""
+    from mmbatch.lifetime import KeptPerProcess
+
+    kept = KeptPerProcess({1: "the parent's"})
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with kept.locked():
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(60)
+    child = os.fork()
+    if child == 0:
+        code = 3
+        try:
+            signal.alarm(20)  # a lock that stays held ends the child (SIGALRM)
+            with kept.locked() as seen:
+                code = 0 if seen == {} else 1
+        finally:
+            os._exit(code)
+    try:
+        _, status = os.waitpid(child, 0)
+    finally:
+        release.set()
+        holder.join(60)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with kept.locked() as seen:
+        assert seen == {1: "the parent's"}

@@ -58,6 +58,7 @@ from mmbatch.lifetime import (
     end_own_group,
     end_with_parent,
     forgotten_in_forked_children,
+    lifeline,
     take_ctrl_c_again,
 )
 from mmbatch.media.limits import PromptLimits
@@ -418,7 +419,7 @@ class ReplicaEngine:
         parent, child = self._context.Pipe()
         process = self._context.Process(
             target=serve,
-            args=(self._make_engine, replica.devices, child, self._log),
+            args=(self._make_engine, replica.devices, child, lifeline(), self._log),
             name=f"mmbatch-replica-{replica.index}",
             # Not daemonic: vLLM starts processes of its own (its engine core, tensor-parallel
             # workers), which a daemonic process may not. A replica whose job is gone ends
@@ -547,17 +548,23 @@ def _load(replica: _Replica) -> float:
 
 
 def serve(
-    make_engine: EngineFactory, devices: str | None, conn: Connection, log: str | None = None
+    make_engine: EngineFactory,
+    devices: str | None,
+    conn: Connection,
+    parents_lifeline: Connection,
+    log: str | None = None,
 ) -> None:
     """A replica process: build the engine on ``devices``, then add, step and report until
-    told to stop (or until the parent is gone), printing into ``log`` (None: the terminal):
-    everything it prints is the engine's or its libraries'; the job's own lines are the
-    parent's."""
+    told to stop (or until the parent is gone: ``parents_lifeline``), printing into ``log``
+    (None: the terminal): everything it prints is the engine's or its libraries'; the job's
+    own lines are the parent's."""
     with printed_to(log):
-        _serve(make_engine, devices, conn)
+        _serve(make_engine, devices, conn, parents_lifeline)
 
 
-def _serve(make_engine: EngineFactory, devices: str | None, conn: Connection) -> None:
+def _serve(
+    make_engine: EngineFactory, devices: str | None, conn: Connection, parents_lifeline: Connection
+) -> None:
     # A process group of its own (vLLM's engine-core and worker processes join it): Ctrl-C in
     # a terminal reaches the job's group only, so the parent alone decides when an engine
     # stops, and stops it cleanly, instead of every engine dying under it at once.
@@ -565,7 +572,7 @@ def _serve(make_engine: EngineFactory, devices: str | None, conn: Connection) ->
     take_ctrl_c_again()  # held back while it started, when the job's group was its own
     # The job gone (killed, even by SIGKILL, even while this engine still loads) ends this
     # group at once: an engine that outlives its job holds its GPU for nobody.
-    end_with_parent(end_own_group)
+    end_with_parent(end_own_group, parents_lifeline)
     if devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices
     try:

@@ -27,7 +27,6 @@ import itertools
 import json
 import math
 import re
-import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,7 +42,7 @@ from mmbatch.engine.processor import TemplateLoad
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.engine.vllm_arguments import LLM_ONLY_ARGUMENTS
 from mmbatch.errors import ConfigError, FatalEngineError, RequestRejected
-from mmbatch.lifetime import forgotten_in_forked_children
+from mmbatch.lifetime import KeptPerProcess
 from mmbatch.types import (
     MODALITIES,
     CacheStats,
@@ -125,8 +124,8 @@ class VLLMEngine:
         milestone("llm_built")
         self._engine = self.llm.llm_engine
         if _core_in_process(self._engine):
-            with _CLOSING:
-                _IN_PROCESS.add(self)
+            with _IN_PROCESS.locked() as engines:
+                engines.add(self)
         self._template = template.template()
         self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left
         self._ids = itertools.count()
@@ -340,23 +339,10 @@ class VLLMEngine:
         return prompt
 
 
-_IN_PROCESS: weakref.WeakSet[VLLMEngine] = weakref.WeakSet()
+_IN_PROCESS = KeptPerProcess(weakref.WeakSet[VLLMEngine]())
 """The open engines whose vLLM engine core runs in this process (a ``Dataset.map`` worker's,
-under ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): they share vLLM's distributed state there."""
-_CLOSING = threading.Lock()
-
-
-def _forget_in_process_engines_in_child() -> object:
-    """The parent's in-process engines, forgotten in a forked child: an engine the child
-    builds shares no vLLM state with those copies, which are not the child's to use."""
-    global _CLOSING
-    parents = list(_IN_PROCESS)
-    _IN_PROCESS.clear()
-    _CLOSING = threading.Lock()
-    return parents
-
-
-forgotten_in_forked_children(_forget_in_process_engines_in_child)
+under ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): they share vLLM's distributed state there. A
+forked child's engines share none with the parent's copies, which are not its to use."""
 
 
 def _core_in_process(llm_engine: Any) -> bool:
@@ -373,12 +359,12 @@ def _shared_state_kept_for_others(engine: VLLMEngine) -> Iterator[None]:
     in-process engine of the process runs on (a notebook's held engine would fail its next
     step: "pipeline model parallel group is not initialized"). The last one to close tears
     it down, as vLLM does."""
-    with _CLOSING:
-        _IN_PROCESS.discard(engine)
+    with _IN_PROCESS.locked() as engines:
+        engines.discard(engine)
         import vllm.v1.engine.core as core
 
         teardown = getattr(core, "cleanup_dist_env_and_memory", None)
-        if not _IN_PROCESS or teardown is None:
+        if not engines or teardown is None:
             yield
             return
         core.cleanup_dist_env_and_memory = _free_memory  # what else it does, the groups kept

@@ -20,14 +20,16 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
+from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnContext, SpawnProcess
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.lifetime import (
+    KeptPerProcess,
     ctrl_c_left_to_the_job,
     end_with_parent,
     exit_now,
-    forgotten_in_forked_children,
+    lifeline,
 )
 from mmbatch.mainguard import check_main_guard
 from mmbatch.media.decode import Decoded, DecodeJob, decode
@@ -40,23 +42,10 @@ items, are what is wrong."""
 Done = Callable[[DecodeJob, Decoded], None]
 """Told each job's outcome once: its items, or an ``ItemError`` per key."""
 
-_POOLS: dict[int, Executor] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def _forget_pools_in_child() -> object:
-    """A forked child (a ``Dataset.map(num_proc=...)`` worker) starts its own pools: the
-    parent's, copied without the threads that feed them, would take jobs and never run them."""
-    global _POOLS_LOCK
-    parents = dict(_POOLS)
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
-    return parents
-
-
-forgotten_in_forked_children(_forget_pools_in_child)
-_watching = False
-"""Whether this worker already watches for its job's end (``_warm`` runs more than once)."""
+_POOLS = KeptPerProcess(dict[int, Executor]())
+"""This process's decode pools by worker count. A forked child (a ``Dataset.map(num_proc=...)``
+worker) starts its own: the parent's, copied without the threads that feed them, would take
+jobs and never run them."""
 
 
 class Decoders:
@@ -161,12 +150,12 @@ def decode_pool(workers: int, broken: Executor | None = None) -> Executor:
     """This process's decode pool of ``workers`` processes (0: one thread), started on first
     use and shared by every feeder: its workers' start (a second or two of imports each) is
     paid once per process, not per job. ``broken``: a pool whose worker died, replaced."""
-    with _POOLS_LOCK:
-        pool = _POOLS.get(workers)
+    with _POOLS.locked() as pools:
+        pool = pools.get(workers)
         if pool is None or pool is broken:
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=False)
-            pool = _POOLS[workers] = _new_pool(workers)
+            pool = pools[workers] = _new_pool(workers)
         return pool
 
 
@@ -201,18 +190,23 @@ def _new_pool(workers: int) -> Executor:
     # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
     # would copy in whatever state they are in. So a script must be guarded.
     check_main_guard()
-    return ProcessPoolExecutor(workers, mp_context=_WorkerContext(), initializer=_warm)
+    return ProcessPoolExecutor(
+        workers, mp_context=_WorkerContext(), initializer=_start_worker, initargs=(lifeline(),)
+    )
+
+
+def _start_worker(parents_lifeline: Connection) -> None:
+    """The pool's initializer: a worker ends as soon as its job is gone (killed, it leaves
+    no one to shut the pool down), and imports its decoders (``_warm``)."""
+    end_with_parent(exit_now, parents_lifeline)
+    _warm()
 
 
 def _warm() -> None:
     """Import the decoders once per worker, before its first job needs them, and decode on
-    one FFmpeg thread (``set_decoder_threads``: the workers are the parallelism). It is the
-    pool's initializer, and one that raises breaks the pool for every item, so a host
-    without PyAV still decodes pictures (a video there fails as its own error row). A worker
-    ends as soon as its job is gone (killed, it leaves no one to shut the pool down)."""
-    global _watching
-    if not _watching:
-        _watching = end_with_parent(exit_now)
+    one FFmpeg thread (``set_decoder_threads``: the workers are the parallelism). Run as the
+    pool starts a worker, where one that raises breaks the pool for every item, so a host
+    without PyAV still decodes pictures (a video there fails as its own error row)."""
     import PIL.Image  # noqa: F401
 
     from mmbatch.media.container import set_decoder_threads

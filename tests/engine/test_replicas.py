@@ -4,6 +4,7 @@ one output, a replica killed mid-job, a request that kills every replica it reac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -360,6 +361,15 @@ def test_a_restarts_start_up_is_counted_apart_from_the_work(tmp_path: Path, repl
     assert "restarts: 1 engine started again" in stats.summary()
 
 
+def job_of_its_own(script: str) -> subprocess.Popen[bytes]:
+    """``script`` run as a job in a session of its own, importing what this test imports,
+    its output piped."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
+    )
+
+
 def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> None:
     """SIGKILL of the job while its engines load their models (the worst case: nothing
     stops them, and the GPU stays full): each replica ends its whole group (here the
@@ -384,6 +394,53 @@ def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> 
     assert not left_after(partial(in_session, job.pid), 2.0)
 
 
+def test_the_helpers_of_a_killed_job_end_while_the_workers_it_forked_live() -> None:
+    """SIGKILL of a job that forked a worker (as ``Dataset.map(num_proc=...)`` does) while
+    its engine process loads its model and its decode workers wait: each ends within
+    seconds, with the engine's group (the stand-in for vLLM's engine core), not when the
+    worker ends; the worker, a copy of the job, holds no copy of what they watch."""
+    script = (
+        "import multiprocessing, os, threading, time\n"
+        "from functools import partial\n"
+        "from mmbatch.engine.replicas import ReplicaEngine\n"
+        "from mmbatch.media.decoders import start_decoders\n"
+        "from fake_engine import FakeEngine, Lifecycle\n"
+        "if __name__ == '__main__':\n"
+        "    start_decoders(1)\n"
+        "    slow = Lifecycle(engine_core=True, start_seconds=120)\n"
+        "    make = partial(FakeEngine, lifecycle=slow)\n"
+        "    threading.Thread(target=ReplicaEngine, args=(make, [None]), daemon=True).start()\n"
+        "    while len(multiprocessing.active_children()) < 2:\n"
+        "        time.sleep(0.02)\n"
+        "    helpers = [p.pid for p in multiprocessing.active_children()]\n"
+        "    worker = os.fork()\n"
+        "    if worker == 0:\n"
+        "        time.sleep(120)\n"
+        "        os._exit(0)\n"
+        "    print(worker, *helpers, flush=True)\n"
+        "    time.sleep(120)\n"
+    )
+    job = job_of_its_own(script)
+    with job:
+        assert job.stdout is not None
+        worker, *helpers = map(int, job.stdout.readline().split())
+        try:
+            deadline = time.monotonic() + 60
+            while not (core := [c for r in group_leaders(helpers) for c in children(r)]):
+                assert time.monotonic() < deadline, "the engine process did not start"
+                time.sleep(0.02)
+            started = [*helpers, *core]
+            job.kill()
+            # Generous against a loaded machine: they lived on for as long as the worker
+            # (120 s) where it kept copies of the job's ends of their pipes.
+            assert not left_after(lambda: [pid for pid in started if running(pid)], 45.0)
+            assert running(worker)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+    assert not left_after(partial(in_session, job.pid), 10.0)
+
+
 def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_their_teardown() -> (
     None
 ):
@@ -398,10 +455,7 @@ def test_a_job_ending_normally_ends_its_one_gpu_engines_without_waiting_for_thei
         "    ReplicaEngine(make, [None, None], end_at_exit=True)\n"
         "    print('ready', flush=True)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    job = subprocess.Popen(
-        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, start_new_session=True
-    )
+    job = job_of_its_own(script)
     with job:
         assert job.stdout is not None
         assert job.stdout.readline() == b"ready\n"
@@ -755,7 +809,8 @@ def in_a_forked_child(inherited: ReplicaEngine, config: EngineConfig, lookahead:
     from mmbatch.integrations import hf_datasets
 
     assert registry.kept_engine(config, {"image": 1}) is None
-    assert not pipeline._PIPELINES
+    with pipeline._PIPELINES.locked() as pipelines:
+        assert not pipelines
     assert id(hf_datasets._LOOKAHEAD) != lookahead
     inherited.close()
     inherited._abandon()
