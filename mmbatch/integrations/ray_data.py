@@ -28,7 +28,10 @@ counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
 its engine the way every face does (``mmbatch.engine.builder``: its own host read once, then
 ``start_engine``), its start-up log in the engine's log file and a failure said as a
-``FatalEngineError``. A replica whose process dies Ray starts again, until it has died
+``FatalEngineError``. Its engines run in engine processes of its own, as a local job's
+do (``ReplicaEngine``): one that dies is started again inside the replica, and a request in
+flight at two of its deaths becomes an error row, while the job goes on. A replica whose
+own process dies Ray starts again, until it has died
 twice in a row without finishing a batch (``replica_starts``): then the job stops, as on an
 engine that does not start. A job stopped by
 Ctrl-C (or SIGTERM) says what the folder holds, as the local runner does
