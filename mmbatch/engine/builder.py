@@ -11,9 +11,9 @@ What is built follows the host (``mmbatch.engine.layout``): a ``ReplicaEngine`` 
 engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that an
 engine that dies is restarted and the request that killed it isolated; one ``VLLMEngine`` in
 this process where the face holds its one engine itself (a notebook's, closed by its
-caller) or where this process may not start others (a
-``Dataset.map`` worker). Either way the settings are checked (``preflight``) before the
-engine is used: a mistake is a one-line ``ConfigError`` before any output is written.
+caller) or where this process may not start others (a ``Dataset.map`` worker). Either way
+the settings are checked (``preflight``) before the engine is used: a mistake is a one-line
+``ConfigError`` before any output is written.
 Replica processes start while this process checks (each has vLLM to import: no longer one
 import after the other), and a mistake ends them at once.
 """

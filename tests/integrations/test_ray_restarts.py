@@ -252,3 +252,18 @@ def test_a_request_that_kills_its_engine_on_ray_is_one_error_row_and_the_job_goe
     stats = json.loads((tmp_path / "rows.summary.json").read_text())["stats"]
     assert stats["restarts"] >= MAX_DEATHS_IN_A_ROW, stats
     assert stats["failed"] == 1, stats
+
+
+def test_the_engines_restarted_inside_the_replicas_are_counted_once_each() -> None:
+    """Each replica process tells its engines' restarts so far after every batch: the latest
+    replaces the last (cumulative, not added again), and each replica's seconds are over
+    its own engines (one of two restarting holds half of it)."""
+    from mmbatch.integrations.ray_data import ReplicaTally
+    from mmbatch.types import Restarts
+
+    tally = ReplicaTally()
+    assert tally.engine_restarts() == Restarts()
+    tally.engines_restarted("n:1", Restarts(1, 10.0, engines=1))
+    tally.engines_restarted("n:1", Restarts(2, 30.0, engines=1))
+    tally.engines_restarted("n:2", Restarts(1, 8.0, engines=2))
+    assert tally.engine_restarts() == Restarts(3, 34.0)
