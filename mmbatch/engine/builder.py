@@ -10,10 +10,10 @@ what it starts for the next ask.
 What is built follows the host (``mmbatch.engine.layout``): a ``ReplicaEngine`` of one
 engine process per GPU, per tensor-parallel group, or (no GPU) one for the CPU, so that an
 engine that dies is restarted and the request that killed it isolated; one ``VLLMEngine`` in
-this process where the face holds its one engine itself (a notebook's, closed by its caller;
-a Ray actor's, which is itself the replica) or where this process may not start others (a
-``Dataset.map`` worker). Either way the settings are checked (``preflight``) before the
-engine is used: a mistake is a one-line ``ConfigError`` before any output is written.
+this process where the face holds its one engine itself (a notebook's, closed by its
+caller) or where this process may not start others (a ``Dataset.map`` worker). Either way
+the settings are checked (``preflight``) before the engine is used: a mistake is a one-line
+``ConfigError`` before any output is written.
 Replica processes start while this process checks (each has vLLM to import: no longer one
 import after the other), and a mistake ends them at once.
 """
@@ -55,7 +55,8 @@ class Host:
     """The GPUs this process may use (``visible_gpus``)."""
     in_process: bool = False
     """The face holds one engine in this process (``in_process_layout``): a notebook's,
-    closed by its caller; a Ray actor's, which is itself the replica."""
+    closed by its caller. (Not a Ray actor's: its engines run in engine processes, so that
+    one that dies is restarted inside the replica, ``ray_data._replica_engine``.)"""
     may_start_processes: bool = True
     """False in a daemonic process (a ``Dataset.map`` worker), which may not have children:
     its engine runs in it, as the job's layout sets it, without the restart a replica

@@ -161,7 +161,7 @@ def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | Non
 def in_process_layout(
     config: EngineConfig, gpus: Sequence[Gpu], requests: int | None = None
 ) -> Layout:
-    """The layout of one engine in this process (a notebook's, a Ray actor's) for a job of
+    """The layout of one engine in this process (a notebook's) for a job of
     ``requests`` (None: unknown, the settings as given): the first of ``gpus`` (none: the
     CPU), uncompiled if the job is short, as a command's engines are (``choose_layout``)."""
     device = ((gpus[0].name,),) if gpus else ((),)

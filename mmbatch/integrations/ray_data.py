@@ -28,7 +28,10 @@ counted over the whole folder. Before any of that, and before any actor
 starts, it checks the engine settings as far as it can without a GPU; each actor then opens
 its engine the way every face does (``mmbatch.engine.builder``: its own host read once, then
 ``start_engine``), its start-up log in the engine's log file and a failure said as a
-``FatalEngineError``. A replica whose process dies Ray starts again, until it has died
+``FatalEngineError``. Its engines run in engine processes of its own, as a local job's
+do (``ReplicaEngine``): one that dies is started again inside the replica, and a request in
+flight at two of its deaths becomes an error row, while the job goes on. A replica whose
+own process dies Ray starts again, until it has died
 twice in a row without finishing a batch (``replica_starts``): then the job stops, as on an
 engine that does not start. A job stopped by
 Ctrl-C (or SIGTERM) says what the folder holds, as the local runner does
@@ -373,6 +376,7 @@ def run_on_ray(
     ready_at: float | None = None
     job = replace(job, requests_per_replica=-(-len(plan.pending) // resources.replicas))
     figures, layouts, restarts = ReplicaFigures(), list[str](), (0, 0.0)
+    engine_restarts = Restarts()
     if pending:
         tally = start_tally(ray)
         try:
@@ -380,7 +384,7 @@ def run_on_ray(
             with printed_to(job.engine.log_file):
                 rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
                 _write(rows, out)
-            figures, layouts, ready_at, restarts = _tallied(ray, tally)
+            figures, layouts, ready_at, restarts, engine_restarts = _tallied(ray, tally)
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -399,6 +403,7 @@ def run_on_ray(
     run = out.run_stats(whole, pending, started)  # one row per input, checked
     figures.add_to(run)
     run.count_restarts(Restarts(*restarts, engines=resources.replicas))
+    run.count_restarts(replace(engine_restarts, engines=resources.replicas))
     laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
     info = {**whole.info, **(laid_out if layouts else {})}
     return out.summarise(whole, plan, run, info, startup)
@@ -406,22 +411,24 @@ def run_on_ray(
 
 def _tallied(
     ray: Any, tally: Any
-) -> tuple[ReplicaFigures, list[str], float | None, tuple[int, float]]:
+) -> tuple[ReplicaFigures, list[str], float | None, tuple[int, float], Restarts]:
     """What the replicas told the job's tally: their figures, their engines' layouts, when
-    the first was ready, their restarts (how many, and their seconds); their start-up
-    moments noted as the job's (``replica_N_...``)."""
-    figures, layouts, ready_at, restarts, startups = ray.get(
+    the first was ready, their restarts (how many, and their seconds), their engines'
+    restarts inside them (``ReplicaTally.engine_restarts``); their start-up moments noted as
+    the job's (``replica_N_...``)."""
+    figures, layouts, ready_at, restarts, engine_restarts, startups = ray.get(
         [
             tally.total.remote(),
             tally.layouts.remote(),
             tally.ready_at.remote(),
             tally.restarts.remote(),
+            tally.engine_restarts.remote(),
             tally.startups.remote(),
         ]
     )
     for index, moments in enumerate(startups):
         note_from(f"replica_{index}", moments)
-    return figures, layouts, ready_at, tuple(restarts)
+    return figures, layouts, ready_at, tuple(restarts), engine_restarts
 
 
 def startup_split(ready_at: float | None, started: float) -> tuple[float | None, float]:
@@ -498,6 +505,7 @@ class ReplicaTally:
         self._layouts: set[str] = set()
         self._moments: dict[str, dict[str, float]] = {}
         self._starts = ReplicaStarts()
+        self._engines_restarted: dict[str, Restarts] = {}
 
     def add(
         self,
@@ -525,6 +533,20 @@ class ReplicaTally:
     def restarts(self) -> tuple[int, float]:
         """The replicas' restarts and their seconds (``ReplicaStarts.restarts``)."""
         return self._starts.restarts()
+
+    def engines_restarted(self, process: str, restarts: Restarts) -> None:
+        """The restarts so far of the engines that the replica process ``process``
+        (``NODE:PID``) runs (its ``Engine.restarts``, cumulative: the latest replaces the
+        last)."""
+        self._engines_restarted[process] = restarts
+
+    def engine_restarts(self) -> Restarts:
+        """The engines restarted inside the replicas, and their seconds, each over its
+        replica's engines (one of a replica's two restarting holds half of it): as a share of
+        one replica, which the driver spreads over the job's replicas (``count_restarts``)."""
+        told = self._engines_restarted.values()
+        count = sum(r.count for r in told)
+        return Restarts(count, sum(r.seconds / max(1, r.engines) for r in told))
 
     def ready_at(self) -> float | None:
         """When the first replica's engine was ready (None: none said)."""
@@ -691,6 +713,9 @@ class EngineReplica:
         if self.tally is not None and items:
             figures = ReplicaFigures.of(stats)
             await self.tally.add.remote(min(written), figures, self.ready_at, self.replica)
+            # Its engines started again inside it (an engine process that died), which the
+            # job's summary counts as a local job's.
+            await self.tally.engines_restarted.remote(self.name, self.engine.restarts())
             await self.tally.started.remote(self.replica, milestones_wall())  # its first row
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
@@ -731,16 +756,25 @@ def _replica_engine(
     """The engine(s) of one replica, laid out on the actor's GPUs for its share of the job
     as the local runner lays out a job (``Host.layout``): a job of thousands of pictures
     gets two engines on a large GPU and starts them eager, where one engine compiled for
-    every batch size took minutes to start and left its GPU waiting on its one thread. One
-    engine runs in the actor's process, which is itself the replica Ray restarts; more run
-    as engine processes of the actor. The layout is said as the local runner says it, here
-    and (through the tally) in the driver's summary."""
+    every batch size took minutes to start and left its GPU waiting on its one thread. The
+    layout is said as the local runner says it, here and (through the tally) in the
+    driver's summary.
+
+    Every engine runs in an engine process of the actor (``ReplicaEngine``), one engine too,
+    as the local runner runs its engines: an engine that dies is started again inside the
+    replica, the requests it held become suspects, and a request in flight at two of its
+    deaths becomes the one error row, while the job goes on. One engine once ran in the
+    actor's own process, Ray's restart of the actor standing for the engine's: but a
+    request that kills its engine then killed the actor, Ray ran its batch again on the
+    next one, and after two deaths in a row (``replica_starts``) the whole job stopped on
+    one bad request. Now the actor dies only of what kills the actor itself (a node lost,
+    its memory), which Ray's restart is for. Its engine processes end with it: each
+    watches its parent and ends its process group (vLLM's engine core with it) once the
+    actor is gone (``mmbatch.lifetime``)."""
     from mmbatch.engine import builder
 
     host = builder.read_host(job.engine)
     layout = host.layout(job.requests_per_replica)
-    if layout.replicas == 1 and layout.tensor_parallel == 1:
-        host = replace(host, in_process=True)
     engine = builder.start_engine(host, media_per_prompt, layout)
     print(f"mmbatch: {layout.describe()}", file=sys.stderr)
     if tally is not None:

@@ -605,12 +605,13 @@ def test_a_ray_jobs_terminal_holds_its_summary_and_its_log_what_ray_says(
     assert "``concurrency`` is deprecated" not in log
     # Its start-up by phase, the replica's among the driver's (on the driver's clock): the
     # command's, Ray's start (begun while the settings were checked), the job planned, then
-    # the replica's actor, vLLM's import in it, its engine and its first row.
+    # the replica's actor, vLLM's import in its engine process and its engine built there,
+    # its engine ready and its first row.
     summary = json.loads((tmp_path / "rows.summary.json").read_text())
     phases = summary["stats"]["startup_phases"]
     order = ["imports_done", "settings_checked", "job_planned", "replica_0_actor_started",
-             "replica_0_vllm_imported", "replica_0_llm_built", "replica_0_engine_ready",
-             "replica_0_first_row", "replica_0_last_row"]  # fmt: skip
+             "replica_0_engine_0_vllm_imported", "replica_0_engine_0_llm_built",
+             "replica_0_engine_ready", "replica_0_first_row", "replica_0_last_row"]  # fmt: skip
     assert [phases[name] for name in order] == sorted(phases[name] for name in order), phases
     assert phases["imports_done"] < phases["ray_initialised"] <= phases["job_planned"]
     # The job's start-up ends where its replica's engine was ready.
@@ -818,7 +819,9 @@ def test_an_engine_that_does_not_start_on_ray_says_why_as_the_local_runner_does(
     err = capsys.readouterr().err
     log = tmp_path / "rows.vllm.log"
     said = err[err.index("mmbatch: error: ") :].splitlines()
-    assert said[0].startswith(f"mmbatch: error: the vLLM engine did not start (its log: {log}): ")
+    assert said[0].startswith(
+        f"mmbatch: error: engine replica 0: the vLLM engine did not start (its log: {log}): "
+    )
     # vLLM's own words: the weights' error itself, or (its engine core in a process of its
     # own) that process's failure, the weights' error then in the log.
     assert "SafetensorError" in said[0] + log.read_text(errors="replace"), said[0]

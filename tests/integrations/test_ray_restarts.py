@@ -26,7 +26,7 @@ from PIL import Image
 from processes import in_session, left_after
 from test_ray_data import RAY_CLI, complete_rows
 
-from mmbatch.cli import EXIT_JOB_FAILED, EXIT_OK
+from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.integrations.ray_data import REPLICA_PROCESS
 from mmbatch.integrations.replica_starts import MAX_DEATHS_IN_A_ROW, ReplicaStarts
 
@@ -183,3 +183,87 @@ def test_a_replica_is_started_again_until_it_dies_twice_in_a_row() -> None:
     why = poison.begin("d", 20.0, "n:8")
     assert why is not None
     assert "each time while it ran a batch" in why
+
+
+KILLER = Path(__file__).parent.parent / "engine_killer"
+"""A folder whose ``sitecustomize`` has the request of prompt ``ENGINE_KILLER_PROMPT`` end
+the process that adds it to vLLM's engine, wherever that is run."""
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_request_that_kills_its_engine_on_ray_is_one_error_row_and_the_job_goes_on(
+    tiny_vl_model: Path, tmp_path: Path
+) -> None:
+    """On Ray as on the local runner: a request that kills the engine each time it is run
+    kills the replica's engine process, not the replica; the engine is started again inside
+    the replica, the request is found among those in flight and becomes the one error row,
+    and the job finishes with every other row answered (not stopped once its replica has
+    died twice in a row, as it was when the engine ran in the actor's own process)."""
+    pictures = []
+    for i in range(3):
+        picture = tmp_path / f"{i}.png"
+        Image.new("RGB", (32, 32), (i * 60, 200 - i * 60, 40)).save(picture)
+        pictures.append(picture)
+    manifest = tmp_path / "inputs.jsonl"
+    rows = [{"id": f"fine-{i}", "path": str(p), "prompt": "Say."} for i, p in enumerate(pictures)]
+    rows.insert(1, {"id": "killer", "path": str(pictures[0]), "prompt": "Crash."})
+    manifest.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "rows"
+    argv = ["caption", str(manifest), "--model", str(tiny_vl_model), "--out", str(out)]
+    argv += ["--max-tokens", "4", *TINY_ENGINE_FLAGS, "--gpus-per-replica", "0"]
+    argv += ["--ray", "local"]  # a Ray of the job's own, started and stopped by it
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["ENGINE_KILLER_PROMPT"] = "Crash."
+    env["PYTHONPATH"] = os.pathsep.join([str(KILLER), *sys.path])
+    job = subprocess.Popen(
+        [sys.executable, "-m", "mmbatch", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # Ray's processes, its actors among them, stay in it
+    )
+    try:
+        _, stderr = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)  # a job that hangs is not left behind
+            job.wait()
+    left = left_after(partial(in_session, job.pid), 10.0)
+    for line in left:
+        os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not left, f"processes left after the job: {left}"
+    assert job.returncode == EXIT_ITEMS_FAILED, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    saved = {}
+    for file in out.glob("[!.]*.json"):
+        for line in file.read_text().splitlines():
+            row = json.loads(line)
+            saved[row["id"]] = row
+    assert sorted(saved) == sorted(row["id"] for row in rows)
+    answered = [saved[f"fine-{i}"] for i in range(3)]
+    assert [(row["error"], bool(row["text"])) for row in answered] == [(None, True)] * 3, saved
+    error = saved["killer"]["error"]
+    assert error["kind"] == "engine", error
+    assert error["message"].startswith("the engine died each time this request was in it"), error
+    assert error["message"].endswith("left out so that the rest of the job goes on"), error
+    # The engine's restarts inside the replica reach the job's summary, as a local job's do.
+    stats = json.loads((tmp_path / "rows.summary.json").read_text())["stats"]
+    assert stats["restarts"] >= MAX_DEATHS_IN_A_ROW, stats
+    assert stats["failed"] == 1, stats
+
+
+def test_the_engines_restarted_inside_the_replicas_are_counted_once_each() -> None:
+    """Each replica process tells its engines' restarts so far after every batch: the latest
+    replaces the last (cumulative, not added again), and each replica's seconds are over
+    its own engines (one of two restarting holds half of it)."""
+    from mmbatch.integrations.ray_data import ReplicaTally
+    from mmbatch.types import Restarts
+
+    tally = ReplicaTally()
+    assert tally.engine_restarts() == Restarts()
+    tally.engines_restarted("n:1", Restarts(1, 10.0, engines=1))
+    tally.engines_restarted("n:1", Restarts(2, 30.0, engines=1))
+    tally.engines_restarted("n:2", Restarts(1, 8.0, engines=2))
+    assert tally.engine_restarts() == Restarts(3, 34.0)
