@@ -44,6 +44,7 @@ ENGINES_IN_PROCESS = frozenset(
     {
         "tests/cli/test_ray_connection.py",
         "tests/engine/test_engine_settings.py",
+        "tests/engine/test_media_cache_mirror.py",
         "tests/engine/test_replicas.py",
         "tests/engine/test_same_as_vllm.py",
         "tests/integrations/test_dataset_runs.py",

@@ -81,6 +81,10 @@ class _Rendering:
     request_id: str
     future: Future[Any]
     params: Any
+    prompt: dict[str, Any]
+    wanted: bool = True
+    """False once aborted: rendered all the same, then handed to vLLM and aborted there
+    (``VLLMEngine`` says why)."""
 
 
 _METRICS = {
@@ -100,6 +104,16 @@ class VLLMEngine:
     vLLM's multimodal processor cache (which is not thread-safe); more threads render in
     parallel with that cache off (repeated media are then re-processed on the host, but
     the engine's encoder cache still reuses their encoder outputs by our keys).
+
+    That cache is two mirrored halves: the front end's (which renders) records an item as
+    sent when it renders a request carrying it, and from then on sends only its key; the
+    engine core's holds the data. They agree only if every request rendered reaches the
+    core, in the order rendered. So a request aborted while it renders, or rendered and
+    waiting, is not dropped: it is handed to vLLM in its turn and aborted there at once;
+    and a request vLLM refuses after rendering hands its media to the core in a stand-in
+    (``_mirror_refused``). Dropped, the next request carrying the same media (a job
+    resumed on a kept engine, a second prompt about the same picture) would send only the
+    key, and vLLM would refuse it for a cache miss.
     """
 
     def __init__(
@@ -147,7 +161,7 @@ class VLLMEngine:
             self._submit(engine_id, request.id, self._render(prompt), params)
         else:
             future = self._pool.submit(self._render, prompt)
-            self._rendering.append(_Rendering(engine_id, request.id, future, params))
+            self._rendering.append(_Rendering(engine_id, request.id, future, params, prompt))
 
     def step(self) -> list[Result]:
         # Hand finished renders to the engine in the order they were added; wait for one
@@ -192,16 +206,44 @@ class VLLMEngine:
             raise _rejected(exc) from exc
         return engine_input
 
-    def _submit(self, engine_id: str, request_id: str, engine_input: Any, params: Any) -> None:
-        from vllm.v1.engine.exceptions import EngineDeadError
+    def _submit(
+        self, engine_id: str, request_id: str, engine_input: Any, params: Any, wanted: bool = True
+    ) -> None:
+        """Hand a rendered request to vLLM; one no longer ``wanted`` (aborted while it
+        rendered) is aborted there at once, having kept the media caches mirrored."""
+        try:
+            _add_request(self._engine, engine_id, engine_input, params)
+        except RequestRejected:
+            self._mirror_refused(engine_id, engine_input)
+            raise
+        if wanted:
+            self._pending[engine_id] = request_id
+        else:
+            self._engine.abort_request([engine_id])
+
+    def _mirror_refused(self, engine_id: str, engine_input: Any) -> None:
+        """Keep the multimodal processor cache's halves mirrored after vLLM refused a
+        rendered request (its settings, its length): the front end recorded its media as
+        sent, so the core must get them. A stand-in of the same rendered input with plain
+        settings takes them there, aborted at once. Refused too (the input itself is what
+        vLLM refuses), both halves start empty again: the renders waiting behind it, which
+        counted on the refused request's media, are rendered again after."""
+        if self._engine.renderer.mm_processor_cache is None or not _carries_media(engine_input):
+            return
+        from vllm import SamplingParams
 
         try:
-            self._engine.add_request(engine_id, engine_input, params)
-        except EngineDeadError as exc:
-            raise FatalEngineError(f"the vLLM engine died: {exc}") from exc
-        except Exception as exc:  # vLLM raises ValueError, TypeError... per prompt
-            raise _rejected(exc) from exc
-        self._pending[engine_id] = request_id
+            _add_request(self._engine, engine_id, engine_input, SamplingParams(max_tokens=1))
+        except RequestRejected:
+            waiting = list(self._rendering)
+            for item in waiting:  # the render thread idle: the cache is not thread-safe
+                item.future.exception()
+            self._engine.reset_mm_cache()
+            if self._pool is not None:
+                for item in waiting:
+                    item.future = self._pool.submit(self._render, item.prompt)
+            return
+        self._engine.abort_request([engine_id])
 
     def _submit_rendered(self, wait: bool) -> list[Result]:
         failures = []
@@ -209,17 +251,25 @@ class VLLMEngine:
             wait = False
             item = self._rendering.popleft()
             try:
-                self._submit(item.engine_id, item.request_id, item.future.result(), item.params)
+                engine_input = item.future.result()
+                self._submit(
+                    item.engine_id, item.request_id, engine_input, item.params, item.wanted
+                )
             except RequestRejected as exc:
-                failures.append(Result.failure(item.request_id, exc.stage, str(exc), exc.kind))
+                if item.wanted:
+                    failures.append(Result.failure(item.request_id, exc.stage, str(exc), exc.kind))
         return failures
 
     def num_unfinished(self) -> int:
-        return len(self._rendering) + len(self._pending)
+        """The requests not yet answered; not those aborted while they rendered, which
+        vLLM is handed (and aborted there) in a later ``step``."""
+        return sum(r.wanted for r in self._rendering) + len(self._pending)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         dropped = set(request_ids)
-        self._rendering = deque(r for r in self._rendering if r.request_id not in dropped)
+        for rendering in self._rendering:
+            if rendering.request_id in dropped:
+                rendering.wanted = False  # still rendered and handed over: see the class
         engine_ids = [e for e, ours in self._pending.items() if ours in dropped]
         for engine_id in engine_ids:
             del self._pending[engine_id]
@@ -384,6 +434,24 @@ def _free_memory() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _add_request(llm_engine: Any, engine_id: str, engine_input: Any, params: Any) -> None:
+    """``LLMEngine.add_request``, its refusal of this prompt a ``RequestRejected``."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    try:
+        llm_engine.add_request(engine_id, engine_input, params)
+    except EngineDeadError as exc:
+        raise FatalEngineError(f"the vLLM engine died: {exc}") from exc
+    except Exception as exc:  # vLLM raises ValueError, TypeError... per prompt
+        raise _rejected(exc) from exc
+
+
+def _carries_media(engine_input: Any) -> bool:
+    """Whether a rendered prompt carries media (itself, or its encoder's part)."""
+    parts = [engine_input, *(v for v in engine_input.values() if isinstance(v, Mapping))]
+    return any("mm_hashes" in part for part in parts)
 
 
 _FAILED_FINISH_REASONS = frozenset({"abort", "error"})
