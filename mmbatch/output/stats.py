@@ -185,9 +185,9 @@ class JobStats(Tally):
             lines.append(f"media: {self.decodes} decoded, {_size(self.bytes_read)} read{caches}")
         if self.restarts:
             lines.append(
-                f"restarts: {counted(self.restarts, 'engine')} started again after its "
-                f"replica's process died: {self.restart_seconds:.1f} s of start-up, left out "
-                "of the work's time and speed"
+                f"restarts: {counted(self.restarts, 'engine')} started again after "
+                f"{'its' if self.restarts == 1 else 'their'} process died: "
+                f"{self.restart_seconds:.1f} s of start-up, left out of the work's time and speed"
             )
         if self.answered_by_identical:
             lines.append(

@@ -147,7 +147,7 @@ def test_a_replica_that_dies_at_every_start_stops_the_job_loudly_and_a_rerun_res
     assert stats["items_per_second"] == pytest.approx(
         (PICTURES - len(saved)) / stats["wall_seconds"], abs=0.002
     )
-    assert "restarts: 1 engine started again after its replica's process died" in stderr
+    assert "restarts: 1 engine started again after its process died" in stderr
 
 
 def test_a_replica_is_started_again_until_it_dies_twice_in_a_row() -> None:
