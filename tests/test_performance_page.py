@@ -15,7 +15,7 @@ PAGE = MANUAL / "performance.md"
 RESULTS = REPO / "benchmarks" / "results"
 REPORT = re.compile(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.json")
 PROVENANCE = re.compile(
-    r"^Measured: \d{4}-\d{2}-\d{2}, commits? [0-9a-f]{7}\b.*\bvLLM\b.*\b(H200|CPU|VM)\b"
+    r"^Measured: \d{4}-\d{2}-\d{2}, commits? [0-9a-f]{7}\b.*\bvLLM\b.*\b(H100|H200|CPU|VM)\b"
 )
 FIGURE = re.compile(r"\d[\d.,]* (images|frames)/s|\d\.\d+x (naive|of vLLM)")
 
