@@ -50,6 +50,7 @@ from mmbatch.output.summary import JobReport as JobReport  # run_job's, re-expor
 from mmbatch.output.writable import check_folder_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
+from mmbatch.words import counted
 
 if TYPE_CHECKING:
     from mmbatch.engine.builder import Host
@@ -163,8 +164,8 @@ def engine_stopped(exc: FatalEngineError, job: Job, out: FileOutput) -> FatalEng
     tally = out.count(job)
     left = len(job.item_ids) - tally.done
     return FatalEngineError(
-        f"{exc}\nThe {tally.done} rows finished are saved in {out.shown} "
-        f"({left} items left); run the same command again to resume."
+        f"{exc}\nThe {counted(tally.done, 'row')} finished {_are(tally.done)} saved in "
+        f"{out.shown} ({counted(left, 'item')} left); run the same command again to resume."
     )
 
 
@@ -178,13 +179,18 @@ def say_interrupted(job: Job, out: FileOutput) -> None:
     settled = not out.row_folder
     tally = out.count(job, settled)
     done, left = tally.done, len(job.item_ids) - tally.done
+    rows, items = f"{counted(done, 'row')} {_are(done)}", counted(left, "item")
     saved = (
-        f"{done} rows are saved in {out.shown} ({left} items left)"
+        f"{rows} saved in {out.shown} ({items} left)"
         if settled
-        else f"at least {done} rows are saved in {out.shown} (at most {left} items left; "
+        else f"at least {rows} saved in {out.shown} (at most {items} left; "
         "Ray's writers, still stopping, may add the rows they hold)"
     )
     print(f"mmbatch: interrupted: {saved}", file=sys.stderr)
+
+
+def _are(count: int) -> str:
+    return "is" if count == 1 else "are"
 
 
 def _write_rows(

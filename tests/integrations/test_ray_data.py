@@ -341,8 +341,9 @@ def stop_a_ray_job_then_resume(
         # Ray's writer may still finish a file as the job stops: the line says the least the
         # folder holds, which it does hold; the resume below counts again.
         count = re.fullmatch(
-            rf"mmbatch: interrupted: at least (\d+) rows are saved in {re.escape(str(out))} "
-            r"\(at most (\d+) items left; Ray's writers, still stopping, may add the rows "
+            r"mmbatch: interrupted: at least (\d+) rows? (?:is|are) saved in "
+            rf"{re.escape(str(out))} "
+            r"\(at most (\d+) items? left; Ray's writers, still stopping, may add the rows "
             r"they hold\)",
             said[-1] if said else "",
         )
@@ -826,7 +827,7 @@ def test_an_engine_that_does_not_start_on_ray_says_why_as_the_local_runner_does(
     # own) that process's failure, the weights' error then in the log.
     assert "SafetensorError" in said[0] + log.read_text(errors="replace"), said[0]
     assert said[1:] == [
-        f"The 0 rows finished are saved in {out} (1 items left); run the same command again "
+        f"The 0 rows finished are saved in {out} (1 item left); run the same command again "
         "to resume."
     ]
     assert "actor died" not in err

@@ -29,6 +29,7 @@ from test_ray_data import RAY_CLI, complete_rows
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
 from mmbatch.integrations.ray_data import REPLICA_PROCESS
 from mmbatch.integrations.replica_starts import MAX_DEATHS_IN_A_ROW, ReplicaStarts
+from mmbatch.words import counted
 
 PICTURES = 12
 STOPS_WITHIN_S = 240.0
@@ -126,9 +127,10 @@ def test_a_replica_that_dies_at_every_start_stops_the_job_loudly_and_a_rerun_res
     saved = complete_rows(out)
     assert len(set(saved)) == len(saved)
     assert saved_at_kill <= len(saved) < PICTURES  # the rows saved before stay
+    n = len(saved)
     assert said[1] == (
-        f"The {len(saved)} rows finished are saved in {out} ({PICTURES - len(saved)} items "
-        "left); run the same command again to resume."
+        f"The {counted(n, 'row')} finished {'is' if n == 1 else 'are'} saved in {out} "
+        f"({counted(PICTURES - n, 'item')} left); run the same command again to resume."
     )
 
     # The rerun resumes; its replica killed once mid-job is started again, and the job goes
@@ -136,7 +138,8 @@ def test_a_replica_that_dies_at_every_start_stops_the_job_loudly_and_a_rerun_res
     code, stderr, killed, _ = run_killing_replicas(argv, out, False, tmp_path)
     assert code == EXIT_OK, stderr[-3000:]
     assert len(killed) == 1
-    assert f"mmbatch: resuming {out}: {len(saved)} items already have a row" in stderr
+    rows_before = f"{counted(n, 'item')} already {'has' if n == 1 else 'have'} a row"
+    assert f"mmbatch: resuming {out}: {rows_before}" in stderr
     assert sorted(complete_rows(out)) == sorted(str(p) for p in pictures.iterdir())
     stats = json.loads((tmp_path / "rows.summary.json").read_text())["stats"]
     assert stats["restarts"] == 1
