@@ -251,3 +251,67 @@ def test_what_makes_a_job_need_another_engine() -> None:
     assert "runs org/kept, not org/other" in str(refusal(RECORD, EngineConfig("org/other"), {}))
     assert "--media-per-prompt image=2" in str(refusal(RECORD, same, {"image": 2}))
     assert "video" in str(refusal(RECORD, same, {"video": 1}))
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    said = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True
+    )
+    return int(said.stdout)
+
+
+def test_engine_list_shows_the_live_engine_and_forgets_a_dead_ones_record(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gone = EngineFiles.of("gone", create=True)
+    gone.write_info({**RECORD, "pid": _dead_pid()})
+    assert main(["engine", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["NAME", "MODEL", "PID", "UPTIME", "LAYOUT"]
+    assert lines[1].split()[:3] == [NAME, MODEL, str(os.getpid())]
+    assert lines[1].endswith("one fake engine")
+    assert len(lines) == 2  # the dead engine is not listed, and its record is gone
+    assert gone.read_info() is None
+
+
+def test_engine_stop_ends_the_serving_and_removes_the_engines_files(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mmbatch engine stop NAME`` asks the engine to stop on its socket, waits for its
+    process to end, and removes its files. (The serving loop here runs in the test's own
+    process, which the stop must not signal: the record names a stand-in that ends as a
+    server's process does, once its socket is closed.)"""
+    socket = str(served.files.socket)
+    stand_in = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os, time\nwhile os.path.exists({socket!r}): time.sleep(0.02)",
+        ]
+    )
+    served.files.write_info({**RECORD, "pid": stand_in.pid})
+    assert main(["engine", "stop", NAME]) == 0
+    assert stand_in.wait(timeout=60) == 0  # it ended of itself: the socket was closed
+    assert f"mmbatch: engine {NAME} stopped" in capsys.readouterr().err
+    assert served.files.read_info() is None
+    assert not served.files.socket.exists()
+    assert main(["engine", "stop", "nothing"]) == 2
+    assert capsys.readouterr().err.strip() == "mmbatch: error: no kept engine 'nothing'"
+
+
+def test_engine_start_refuses_in_one_line_before_it_starts_anything(
+    served: Served, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A name taken by a live engine, or a media count that is not one, is refused with one
+    line and exit code 2; no engine process is started (``served``'s record stays)."""
+    assert main(["engine", "start", MODEL, "--name", NAME]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"mmbatch: error: an engine named {NAME!r} runs already (pid {os.getpid()})"
+    assert main(["engine", "start", MODEL, "--name", "other", "--media-per-prompt", "image=x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "mmbatch: error: --media-per-prompt 'image=x': not MODALITY=N (image, video, audio)"
+    )
+    assert served.files.read_info() == RECORD
+    assert EngineFiles.of("other").read_info() is None
