@@ -149,6 +149,20 @@ class _Container(Protocol):
 Kept = TypeVar("Kept", bound=_Container)
 
 
+def emptied_in_forked_children(kept: _Container) -> None:
+    """Have each child this process forks find ``kept`` (a module's engines, pipelines or
+    pools) empty, emptied in place (a reference taken before the fork sees it empty too),
+    what it held kept and never used (``forgotten_in_forked_children``)."""
+    forgotten_in_forked_children(lambda: _emptied(kept))
+
+
+def _emptied(kept: _Container) -> object:
+    """A strong copy of what ``kept`` held (a weak set's engines too), ``kept`` cleared."""
+    parents = dict(kept) if isinstance(kept, Mapping) else list(kept)
+    kept.clear()
+    return parents
+
+
 class KeptPerProcess(Generic[Kept]):
     """What a module keeps for this process's later jobs (its engines, pipelines or pools: a
     container), with the lock that guards it, each used only inside ``locked``.
@@ -163,7 +177,8 @@ class KeptPerProcess(Generic[Kept]):
     def __init__(self, kept: Kept) -> None:
         self._kept = kept
         self._lock = threading.Lock()
-        forgotten_in_forked_children(self._forget)
+        emptied_in_forked_children(kept)
+        forgotten_in_forked_children(self._renew_lock)
 
     @contextmanager
     def locked(self) -> Iterator[Kept]:
@@ -171,15 +186,9 @@ class KeptPerProcess(Generic[Kept]):
         with self._lock:
             yield self._kept
 
-    def _forget(self) -> object:
-        """In a forked child: the container emptied in place (a reference taken before the
-        fork sees it empty too) and a new lock; returns a strong copy of what it held (a
-        weak set's engines too), for the child to keep."""
-        kept = self._kept
-        parents = dict(kept) if isinstance(kept, Mapping) else list(kept)
-        kept.clear()
+    def _renew_lock(self) -> None:
+        """In a forked child: a new lock (its container is emptied beside it)."""
         self._lock = threading.Lock()
-        return parents
 
 
 def end_own_group() -> None:

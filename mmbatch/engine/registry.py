@@ -22,20 +22,11 @@ from mmbatch.engine.base import Engine
 from mmbatch.engine.builder import Host
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.layout import Layout
-from mmbatch.lifetime import forgotten_in_forked_children
+from mmbatch.lifetime import emptied_in_forked_children
 from mmbatch.types import Modality
 
 _ENGINES: dict[str, tuple[Engine, Layout]] = {}
-
-
-def _forget_in_child() -> object:
-    """The parent's engines, forgotten in a forked child without closing them."""
-    parents = dict(_ENGINES)
-    _ENGINES.clear()
-    return parents
-
-
-forgotten_in_forked_children(_forget_in_child)
+emptied_in_forked_children(_ENGINES)  # the parent's engines: a child neither uses nor closes
 KEPT = "kept from an earlier job in this process, as laid out for that job"
 """Said of a kept engine's layout: its engine count and compilation were chosen for the job
 that built it (a short job's: uncompiled), not for the one asking now, which gets it rather

@@ -93,7 +93,7 @@ class JobStats(Tally):
     queue: list[QueueSample] = field(default_factory=list)
     """The engine's queues sampled once a second: whether the engine was kept fed."""
     restarts: int = 0
-    """Engines started again during the run, each after its replica's process died."""
+    """Engines started again during the run, each after its process died."""
     restart_seconds: float = 0.0
     """What those restarts took of the run's time: their start-up (each from its process's
     start to its engine ready), over the job's engines (one of N replicas restarting holds
