@@ -62,8 +62,10 @@ def engine_arg_flags(side: dict[str, Any]) -> list[str]:
 def summary_times(out: Path, wall: float) -> dict[str, Any]:
     """An mmbatch job's run, from its summary: start-up (to its engines ready), work, exit
     (from the last row to the process gone, ``wall`` after its start), its failed rows and
-    its start-up moments (``startup_phases``, seconds from its process's start)."""
-    stats = json.loads(OutputPaths(out).summary.read_text())["stats"]
+    its start-up moments (``startup_phases``, seconds from its process's start), and the
+    engine layout it chose (``engines``, as its summary says it)."""
+    summary = json.loads(OutputPaths(out).summary.read_text())
+    stats = summary["stats"]
     startup, work = stats["startup_seconds"], stats["process_seconds"] - stats["startup_seconds"]
     return {
         "startup_s": round(startup, 2),
@@ -71,6 +73,7 @@ def summary_times(out: Path, wall: float) -> dict[str, Any]:
         "exit_s": round(wall - startup - work, 2),
         "failed": stats["failed"],
         "startup_phases": {**stats["startup_phases"], "exit": round(wall, 2)},
+        "engines": summary["job"].get("engines"),
     }
 
 

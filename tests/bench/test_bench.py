@@ -593,6 +593,7 @@ def test_the_batch_file_sides_are_whole_processes_with_phases(
     order = ["imports_done", "engine_start_begun", "inputs_listed", "engines_ready",
              "first_row", "last_row", "exit"]  # fmt: skip
     assert [phases[name] for name in order] == sorted(phases[name] for name in order)
+    assert runs["openai-batch"]["engines"].startswith("one engine on this machine")
     assert "ratio_openai-batch_over_vllm-run-batch_2" in whole
 
 
