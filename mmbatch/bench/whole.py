@@ -39,7 +39,8 @@ process's own, as ``engine_N_started``, ``engine_N_vllm_imported``,
 ``engine_N_template_read`` (read beside the engine's build), ``engine_N_llm_built`` and
 ``engine_N_ready``; then ``engines_ready``, ``first_request`` (the first handed to the
 engine), ``first_row``, ``last_row``, and ``exit`` (the process gone), taken from the job's
-own clock (its summary), not from its log.
+own clock (its summary), not from its log. What each side's engines spent their build on,
+as vLLM's log says it, is the run's ``engine_log`` (``mmbatch.bench.engine_log``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mmbatch.bench.engine_log import engine_log_figures, run_logs
 from mmbatch.bench.faces import FACE_BASES, FRAME_MODES, timed_face
 from mmbatch.bench.job_process import (
     engine_arg_flags,
@@ -157,7 +159,19 @@ def _side_run(
     """One timed run of the side ``mode`` (with its variant's settings) over ``media``."""
     variant = options["variants"].get(mode, {})
     side = {**side_spec_for(spec, mode, variant), "whole_mode": mode}
-    return _timed(side, media, out, side_environment(variant))
+    entry = _timed(side, media, out, side_environment(variant))
+    figures = engine_log_figures(run_logs(out))
+    return {**entry, "engine_log": figures} if figures else entry
+
+
+def clear_earlier_run(out: Path) -> None:
+    """Remove what an earlier run of the same side left in the work folder for ``out``
+    (``NAME.jsonl``): its rows, summary and logs, and a Ray run's folder ``NAME`` with the
+    files beside it (``NAME.vllm.log``...). Left there, rows would be resumed, not run
+    again, and an old log read as the new run's."""
+    stem = out.name.removesuffix(".jsonl")
+    for stale in [*out.parent.glob(stem), *out.parent.glob(f"{stem}.*")]:
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
 
 
 def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
@@ -190,8 +204,7 @@ def _bases_of(mode: str) -> tuple[str, ...]:
 
 
 def _timed(side: dict[str, Any], folder: Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
-    for stale in out.parent.glob(out.name + "*"):
-        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    clear_earlier_run(out)
     log = out.with_name(out.name + ".log")
     if side["whole_mode"] in BATCH_MODES:
         return _timed_batch(side, folder, out, env, log)
