@@ -72,7 +72,16 @@ from mmbatch.output.folders import folder_format
 from mmbatch.output.rows import FLAT, RowShape, output_row
 from mmbatch.output.stats import JobStats
 from mmbatch.output.summary import JobReport
-from mmbatch.types import ItemError, MediaRef, Modality, Request, Restarts, Result, Sampling
+from mmbatch.types import (
+    CacheStats,
+    ItemError,
+    MediaRef,
+    Modality,
+    Request,
+    Restarts,
+    Result,
+    Sampling,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -373,10 +382,8 @@ def run_on_ray(
     milestone("job_planned")
     started = time.perf_counter()
     pending = {r.row_id for r in plan.pending}
-    ready_at: float | None = None
     job = replace(job, requests_per_replica=-(-len(plan.pending) // resources.replicas))
-    figures, layouts, restarts = ReplicaFigures(), list[str](), (0, 0.0)
-    engine_restarts = Restarts()
+    told = Tallied()
     if pending:
         tally = start_tally(ray)
         try:
@@ -384,7 +391,7 @@ def run_on_ray(
             with printed_to(job.engine.log_file):
                 rows = caption_dataset(ds, job, resources, whole.item_ids - pending, tally)
                 _write(rows, out)
-            figures, layouts, ready_at, restarts, engine_restarts = _tallied(ray, tally)
+            told = _tallied(ray, tally)
         except ray.exceptions.RayError as exc:
             raise _stopped(exc, whole, out) from exc
         except KeyboardInterrupt:
@@ -399,36 +406,34 @@ def run_on_ray(
         finally:
             ray.kill(tally)
     out.refresh()
-    startup, started = startup_split(ready_at, started)
+    startup, started = startup_split(told.ready_at, started)
     run = out.run_stats(whole, pending, started)  # one row per input, checked
-    figures.add_to(run)
-    run.count_restarts(Restarts(*restarts, engines=resources.replicas))
-    run.count_restarts(replace(engine_restarts, engines=resources.replicas))
-    laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in layouts)}
-    info = {**whole.info, **(laid_out if layouts else {})}
+    told.figures.add_to(run)
+    run.cache = told.cache
+    run.count_restarts(Restarts(*told.restarts, engines=resources.replicas))
+    run.count_restarts(replace(told.engine_restarts, engines=resources.replicas))
+    laid_out = {"engines": "; ".join(f"each replica: {layout}" for layout in told.layouts)}
+    info = {**whole.info, **(laid_out if told.layouts else {})}
     return out.summarise(whole, plan, run, info, startup)
 
 
-def _tallied(
-    ray: Any, tally: Any
-) -> tuple[ReplicaFigures, list[str], float | None, tuple[int, float], Restarts]:
-    """What the replicas told the job's tally: their figures, their engines' layouts, when
-    the first was ready, their restarts (how many, and their seconds), their engines'
-    restarts inside them (``ReplicaTally.engine_restarts``); their start-up moments noted as
-    the job's (``replica_N_...``)."""
-    figures, layouts, ready_at, restarts, engine_restarts, startups = ray.get(
+def _tallied(ray: Any, tally: Any) -> Tallied:
+    """What the replicas told the job's tally; their start-up moments noted as the job's
+    (``replica_N_...``)."""
+    figures, layouts, ready_at, restarts, engine_restarts, cache, startups = ray.get(
         [
             tally.total.remote(),
             tally.layouts.remote(),
             tally.ready_at.remote(),
             tally.restarts.remote(),
             tally.engine_restarts.remote(),
+            tally.caches.remote(),
             tally.startups.remote(),
         ]
     )
     for index, moments in enumerate(startups):
         note_from(f"replica_{index}", moments)
-    return figures, layouts, ready_at, tuple(restarts), engine_restarts
+    return Tallied(figures, layouts, ready_at, tuple(restarts), engine_restarts, cache)
 
 
 def startup_split(ready_at: float | None, started: float) -> tuple[float | None, float]:
@@ -492,6 +497,24 @@ class ReplicaFigures:
         return [f.name for f in fields(cls)]
 
 
+@dataclass(frozen=True)
+class Tallied:
+    """What the replicas told the job's tally (``ReplicaTally``), as the driver's summary
+    takes it; empty where no replica ran."""
+
+    figures: ReplicaFigures = field(default_factory=ReplicaFigures)
+    layouts: list[str] = field(default_factory=list)
+    """Their engines' layouts."""
+    ready_at: float | None = None
+    """When the first replica's engine was ready, by the wall clock."""
+    restarts: tuple[int, float] = (0, 0.0)
+    """The replicas' restarts: how many, and their seconds."""
+    engine_restarts: Restarts = field(default_factory=Restarts)
+    """Their engines' restarts inside them (``ReplicaTally.engine_restarts``)."""
+    cache: CacheStats = field(default_factory=CacheStats)
+    """Their engines' cache counters, summed (``ReplicaTally.caches``)."""
+
+
 class ReplicaTally:
     """The ``ReplicaFigures`` of a job's batches, as a Ray actor (``start_tally``) that each
     replica tells before it returns a batch's rows: once Ray has written every row, every
@@ -506,6 +529,7 @@ class ReplicaTally:
         self._moments: dict[str, dict[str, float]] = {}
         self._starts = ReplicaStarts()
         self._engines_restarted: dict[str, Restarts] = {}
+        self._caches: dict[str, CacheStats] = {}
 
     def add(
         self,
@@ -547,6 +571,17 @@ class ReplicaTally:
         told = self._engines_restarted.values()
         count = sum(r.count for r in told)
         return Restarts(count, sum(r.seconds / max(1, r.engines) for r in told))
+
+    def engine_caches(self, process: str, cache: CacheStats) -> None:
+        """The cache counters so far of the engines that the replica process ``process``
+        runs (its ``Engine.cache_stats``, cumulative: the latest replaces the last)."""
+        self._caches[process] = cache
+
+    def caches(self) -> CacheStats:
+        """The replicas' engines' cache counters, summed: the job's hit rates, as a local
+        job's engines count them."""
+        told = self._caches.values()
+        return CacheStats(*(sum(getattr(c, f.name) for c in told) for f in fields(CacheStats)))
 
     def ready_at(self) -> float | None:
         """When the first replica's engine was ready (None: none said)."""
@@ -716,6 +751,7 @@ class EngineReplica:
             # Its engines started again inside it (an engine process that died), which the
             # job's summary counts as a local job's.
             await self.tally.engines_restarted.remote(self.name, self.engine.restarts())
+            await self.tally.engine_caches.remote(self.name, stats.cache)
             await self.tally.started.remote(self.replica, milestones_wall())  # its first row
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.

@@ -252,6 +252,11 @@ def test_ray_recipe_run_gives_the_local_runs_item_rows(
             assert mine["prompt"] == theirs["prompt"], (item_id, name)
     assert ray_rows[inputs[2]]["error"]["stage"] == "decode"
     assert ray_rows[inputs[0]]["outputs"]["subject"]["text"]
+    # The replica's engine saw each picture twice (two questions, asked together): its
+    # caches' counters reach the summary, as a local job's do.
+    stats = json.loads((tmp_path / "recipe-out.summary.json").read_text())["stats"]
+    assert stats["mm_cache_hit_rate"] > 0, stats
+    assert stats["prefix_cache_hit_rate"] is not None, stats
 
 
 RAY_CLI = """

@@ -270,3 +270,18 @@ def test_the_engines_restarted_inside_the_replicas_are_counted_once_each() -> No
     tally.engines_restarted("n:1", Restarts(2, 30.0, engines=1))
     tally.engines_restarted("n:2", Restarts(1, 8.0, engines=2))
     assert tally.engine_restarts() == Restarts(3, 34.0)
+
+
+def test_the_replicas_engines_cache_counters_are_summed_once_each() -> None:
+    """Each replica process tells its engines' cache counters so far after every batch: the
+    latest replaces the last (cumulative), and the job's hit rates are over every replica's."""
+    from mmbatch.integrations.ray_data import ReplicaTally
+    from mmbatch.types import CacheStats
+
+    tally = ReplicaTally()
+    assert tally.caches() == CacheStats()
+    tally.engine_caches("n:1", CacheStats(prefix_queries=100, prefix_hits=10, mm_queries=4))
+    tally.engine_caches("n:1", CacheStats(200, 50, 8, 4))
+    tally.engine_caches("n:2", CacheStats(100, 50, 8, 0))
+    assert tally.caches() == CacheStats(300, 100, 16, 4)
+    assert tally.caches().mm_hit_rate == 0.25
