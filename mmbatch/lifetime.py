@@ -191,6 +191,26 @@ class KeptPerProcess(Generic[Kept]):
         self._lock = threading.Lock()
 
 
+def live_processes(group: int | None = None, session: int | None = None) -> list[int]:
+    """The live processes of process group ``group`` or of session ``session`` (zombies,
+    which hold nothing and may wait long for a reaper in a container, do not count), read
+    from ``/proc``; none where there is no ``/proc`` (not Linux)."""
+    if not os.path.isdir("/proc"):
+        return []
+    with os.scandir("/proc") as entries:
+        pids = [int(entry.name) for entry in entries if entry.name.isdigit()]
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as stat:
+                state, _, pgrp, sid = stat.read().rsplit(b")", 1)[1].split()[:4]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if state != b"Z" and (int(pgrp) == group or int(sid) == session):
+            found.append(pid)
+    return found
+
+
 def end_own_group() -> None:
     """SIGKILL this process's group (this process and what it started: vLLM's engine core
     and workers), where this process leads one (``os.setpgid(0, 0)``); else this process

@@ -5,6 +5,7 @@ the engine's start-up each time."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -124,14 +125,26 @@ def run_stop(args: argparse.Namespace) -> int:
     except (OSError, EOFError):
         if isinstance(pid, int) and _alive(pid):
             os.kill(pid, signal.SIGTERM)  # still starting: it stops on SIGTERM too
-    deadline = time.monotonic() + STOP_WAIT
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(START_POLL)
-    if isinstance(pid, int) and _alive(pid):
-        os.killpg(pid, signal.SIGKILL)  # it leads its session: its engine processes go too
+    if isinstance(pid, int):
+        _session_ended(pid)
     files.remove()
     print(f"mmbatch: engine {args.name} stopped", file=sys.stderr)
     return EXIT_OK
+
+
+def _session_ended(pid: int) -> None:
+    """Wait for the kept engine's server ``pid`` and every process of its session (its
+    engine processes, vLLM's engine core under each: what holds the GPU) to end, up to
+    ``STOP_WAIT``; then SIGKILL those left. So that once ``stop`` returns, the GPU is free
+    for the next job."""
+    from mmbatch.lifetime import live_processes
+
+    deadline = time.monotonic() + STOP_WAIT
+    while (_alive(pid) or live_processes(session=pid)) and time.monotonic() < deadline:
+        time.sleep(START_POLL)
+    for left in live_processes(session=pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(left, signal.SIGKILL)
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -59,6 +59,7 @@ from mmbatch.lifetime import (
     end_with_parent,
     forgotten_in_forked_children,
     lifeline,
+    live_processes,
     take_ctrl_c_again,
 )
 from mmbatch.media.limits import PromptLimits
@@ -505,7 +506,7 @@ def _end_all(processes: Sequence[Any], wait: float) -> None:
         _end_group(process.pid)
         process.join()
     gone = time.monotonic() + STOP_WAIT
-    while any(_group_alive(p.pid) for p in live) and time.monotonic() < gone:
+    while any(live_processes(group=p.pid) for p in live) and time.monotonic() < gone:
         time.sleep(0.02)
 
 
@@ -513,24 +514,6 @@ def _end_group(pgid: int) -> None:
     """SIGKILL a replica's process group: the replica and every vLLM process it started."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies, which hold nothing and may
-    wait long for a reaper in a container, do not count)."""
-    if not os.path.isdir("/proc"):
-        return False  # not Linux: the replica itself, joined above, is all that is known
-    with os.scandir("/proc") as entries:
-        pids = [entry.name for entry in entries if entry.name.isdigit()]
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid and fields[0] != b"Z":
-            return True
-    return False
 
 
 def portable(request: LoadedRequest) -> LoadedRequest:

@@ -279,19 +279,27 @@ def test_engine_stop_ends_the_serving_and_removes_the_engines_files(
     served: Served, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``mmbatch engine stop NAME`` asks the engine to stop on its socket, waits for its
-    process to end, and removes its files. (The serving loop here runs in the test's own
-    process, which the stop must not signal: the record names a stand-in that ends as a
-    server's process does, once its socket is closed.)"""
+    process and every process of its session to end (an engine core still tearing down
+    holds the GPU the next job wants), and removes its files. (The serving loop here runs
+    in the test's own process, which the stop must not signal: the record names a stand-in
+    that ends as a server's process does, once its socket is closed, leaving a child in its
+    session that ends a second later.)"""
+    from mmbatch.lifetime import live_processes
+
     socket = str(served.files.socket)
     stand_in = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            f"import os, time\nwhile os.path.exists({socket!r}): time.sleep(0.02)",
-        ]
+            "import os, subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1.5)'])\n"
+            f"while os.path.exists({socket!r}): time.sleep(0.02)",
+        ],
+        start_new_session=True,  # as the server leads a session of its own
     )
     served.files.write_info({**RECORD, "pid": stand_in.pid})
     assert main(["engine", "stop", NAME]) == 0
+    assert live_processes(session=stand_in.pid) == []  # its child too
     assert stand_in.wait(timeout=60) == 0  # it ended of itself: the socket was closed
     assert f"mmbatch: engine {NAME} stopped" in capsys.readouterr().err
     assert served.files.read_info() is None
