@@ -14,7 +14,6 @@ an import hook that, on the first ``import torchvision``, defines the missing op
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 
 _SCHEMAS = {
@@ -45,7 +44,13 @@ def _has_op(torch, name: str) -> bool:  # type: ignore[no-untyped-def]
     return True
 
 
-class _TorchvisionHook(importlib.abc.MetaPathFinder):
+class _TorchvisionHook:
+    """A meta path finder (``find_spec``) that finds nothing: it only acts on the first
+    ``import torchvision``. Not an ``importlib.abc.MetaPathFinder``: importing that module
+    at every interpreter's start would import a dozen more (``tempfile``, ``shutil``...)
+    before the program's first line, and widen the moment in which Ctrl-C ends Python
+    before it can be caught."""
+
     def find_spec(self, fullname, path=None, target=None):  # type: ignore[no-untyped-def]
         if fullname == "torchvision":
             sys.meta_path.remove(self)
