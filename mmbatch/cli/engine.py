@@ -117,34 +117,44 @@ def run_stop(args: argparse.Namespace) -> int:
     if record is None:
         raise ConfigError(f"no kept engine {args.name!r}")
     pid = record.get("pid")
+    answered = False  # the engine proved it is the recorded one: it holds the key
     try:
         conn = Client(str(files.socket), family="AF_UNIX", authkey=files.read_key())
         conn.send(("stop",))
         conn.recv()
         conn.close()
+        answered = True
     except (OSError, EOFError):
         if isinstance(pid, int) and _alive(pid):
             os.kill(pid, signal.SIGTERM)  # still starting: it stops on SIGTERM too
     if isinstance(pid, int):
-        _session_ended(pid)
+        _ended(pid, whole_session=answered)
     files.remove()
     print(f"mmbatch: engine {args.name} stopped", file=sys.stderr)
     return EXIT_OK
 
 
-def _session_ended(pid: int) -> None:
-    """Wait for the kept engine's server ``pid`` and every process of its session (its
-    engine processes, vLLM's engine core under each: what holds the GPU) to end, up to
-    ``STOP_WAIT``; then SIGKILL those left. So that once ``stop`` returns, the GPU is free
-    for the next job."""
+def _ended(pid: int, whole_session: bool) -> None:
+    """Wait for the kept engine's server ``pid`` to end, up to ``STOP_WAIT``, then SIGKILL
+    its process group. ``whole_session``: the server answered on its socket, so the session
+    it leads is the engine's, not a process that took a stale record's pid; then every
+    process of that session (its engine processes, vLLM's engine core under each: what
+    holds the GPU) is waited for too, and killed if left, so that once ``stop`` returns the
+    GPU is free for the next job."""
     from mmbatch.lifetime import live_processes
 
+    def left() -> list[int]:
+        return live_processes(session=pid) if whole_session else []
+
     deadline = time.monotonic() + STOP_WAIT
-    while (_alive(pid) or live_processes(session=pid)) and time.monotonic() < deadline:
+    while (_alive(pid) or left()) and time.monotonic() < deadline:
         time.sleep(START_POLL)
-    for left in live_processes(session=pid):
+    if _alive(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(left, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)  # it leads its session and its group
+    for process in left():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process, signal.SIGKILL)
 
 
 def run_list(args: argparse.Namespace) -> int:
