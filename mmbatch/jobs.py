@@ -50,7 +50,7 @@ from mmbatch.output.summary import JobReport as JobReport  # run_job's, re-expor
 from mmbatch.output.writable import check_folder_writable
 from mmbatch.pipeline import RunConfig, Submission, pipeline_for, run_requests
 from mmbatch.types import Modality, Request, Sampling
-from mmbatch.words import counted
+from mmbatch.words import agreeing, counted
 
 if TYPE_CHECKING:
     from mmbatch.engine.builder import Host
@@ -162,9 +162,9 @@ def engine_stopped(exc: FatalEngineError, job: Job, out: FileOutput) -> FatalEng
     """``exc``, saying what ``out`` holds now and how to go on: the rows finished are kept,
     and the same command resumes."""
     tally = out.count(job)
-    left = len(job.item_ids) - tally.done
+    done, left = tally.done, len(job.item_ids) - tally.done
     return FatalEngineError(
-        f"{exc}\nThe {counted(tally.done, 'row')} finished {_are(tally.done)} saved in "
+        f"{exc}\nThe {counted(done, 'row')} finished {agreeing(done, 'is', 'are')} saved in "
         f"{out.shown} ({counted(left, 'item')} left); run the same command again to resume."
     )
 
@@ -179,7 +179,7 @@ def say_interrupted(job: Job, out: FileOutput) -> None:
     settled = not out.row_folder
     tally = out.count(job, settled)
     done, left = tally.done, len(job.item_ids) - tally.done
-    rows, items = f"{counted(done, 'row')} {_are(done)}", counted(left, "item")
+    rows, items = f"{counted(done, 'row')} {agreeing(done, 'is', 'are')}", counted(left, "item")
     saved = (
         f"{rows} saved in {out.shown} ({items} left)"
         if settled
@@ -187,10 +187,6 @@ def say_interrupted(job: Job, out: FileOutput) -> None:
         "Ray's writers, still stopping, may add the rows they hold)"
     )
     print(f"mmbatch: interrupted: {saved}", file=sys.stderr)
-
-
-def _are(count: int) -> str:
-    return "is" if count == 1 else "are"
 
 
 def _write_rows(

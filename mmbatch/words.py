@@ -11,6 +11,12 @@ def counted(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
+def agreeing(count: int, one: str, many: str) -> str:
+    """Of ``one`` and ``many``, the word that agrees with ``count``, said without it: the
+    verb or pronoun after a ``counted`` noun ("1 row is", "2 rows are")."""
+    return one if count == 1 else many
+
+
 _SINGULAR = {"files": "file", "folders": "folder", "videos": "video", "them": "it"}
 
 

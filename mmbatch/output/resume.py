@@ -43,7 +43,7 @@ from mmbatch.output.job_changes import differences
 from mmbatch.output.paths import OutputPaths
 from mmbatch.output.rows import RowShape, asked_of
 from mmbatch.types import Request
-from mmbatch.words import counted
+from mmbatch.words import agreeing, counted
 
 RECORD_VERSION = 1
 _TAIL_CHUNK = 1 << 16
@@ -92,7 +92,7 @@ class ResumePlan:
         kept = self.kept_ok + self.kept_failed
         if not (kept or self.retried or self.changed or self.repaired_bytes):
             return None
-        have = "has" if kept == 1 else "have"
+        have = agreeing(kept, "has", "have")
         parts = [f"resuming {out}: {counted(kept, 'item')} already {have} a row"]
         if self.kept_failed:
             parts.append(f"{self.kept_failed} of them errors (--retry-errors redoes those)")

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from mmbatch.jsonl import write_atomic
 from mmbatch.output.rows import RowShape
 from mmbatch.types import CacheStats, Restarts, Result
-from mmbatch.words import counted
+from mmbatch.words import agreeing, counted
 
 
 @dataclass
@@ -186,7 +186,7 @@ class JobStats(Tally):
         if self.restarts:
             lines.append(
                 f"restarts: {counted(self.restarts, 'engine')} started again after "
-                f"{'its' if self.restarts == 1 else 'their'} process died: "
+                f"{agreeing(self.restarts, 'its', 'their')} process died: "
                 f"{self.restart_seconds:.1f} s of start-up, left out of the work's time and speed"
             )
         if self.answered_by_identical:

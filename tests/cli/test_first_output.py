@@ -22,7 +22,7 @@ from mmbatch.output.stats import JobStats, OutputTally
 from mmbatch.output.summary import JobReport
 from mmbatch.review.gallery import render
 from mmbatch.sources import DEFAULT_PROMPTS
-from mmbatch.words import counted, counted_phrase
+from mmbatch.words import agreeing, counted, counted_phrase
 
 
 def rows_of(out: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -70,6 +70,7 @@ def test_counts_are_said_in_the_number_they_count() -> None:
         "1 video (caption it whole with --as-clip)"
     )
     assert counted_phrase(3, "hidden folders (not walked)") == "3 hidden folders (not walked)"
+    assert [agreeing(n, "is", "are") for n in (0, 1, 2)] == ["are", "is", "are"]
 
 
 def test_one_picture_and_what_the_walk_passed_over_are_said_in_the_singular(
