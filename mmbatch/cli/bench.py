@@ -61,7 +61,8 @@ def _add_workload_options(parser: argparse.ArgumentParser) -> None:
         help="the sides, comma-separated: naive, prebuilt, mmbatch or a --variant's name; "
         "with --whole also ds-naive, ds-map, ds-pipelined, ds-whole (Hugging Face datasets), "
         "vllm-run-batch, openai-batch (and their -x4 forms: an OpenAI batch file), run (a "
-        "recipe), frames, frames-naive (W3's videos) and kept (a job on a kept engine)",
+        "recipe), frames, frames-naive (W3's videos), kept (a job on a kept engine), ray "
+        "(`caption --ray` on a local one-node Ray) and ray-data-llm (Ray Data LLM's processor)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
