@@ -310,7 +310,7 @@ def ray_data_llm_argv(
     and sampling; ``on_cpus`` (None: where vLLM's CPU build is installed) adds its settings
     for an engine on CPUs."""
     if on_cpus is None:
-        from mmbatch.engine.vllm import cpu_build
+        from mmbatch.engine.installed_vllm import cpu_build
 
         on_cpus = cpu_build()
     settings = {

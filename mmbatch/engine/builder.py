@@ -35,6 +35,7 @@ from mmbatch.engine.base import Engine
 from mmbatch.engine.config import EngineConfig, check_model_name
 from mmbatch.engine.invariance import enable_if_asked, prepare_batch_invariance
 from mmbatch.engine.layout import Gpu, Layout, choose_layout, in_process_layout, visible_gpus
+from mmbatch.engine.passed_checks import pass_key, passed_before, remember_pass
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
 from mmbatch.types import Modality
 
@@ -202,10 +203,13 @@ def check_engine_without_devices(config: EngineConfig) -> None:
     settings = json.dumps([config.model, config.engine_kwargs], sort_keys=True, default=str)
     if settings in _CHECKED_WITHOUT_DEVICES:
         return  # the Ray command checks before Ray starts, its runner again: vLLM reads once
-    from mmbatch.engine.vllm import model_config
+    key = pass_key(config)
+    if not passed_before(key):  # the same model and settings passed on this host before
+        from mmbatch.engine.vllm import model_config
 
-    with _quietly(config):
-        model_config(config)
+        with _quietly(config):
+            model_config(config)
+        remember_pass(key)
     _CHECKED_WITHOUT_DEVICES.add(settings)
 
 

@@ -49,9 +49,15 @@ def model_identity(model: str, revision: str | None = None) -> str:
     return f"dir:{h.hexdigest()}"
 
 
-def cache_path() -> Path:
+def cache_root() -> Path:
+    """The host's cache of what mmbatch keys by content: ``$MMBATCH_CACHE_DIR``, else
+    ``~/.cache/mmbatch``."""
     root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "mmbatch")
-    return Path(root) / "file-digests.json"
+    return Path(root)
+
+
+def cache_path() -> Path:
+    return cache_root() / "file-digests.json"
 
 
 class _DigestCache:

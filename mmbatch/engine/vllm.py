@@ -588,13 +588,6 @@ def _utf8(text: str) -> tuple[int, ...]:
     return tuple(text.encode("utf-8", errors="replace"))
 
 
-def cpu_build() -> bool:
-    """Whether the vLLM installed here is its CPU build, whose engines use no GPU."""
-    from vllm.platforms import current_platform
-
-    return bool(current_platform.is_cpu())
-
-
 @dataclass(frozen=True)
 class ModelFacts:
     """What vLLM's own configuration says about the model, read without starting an engine."""

@@ -190,7 +190,7 @@ class RayResources:
         if self.gpus_per_replica is not None:
             return self.gpus_per_replica
         if cpu_build is None:
-            from mmbatch.engine.vllm import cpu_build as installed_cpu_build
+            from mmbatch.engine.installed_vllm import cpu_build as installed_cpu_build
 
             cpu_build = installed_cpu_build()
         if cpu_build:

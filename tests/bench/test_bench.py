@@ -118,7 +118,9 @@ def check_workloads(
         if engine_processes:
             assert cpu["engine_core_main_thread"] > 0, (side, cpu)
             assert cpu["engine_core"] + 0.02 >= cpu["engine_core_main_thread"]  # 10 ms ticks
-        assert cpu["driver"] > 0
+        # The driving process is always told; where the engine runs in processes of their
+        # own it may spend under one 10 ms tick on 16 requests.
+        assert cpu["driver"] > 0 or (engine_processes and cpu["driver"] == 0), (side, cpu)
     # mmbatch's engine process is told apart by the engine core it starts; in-process, it
     # is one of the driver's helpers.
     engine_process = "replicas" if engine_processes else "helpers"

@@ -712,6 +712,26 @@ def test_gpus_per_replica_defaults_to_the_engines_parallel_size() -> None:
     assert RayResources(gpus_per_replica=1).num_gpus(engine, cpu_build=True) == 1
 
 
+CPU_BUILD_PROBE = """
+import json, sys
+from mmbatch.engine.installed_vllm import cpu_build
+told = cpu_build()
+imported = "vllm" in sys.modules
+from vllm.platforms import current_platform
+print(json.dumps([told, imported, current_platform.is_cpu()]))
+"""
+
+
+def test_whether_vllm_is_its_cpu_build_is_told_as_vllm_tells_it_without_importing_it() -> None:
+    """Ray's driver asks how many GPUs a replica takes before anything else needs vLLM:
+    answered without vLLM's import (seconds), as vLLM's own platform detection answers it."""
+    probe = subprocess.run(
+        [sys.executable, "-c", CPU_BUILD_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout.strip().splitlines()[-1]) == [True, False, True]
+
+
 class _FakeRay:
     def __init__(self, gpus: float) -> None:
         self.gpus = gpus
