@@ -18,13 +18,13 @@ cost the early one-line error, never a wrong engine.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from contextlib import suppress
 from pathlib import Path
 
 import xxhash
 
-from mmbatch import __version__
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.identity import cache_root, model_identity
 from mmbatch.engine.installed_vllm import vllm_version
@@ -38,7 +38,7 @@ def pass_key(config: EngineConfig) -> str | None:
     identity = model_identity(config.model)
     if not identity.startswith("dir:"):
         return None
-    what = [identity, config.engine_kwargs, vllm_version(), __version__]
+    what = [identity, config.engine_kwargs, vllm_version(), _mmbatch_version()]
     return xxhash.xxh3_128_hexdigest(json.dumps(what, sort_keys=True, default=str).encode())
 
 
@@ -56,6 +56,14 @@ def remember_pass(key: str | None) -> None:
         marker = _marker(key)
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
+
+
+def _mmbatch_version() -> str | None:
+    """The installed mmbatch's version (None where it runs from its sources unpackaged)."""
+    try:
+        return importlib.metadata.version("mmbatch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _marker(key: str) -> Path:
