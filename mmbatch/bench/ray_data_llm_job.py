@@ -3,7 +3,11 @@ timed as a process (``mmbatch bench --whole`` with ``--modes ray-data-llm``): a 
 the folder's pictures read with ``ray.data.read_images``, a ``vLLMEngineProcessorConfig``
 with the multimodal stage on, ``build_processor`` with a preprocess that makes each row an
 OpenAI-style chat (the picture and the prompt) with the sides' sampling, and the rows (the
-picture's name and the text) to a JSON lines file.
+picture's name and the text) to a JSON lines file. Two settings part from the documentation's
+example, both for vLLM: the picture is an ``image_pil`` part (vLLM 0.26 refuses an ``image``
+part; 0.26 and 0.32 take ``image_pil``), and the engine's metrics are not exported to Ray's
+Prometheus endpoint (vLLM's exporter imports Ray Serve, which a Ray installed for Core and
+Data lacks; no side of the bench exports metrics).
 
 ``python ray_data_llm_job.py FOLDER OUT.jsonl SETTINGS_JSON``, run by its path so that
 nothing of mmbatch is imported. ``SETTINGS_JSON``: ``{"model", "engine": {...},
@@ -42,6 +46,7 @@ def main(folder: str, out: str, settings_json: str) -> None:
         engine_kwargs=settings["engine"],
         prepare_multimodal_stage=True,
         concurrency=1,
+        log_engine_metrics=False,
         batch_size=settings["batch_size"],
         **({"placement_group_config": settings["placement"]} if "placement" in settings else {}),
     )
@@ -51,7 +56,7 @@ def main(folder: str, out: str, settings_json: str) -> None:
         from PIL import Image
 
         content = [
-            {"type": "image", "image": Image.fromarray(row["image"])},
+            {"type": "image_pil", "image_pil": Image.fromarray(row["image"])},
             {"type": "text", "text": prompt},
         ]
         return {
