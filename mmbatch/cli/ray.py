@@ -84,7 +84,7 @@ def run(
         with ray_data.connected(args.ray, engine.log_file):
             check.wait()
             rows = _input_rows(items, dataset)
-            known = items if dataset is not None else None
+            known = items if dataset is not None else ray_data.driver_requests(items, ray_job)
             report = ray_data.run_on_ray(rows, ray_job, resources, out, known)
     except BaseException:
         # Whatever stopped the job is said once the check is done (its thread may hold the

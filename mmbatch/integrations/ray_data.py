@@ -295,23 +295,36 @@ def ray_unreachable(address: str | None, exc: Exception) -> str:
 def requests_dataset(requests: Sequence[Request]) -> Dataset:
     """A Dataset of input rows from ``Request``s (one picture each), built on the driver."""
     ray = import_ray()
-    rows = []
-    for request in requests:
-        if len(request.media) != 1:
-            raise ConfigError(
-                f"the Ray runner takes requests with exactly one picture; {request.id!r} has "
-                f"{len(request.media)}"
-            )
-        rows.append(
-            {
-                "id": request.id,
-                "path": request.media[0].source,
-                "prompt": request.prompt,
-                "system": request.system,
-            }
-        )
+    rows = [_input_row(request) for request in requests]
     blocks = max(1, -(-len(rows) // ROWS_PER_INPUT_BLOCK))
     return ray.data.from_items(rows, override_num_blocks=blocks)
+
+
+def driver_requests(requests: Sequence[Request], job: RayJob) -> list[Request]:
+    """The requests the driver plans, resumes and counts for ``requests_dataset(requests)``:
+    what ``_whole_job`` would read back from that Dataset's rows, made from the same rows
+    without running Ray Data to read them (seconds before any replica could start)."""
+    rows = (_input_row(request) for request in requests)
+    return [
+        _input_request(*(row[name] for name in INPUT_COLUMNS), default_prompt=job.prompt)
+        for row in rows
+    ]
+
+
+def _input_row(request: Request) -> dict[str, str | None]:
+    """The input row of a request with one picture: its id, the picture's path or URL, its
+    prompt and system prompt."""
+    if len(request.media) != 1:
+        raise ConfigError(
+            f"the Ray runner takes requests with exactly one picture; {request.id!r} has "
+            f"{len(request.media)}"
+        )
+    return {
+        "id": request.id,
+        "path": request.media[0].source,
+        "prompt": request.prompt,
+        "system": request.system,
+    }
 
 
 def caption_dataset(
@@ -370,7 +383,8 @@ def run_on_ray(
     """Caption the rows of ``ds`` into the folder ``out`` (of JSON-lines or Parquet files),
     resuming there with the local runner's rules, and check that every input id ends with
     exactly one row. ``items``: the input rows as requests, where the driver knows them
-    without reading ``ds`` (a dataset's rows, from its ids alone)."""
+    without reading ``ds`` (a Parquet dataset's rows, from its ids alone; rows built by
+    ``requests_dataset``, ``driver_requests``); None: read from ``ds`` by Ray Data."""
     ray = import_ray()
     out = replace(out if isinstance(out, FileOutput) else FileOutput.at(out), row_folder=True)
     _check_output(out, job)
