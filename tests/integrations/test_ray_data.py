@@ -394,6 +394,61 @@ def test_requests_sharing_a_picture_are_packed_into_one_group(
     assert len(packed) == 7  # 5 distinct sample pictures, the missing file, the empty file
 
 
+@pytest.mark.ray
+def test_the_driver_plans_the_rows_it_built_as_it_would_read_them_back(
+    local_ray, samples: Path, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """``driver_requests`` gives the driver the requests it plans, resumes and counts
+    without running Ray Data over the rows it built from them: the same, id by id, as those
+    it reads back from the Dataset (``_whole_job``), system prompts kept and a row with an
+    empty prompt an error, with and without a job's default prompt."""
+    from mmbatch.integrations.ray_data import (
+        RayJob,
+        _whole_job,
+        driver_requests,
+        requests_dataset,
+    )
+
+    requests = caption_requests(samples, tmp_path)
+    requests[0] = Request(requests[0].id, "", requests[0].media, system="Be brief.")
+    requests[1] = Request(requests[1].id, "", requests[1].media)
+    engine = EngineConfig(model="m")
+    for job in (RayJob(engine, SAMPLING), RayJob(engine, SAMPLING, prompt="Say what it is.")):
+        read_back = _whole_job(requests_dataset(requests), job).requests
+        planned = driver_requests(requests, job)
+        assert {r.id: r for r in planned} == {r.id: r for r in read_back}
+        assert len(planned) == len(requests)
+        first, second, third = planned[:3]
+        assert (first.system, third.prompt) == ("Be brief.", requests[2].prompt)
+        assert second.error is not None
+        assert second.error.message == "the row has no prompt"
+
+
+@pytest.mark.ray
+def test_pictures_named_by_path_cross_rays_object_store_as_their_paths_only(
+    local_ray, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """A job of files sends each picture's path through Ray, never its bytes: the rows
+    grouped for the replicas (what the shuffle moves and the actors receive) hold a small
+    part of what the pictures weigh; each actor reads its pictures from the file."""
+    import numpy as np
+
+    from mmbatch.integrations.ray_data import media_groups, requests_dataset
+
+    noise = np.random.default_rng(0)
+    requests = []
+    for index in range(12):
+        path = tmp_path / f"noise{index}.png"
+        pixels = noise.integers(0, 256, (128, 128, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(path)
+        requests.append(Request(f"r{index}", "Describe.", (MediaRef("image", str(path)),)))
+    pictures = sum(Path(r.media[0].source).stat().st_size for r in requests)
+    packed = media_groups(requests_dataset(requests), ImageOptions(), partitions=2).materialize()
+    assert pictures > 12 * 40_000  # incompressible pictures
+    assert packed.size_bytes() < pictures / 20
+    assert set(packed.schema().names) == {"id", "path", "prompt", "system", "media_group"}
+
+
 def test_a_replica_batch_gives_one_row_per_request_failures_included(
     samples: Path, tmp_path: Path
 ) -> None:
