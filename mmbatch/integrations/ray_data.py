@@ -56,7 +56,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from mmbatch.clock import milestone, milestones_wall, note_from, process_seconds
 from mmbatch.engine.base import Engine
@@ -93,6 +93,17 @@ INSTALL_HINT = "pip install 'mmbatch[ray]'"
 INPUT_COLUMNS = ("id", "path", "prompt", "system")
 """Columns of an input row; ``id`` and ``path`` are required, ``prompt`` falls back to the
 job's prompt, ``system`` to the model's default."""
+
+
+class InputRow(TypedDict):
+    """An input row the driver builds from a request (``INPUT_COLUMNS``)."""
+
+    id: str
+    path: str
+    prompt: str
+    system: str | None
+
+
 DATA_COLUMN = "data"
 """An input row's picture, held in the row (a dataset's bytes, ``parquet_rows``): ``path``
 then only names it."""
@@ -306,12 +317,14 @@ def driver_requests(requests: Sequence[Request], job: RayJob) -> list[Request]:
     without running Ray Data to read them (seconds before any replica could start)."""
     rows = (_input_row(request) for request in requests)
     return [
-        _input_request(*(row[name] for name in INPUT_COLUMNS), default_prompt=job.prompt)
+        _input_request(
+            row["id"], row["path"], row["prompt"], row["system"], default_prompt=job.prompt
+        )
         for row in rows
     ]
 
 
-def _input_row(request: Request) -> dict[str, str | None]:
+def _input_row(request: Request) -> InputRow:
     """The input row of a request with one picture: its id, the picture's path or URL, its
     prompt and system prompt."""
     if len(request.media) != 1:
