@@ -9,11 +9,15 @@ with the same flags (add ``--batch-invariant`` to check vLLM's batch-invariant m
    again, which resumes: the rows written after the kill were batched with other requests
    than in the reference;
 3. **another layout**: two engines per GPU, each request batched with others again (what
-   spreading a job over Ray replicas does to its batches).
+   spreading a job over Ray replicas does to its batches);
+4. with ``--ray``, **on Ray**: the same command with ``--ray local --replicas 1`` (a
+   one-node Ray of the job's own), its output a folder of Ray's files.
 
-The report counts, for runs 2 and 3, the rows whose text differs from the reference's. vLLM's
-kernels reduce in an order that depends on the batch, so without the mode some texts may
-differ on near-tie logits; with it, none should.
+The pictures' folder also holds a truncated JPEG, whose row is an error on every run. The
+report counts, for each run against the reference, the rows whose text differs, and the
+rows whose error or media hash differs. vLLM's kernels reduce in an order that depends on
+the batch, so without the mode some texts may differ on near-tie logits; with it, none
+should; errors and media hashes never should.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.bench.workloads import make_images
+from mmbatch.output.folders import read_folder
+from mmbatch.output.rows import FLAT
 
 ROWS_BEFORE_KILL = 150
 
@@ -40,10 +47,13 @@ def main() -> None:
     parser.add_argument("--work-dir", default="/tmp/mmbatch-invariance-check")
     parser.add_argument("--out", required=True)
     parser.add_argument("--rows-before-kill", type=int, default=ROWS_BEFORE_KILL)
+    parser.add_argument("--ray", action="store_true", help="a fourth run, on Ray (--ray local)")
     parser.add_argument("flags", nargs="*", help="more flags for mmbatch caption")
     args = parser.parse_args()
     work = Path(args.work_dir)
     folder = make_images(work / "pictures", args.images, 448, seed=13)[0].parent
+    truncated = folder / "truncated.jpg"
+    truncated.write_bytes(next(folder.glob("*.jpg")).read_bytes()[:400])
     base = [sys.executable, "-m", "mmbatch", "caption", str(folder), "--model", args.model]
     base += ["--no-progress", "--temperature", "0", *args.flags]
     report: dict[str, Any] = {"command": base, "images": args.images}
@@ -51,21 +61,27 @@ def main() -> None:
     report["reference"] = {"seconds": reference[1], "rows": len(reference[0])}
     killed = [*base, "--engines-per-gpu", "1", "--out", str(work / "killed.jsonl")]
     report["killed_and_resumed"] = _killed_and_resumed(killed, args.rows_before_kill)
-    texts = _texts(work / "killed.jsonl")
-    report["killed_and_resumed"]["differ"] = _differ(reference[0], texts)
+    resumed = _rows(work / "killed.jsonl")
+    report["killed_and_resumed"]["differ"] = _differ(reference[0], resumed)
     layout = _run([*base, "--engines-per-gpu", "2"], work / "two-engines.jsonl")
     report["two_engines"] = {"seconds": layout[1], "differ": _differ(reference[0], layout[0])}
+    if args.ray:
+        on_ray = _run([*base, "--ray", "local", "--replicas", "1"], work / "ray-rows")
+        report["ray"] = {"seconds": on_ray[1], "differ": _differ(reference[0], on_ray[0])}
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 
 
-def _run(argv: list[str], out: Path) -> tuple[dict[str, str], float]:
-    """The texts by id of ``argv`` run to its end into ``out``, and its seconds."""
+def _run(argv: list[str], out: Path) -> tuple[dict[str, Row], float]:
+    """The rows by id of ``argv`` run to its end into ``out``, and its seconds."""
     for stale in out.parent.glob(out.name + "*"):
-        stale.unlink()
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
     began = time.monotonic()
     subprocess.run([*argv, "--out", str(out)], check=False, capture_output=True)
-    return _texts(out), round(time.monotonic() - began, 1)
+    return _rows(out), round(time.monotonic() - began, 1)
 
 
 def _killed_and_resumed(argv: list[str], rows: int) -> dict[str, Any]:
@@ -90,18 +106,30 @@ def _count(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def _texts(path: Path) -> dict[str, str]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return {row["id"]: row["text"] if row["error"] is None else "error" for row in rows}
+Row = tuple[str | None, Any, str | None]
+"""What a row must keep across runs: its text, its error and its media hash."""
 
 
-def _differ(reference: dict[str, str], texts: dict[str, str]) -> dict[str, Any]:
-    same_ids = reference.keys() == texts.keys()
-    differing = sorted(i for i in reference if i in texts and texts[i] != reference[i])
+def _rows(path: Path) -> dict[str, Row]:
+    """The rows by id in the JSON-lines file ``path``, or in the folder of Ray's files."""
+    if path.is_dir():
+        rows = list(read_folder(path, "jsonl", FLAT, set_aside=False))
+    else:
+        lines = path.read_text().splitlines() if path.exists() else []
+        rows = [json.loads(line) for line in lines]
+    return {row["id"]: (row["text"], row["error"], row.get("media_hash")) for row in rows}
+
+
+def _differ(reference: dict[str, Row], rows: dict[str, Row]) -> dict[str, Any]:
+    both = [i for i in reference if i in rows]
+    differing = sorted(i for i in both if rows[i][0] != reference[i][0])
     return {
-        "same_ids": same_ids,
-        "rows": len(texts),
+        "same_ids": reference.keys() == rows.keys(),
+        "rows": len(rows),
+        "error_rows": sum(1 for row in rows.values() if row[1] is not None),
         "texts_differ": len(differing),
+        "errors_differ": sum(1 for i in both if rows[i][1] != reference[i][1]),
+        "media_hashes_differ": sum(1 for i in both if rows[i][2] != reference[i][2]),
         "examples": differing[:5],
     }
 
