@@ -249,13 +249,20 @@ def table(report: dict[str, Any]) -> str:
 def _whole_line(run: dict[str, Any]) -> str:
     """A whole-process run in one line: its media, side, time and its time's parts (a
     frames side: the frames it captioned; a kept engine's job: its first request's time and
-    the engine's own start)."""
+    the engine's own start; a side that failed: its exit code, log and last line)."""
+    media = f"{run['images']:5} pictures" if "images" in run else f"{run['videos']:3} videos"
+    failed = run.get("failed_side")
+    if failed is not None:
+        last = failed["last_lines"][-1] if failed["last_lines"] else ""
+        return (
+            f"whole {media} {run['mode']:12} FAILED (exit {failed['exit']}; log "
+            f"{failed['log']}): {last}"
+        )
     split = (
         f"(start-up {run['startup_s']:.1f}, work {run['work_s']:.1f}, exit {run['exit_s']:.1f})"
         if "startup_s" in run
         else "(in all: vLLM's run_batch keeps no clock of its phases)"
     )
-    media = f"{run['images']:5} pictures" if "images" in run else f"{run['videos']:3} videos"
     line = f"whole {media} {run['mode']:12} {run['wall_s']:7.1f} s {split}"
     if "frames" in run:
         line += f", {run['frames']} frames"

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -156,12 +157,30 @@ def _frame_runs(
 def _side_run(
     options: dict[str, Any], spec: dict[str, Any], mode: str, media: Path, out: Path
 ) -> dict[str, Any]:
-    """One timed run of the side ``mode`` (with its variant's settings) over ``media``."""
+    """One timed run of the side ``mode`` (with its variant's settings) over ``media``; a
+    side whose process fails is said as such (``failed_side``), and the bench goes on."""
     variant = options["variants"].get(mode, {})
     side = {**side_spec_for(spec, mode, variant), "whole_mode": mode}
-    entry = _timed(side, media, out, side_environment(variant))
+    try:
+        entry = _timed(side, media, out, side_environment(variant))
+    except subprocess.CalledProcessError as exc:
+        return failed_side(exc, out)
     figures = engine_log_figures(run_logs(out))
     return {**entry, "engine_log": figures} if figures else entry
+
+
+FAILED_SIDE_LINES = 12
+"""The last lines of a failed side's log that its run's entry keeps."""
+
+
+def failed_side(exc: subprocess.CalledProcessError, out: Path) -> dict[str, Any]:
+    """The entry of a side whose process ended with an error: its exit code, its log and
+    the log's last lines. Its run has no time, so no ratio counts it; the sides after it
+    still run (one side that cannot run on a host, another library's say, must not cost the
+    measurements of the others)."""
+    lines = (exc.output or "").splitlines()[-FAILED_SIDE_LINES:]
+    log = out.with_name(out.name + ".log")
+    return {"failed_side": {"exit": exc.returncode, "log": str(log), "last_lines": lines}}
 
 
 def clear_earlier_run(out: Path) -> None:
@@ -180,6 +199,8 @@ def whole_ratios(entries: list[dict[str, Any]]) -> dict[str, float]:
     above 1, faster than the base; the frames sides' N is their videos, as ``10videos``)."""
     means: dict[tuple[str, str], list[float]] = {}
     for e in entries:
+        if "failed_side" in e:
+            continue
         scale = str(e["images"]) if "images" in e else f"{e['videos']}videos"
         means.setdefault((scale, e["mode"]), []).append(e["wall_s"])
     ratios = {}

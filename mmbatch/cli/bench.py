@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mmbatch.cli.options import EXIT_OK, Commands
+from mmbatch.cli.options import EXIT_ITEMS_FAILED, EXIT_OK, Commands
 
 
 def register(commands: Commands) -> None:
@@ -161,6 +161,11 @@ def run(args: argparse.Namespace) -> int:
     write_report(out, report)
     print(table(report))
     print(f"report written to {out}")
+    failed = [r for r in report.get("whole_process", {}).get("runs", []) if "failed_side" in r]
+    if failed:
+        sides = ", ".join(sorted({r["mode"] for r in failed}))
+        print(f"bench: {len(failed)} whole-process run(s) failed ({sides}): see their logs")
+        return EXIT_ITEMS_FAILED
     return EXIT_OK
 
 

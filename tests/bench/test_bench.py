@@ -479,6 +479,40 @@ def test_a_bench_stopped_in_a_run_keeps_the_runs_before_it_in_its_report(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("report")] == [out.name]
 
 
+def test_a_whole_process_side_that_fails_is_said_and_the_sides_after_it_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A side's process that ends with an error (here the naive side's, a real process run
+    as every side is) is its run's entry with the exit code, the log and its last lines;
+    mmbatch's side still runs, no ratio counts the failed run, the table says FAILED and the
+    bench exits 1."""
+    from mmbatch import cli
+    from mmbatch.bench import whole
+    from mmbatch.bench.sides import run_side
+
+    def timed(side: dict[str, Any], media: Path, out: Path, env: object) -> dict[str, float]:
+        if side["whole_mode"] == "naive":
+            log = out.with_name(out.name + ".log")
+            crash = "print('loading'); print('ValueError: no such part'); raise SystemExit(3)"
+            run_side([sys.executable, "-c", crash], dict(os.environ), log)
+        return {"wall_s": 1.0, "startup_s": 0.5, "work_s": 0.25, "exit_s": 0.25}
+
+    monkeypatch.setattr(whole, "_timed", timed)
+    out = tmp_path / "report.json"
+    assert cli.main(whole_bench_argv(tmp_path, out, repeats=1)) == 1
+    report = json.loads(out.read_text())
+    naive, mmbatch = report["whole_process"]["runs"]
+    assert naive["mode"] == "naive"
+    assert naive["failed_side"]["exit"] == 3
+    assert naive["failed_side"]["last_lines"] == ["loading", "ValueError: no such part"]
+    assert Path(naive["failed_side"]["log"]).read_text().startswith("loading")
+    assert mmbatch["wall_s"] == 1.0
+    assert not [key for key in report["whole_process"] if key.startswith("ratio_")]
+    said = capsys.readouterr().out
+    assert "naive        FAILED (exit 3; log" in said
+    assert "ValueError: no such part" in said
+
+
 def whole_bench_argv(tmp_path: Path, out: Path, repeats: int) -> list[str]:
     """``mmbatch bench``'s arguments for naive and mmbatch whole processes on two pictures,
     ``repeats`` times, over a model folder of a config alone (the runs themselves faked)."""
