@@ -37,10 +37,14 @@ def run_bench(
     spec = bench_spec(options, work)
     spec["warmup_images"] = [str(p) for p in make_images(work / "warmup", 32, size, seed + 99)]
     sides = {}
-    from mmbatch.bench.whole import WHOLE_ONLY_MODES
+    from mmbatch.bench.whole import WHOLE_ONLY_MODES, whole_mode
 
-    # The datasets and batch-file sides have a whole-process form only (``--whole``).
-    workload_modes = [m for m in options["modes"] if m not in WHOLE_ONLY_MODES]
+    # The datasets, batch-file, face and Ray sides, and their variants, have a whole-process
+    # form only (``--whole``).
+    modes, variants = options["modes"], options["variants"]
+    workload_modes = [
+        m for m in modes if whole_mode(m, variants.get(m, {})) not in WHOLE_ONLY_MODES
+    ]
     for mode in workload_modes if options["workloads"] else []:
         variant = options["variants"].get(mode, {})
         spec_path, result_path = work / f"spec-{mode}.json", work / f"result-{mode}.json"

@@ -59,6 +59,7 @@ def side_spec_for(spec: dict[str, Any], mode: str, variant: dict[str, Any]) -> d
         "in_process": bool(variant.get("in_process", False)),
         "gpus": variant.get("gpus"),
         "engines_per_gpu": variant.get("engines_per_gpu"),
+        "ray_batch": variant.get("ray_batch"),
         "decode_workers": variant.get("decode_workers", spec["decode_workers"]),
         "common_engine_args": {**spec["common_engine_args"], **(engine if on_base else {})},
         "mmbatch_engine_args": {**spec["mmbatch_engine_args"], **({} if on_base else engine)},

@@ -112,7 +112,10 @@ def run_whole(
     but ``prebuilt``, ``options["whole_repeats"]`` times, the order reversed from one count
     or repeat to the next; the frames sides once per repeat, over W3's videos. The runs so
     far go to ``after_each`` after each run."""
-    modes = [m for m in options["modes"] if m != "prebuilt" and m not in FRAME_MODES]
+    over_videos = {
+        m for m in options["modes"] if whole_mode(m, options["variants"].get(m, {})) in FRAME_MODES
+    }
+    modes = [m for m in options["modes"] if m != "prebuilt" and m not in over_videos]
     entries = []
     for n, count in enumerate(options["whole"]):
         folder = _pictures(work / f"whole-{count}", images[:count])
@@ -125,7 +128,7 @@ def run_whole(
                 entry = _side_run(options, spec, mode, folder, out)
                 entries.append({"images": count, "mode": mode, "repeat": repeat, **entry})
                 after_each(entries)
-    frame_modes = [m for m in options["modes"] if m in FRAME_MODES]
+    frame_modes = [m for m in options["modes"] if m in over_videos]
     if frame_modes:
         _frame_runs(options, spec, frame_modes, work, entries, after_each)
     return entries
@@ -160,13 +163,20 @@ def _side_run(
     """One timed run of the side ``mode`` (with its variant's settings) over ``media``; a
     side whose process fails is said as such (``failed_side``), and the bench goes on."""
     variant = options["variants"].get(mode, {})
-    side = {**side_spec_for(spec, mode, variant), "whole_mode": mode}
+    side = {**side_spec_for(spec, mode, variant), "whole_mode": whole_mode(mode, variant)}
     try:
         entry = _timed(side, media, out, side_environment(variant))
     except subprocess.CalledProcessError as exc:
         return failed_side(exc, out)
     figures = engine_log_figures(run_logs(out))
     return {**entry, "engine_log": figures} if figures else entry
+
+
+def whole_mode(mode: str, variant: dict[str, Any]) -> str:
+    """The whole-process side that ``mode`` runs: a variant of a whole-process side (``{"side":
+    "ray", "ray_batch": 512}``) runs as that side, with the variant's settings."""
+    side = variant.get("side")
+    return side if side in WHOLE_ONLY_MODES else mode
 
 
 FAILED_SIDE_LINES = 12
@@ -320,8 +330,9 @@ def _timed_ray(
 
 def ray_argv(side: dict[str, Any], folder: Path, out: Path) -> list[str]:
     """``mmbatch caption`` as the mmbatch side runs it, on a one-node Ray of its own, one
-    replica, into the folder ``out``."""
-    return [*_mmbatch_argv(side, folder, out), "--ray", "local", "--replicas", "1"]
+    replica, into the folder ``out``; a variant's ``ray_batch``: its pictures per actor batch."""
+    batch = ["--ray-batch", str(side["ray_batch"])] if side.get("ray_batch") else []
+    return [*_mmbatch_argv(side, folder, out), "--ray", "local", "--replicas", "1", *batch]
 
 
 def ray_data_llm_argv(

@@ -125,7 +125,9 @@ def _add_engine_options(parser: argparse.ArgumentParser) -> None:
         "inproc='{\"in_process\": true}', dw4='{\"decode_workers\": 4}', "
         'omp2=\'{"env": {"OMP_NUM_THREADS": 2}}\' (the side\'s environment); or a '
         "baseline's, e.g. "
-        'tp2=\'{"side": "naive", "engine": {"tensor_parallel_size": 2}}\'',
+        'tp2=\'{"side": "naive", "engine": {"tensor_parallel_size": 2}}\'; or a '
+        "whole-process side's, e.g. "
+        'rb512=\'{"side": "ray", "ray_batch": 512}\' (pictures per Ray actor batch)',
     )
 
 

@@ -513,6 +513,37 @@ def test_a_whole_process_side_that_fails_is_said_and_the_sides_after_it_run(
     assert "ValueError: no such part" in said
 
 
+def test_a_variant_of_a_whole_process_side_runs_as_that_side_with_its_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--variant rb512='{"side": "ray", "ray_batch": 512}'`` runs the Ray side's command
+    with ``--ray-batch 512``, as its own side beside ``ray``; neither is a workload side.
+    The sides' processes are stopped at their start here (each then a failed side): what is
+    checked is the command each would have run."""
+    from mmbatch import cli
+    from mmbatch.bench import whole
+
+    ran: list[list[str]] = []
+
+    def stopped(argv: list[str], env: object, log: Path | None = None) -> None:
+        ran.append(argv)
+        raise subprocess.CalledProcessError(9, argv, output="stopped by the test")
+
+    monkeypatch.setattr(whole, "run_side", stopped)
+    out = tmp_path / "report.json"
+    argv = whole_bench_argv(tmp_path, out, repeats=1)
+    argv[argv.index("--modes") + 1] = "ray,rb512"
+    argv += ["--variant", 'rb512={"side": "ray", "ray_batch": 512}', "--workloads", "W1"]
+    assert cli.main(argv) == 1
+    plain, batched = ran
+    assert plain[plain.index("--ray") + 1] == "local"
+    assert "--ray-batch" not in plain
+    assert batched[batched.index("--ray-batch") + 1] == "512"
+    assert [arg.replace("-rb512-", "-ray-") for arg in batched[:-2]] == plain  # but its folder
+    runs = json.loads(out.read_text())["whole_process"]["runs"]
+    assert [(run["mode"], run["failed_side"]["exit"]) for run in runs] == [("ray", 9), ("rb512", 9)]
+
+
 def whole_bench_argv(tmp_path: Path, out: Path, repeats: int) -> list[str]:
     """``mmbatch bench``'s arguments for naive and mmbatch whole processes on two pictures,
     ``repeats`` times, over a model folder of a config alone (the runs themselves faked)."""
