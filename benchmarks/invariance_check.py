@@ -25,14 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from mmbatch.bench.whole import clear_earlier_run
 from mmbatch.bench.workloads import make_images
 from mmbatch.output.folders import read_folder
 from mmbatch.output.rows import FLAT
@@ -74,11 +74,7 @@ def main() -> None:
 
 def _run(argv: list[str], out: Path) -> tuple[dict[str, Row], float]:
     """The rows by id of ``argv`` run to its end into ``out``, and its seconds."""
-    for stale in out.parent.glob(out.name + "*"):
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        else:
-            stale.unlink()
+    clear_earlier_run(out)
     began = time.monotonic()
     subprocess.run([*argv, "--out", str(out)], check=False, capture_output=True)
     return _rows(out), round(time.monotonic() - began, 1)
@@ -86,8 +82,7 @@ def _run(argv: list[str], out: Path) -> tuple[dict[str, Row], float]:
 
 def _killed_and_resumed(argv: list[str], rows: int) -> dict[str, Any]:
     out = Path(argv[-1])
-    for stale in out.parent.glob(out.name + "*"):
-        stale.unlink()
+    clear_earlier_run(out)
     job = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -106,8 +101,12 @@ def _count(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-Row = tuple[str | None, Any, str | None]
-"""What a row must keep across runs: its text, its error and its media hash."""
+class Row(NamedTuple):
+    """What a row must keep across runs."""
+
+    text: str | None
+    error: Any
+    media_hash: str | None
 
 
 def _rows(path: Path) -> dict[str, Row]:
@@ -117,19 +116,21 @@ def _rows(path: Path) -> dict[str, Row]:
     else:
         lines = path.read_text().splitlines() if path.exists() else []
         rows = [json.loads(line) for line in lines]
-    return {row["id"]: (row["text"], row["error"], row.get("media_hash")) for row in rows}
+    return {row["id"]: Row(row["text"], row["error"], row.get("media_hash")) for row in rows}
 
 
 def _differ(reference: dict[str, Row], rows: dict[str, Row]) -> dict[str, Any]:
     both = [i for i in reference if i in rows]
-    differing = sorted(i for i in both if rows[i][0] != reference[i][0])
+    differing = sorted(i for i in both if rows[i].text != reference[i].text)
     return {
         "same_ids": reference.keys() == rows.keys(),
         "rows": len(rows),
-        "error_rows": sum(1 for row in rows.values() if row[1] is not None),
+        "error_rows": sum(1 for row in rows.values() if row.error is not None),
         "texts_differ": len(differing),
-        "errors_differ": sum(1 for i in both if rows[i][1] != reference[i][1]),
-        "media_hashes_differ": sum(1 for i in both if rows[i][2] != reference[i][2]),
+        "errors_differ": sum(1 for i in both if rows[i].error != reference[i].error),
+        "media_hashes_differ": sum(
+            1 for i in both if rows[i].media_hash != reference[i].media_hash
+        ),
         "examples": differing[:5],
     }
 
