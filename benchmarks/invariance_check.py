@@ -2,7 +2,8 @@
 
 ``python benchmarks/invariance_check.py --model M --images 600 --out REPORT.json --
 [caption flags]`` captions W1-like pictures greedily with ``mmbatch caption`` three times,
-with the same flags (add ``--batch-invariant`` to check vLLM's batch-invariant mode):
+with the same flags (add ``--batch-invariant`` to check vLLM's batch-invariant mode;
+``--runs reference,ray`` runs only those):
 
 1. **reference**: uninterrupted, one engine per GPU;
 2. **killed and resumed**: ``kill -9`` of the job once rows flow, then the same command
@@ -17,7 +18,8 @@ The pictures' folder also holds a truncated JPEG, whose row is an error on every
 report counts, for each run against the reference, the rows whose text differs, and the
 rows whose error or media hash differs. vLLM's kernels reduce in an order that depends on
 the batch, so without the mode some texts may differ on near-tie logits; with it, none
-should; errors and media hashes never should.
+should; errors and media hashes never should. The report is written again after each run,
+so a check cut short (a GPU call's time limit) keeps the runs it finished.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from mmbatch.output.folders import read_folder
 from mmbatch.output.rows import FLAT
 
 ROWS_BEFORE_KILL = 150
+RUNS = ("killed", "two-engines", "ray")
+"""The runs checked against the reference, in the order they run."""
 
 
 def main() -> None:
@@ -48,8 +52,17 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--rows-before-kill", type=int, default=ROWS_BEFORE_KILL)
     parser.add_argument("--ray", action="store_true", help="a fourth run, on Ray (--ray local)")
+    parser.add_argument(
+        "--runs",
+        default="killed,two-engines",
+        help=f"the runs against the reference, comma-separated, of: {', '.join(RUNS)}",
+    )
     parser.add_argument("flags", nargs="*", help="more flags for mmbatch caption")
     args = parser.parse_args()
+    runs = {name.strip() for name in args.runs.split(",") if name.strip()} - {"reference"}
+    runs |= {"ray"} if args.ray else set()
+    if runs - set(RUNS):
+        parser.error(f"--runs: no run named {', '.join(sorted(runs - set(RUNS)))}")
     work = Path(args.work_dir)
     folder = make_images(work / "pictures", args.images, 448, seed=13)[0].parent
     truncated = folder / "truncated.jpg"
@@ -57,18 +70,25 @@ def main() -> None:
     base = [sys.executable, "-m", "mmbatch", "caption", str(folder), "--model", args.model]
     base += ["--no-progress", "--temperature", "0", *args.flags]
     report: dict[str, Any] = {"command": base, "images": args.images}
+    out = Path(args.out)
     reference = _run([*base, "--engines-per-gpu", "1"], work / "reference.jsonl")
     report["reference"] = {"seconds": reference[1], "rows": len(reference[0])}
-    killed = [*base, "--engines-per-gpu", "1", "--out", str(work / "killed.jsonl")]
-    report["killed_and_resumed"] = _killed_and_resumed(killed, args.rows_before_kill)
-    resumed = _rows(work / "killed.jsonl")
-    report["killed_and_resumed"]["differ"] = _differ(reference[0], resumed)
-    layout = _run([*base, "--engines-per-gpu", "2"], work / "two-engines.jsonl")
-    report["two_engines"] = {"seconds": layout[1], "differ": _differ(reference[0], layout[0])}
-    if args.ray:
-        on_ray = _run([*base, "--ray", "local", "--replicas", "1"], work / "ray-rows")
-        report["ray"] = {"seconds": on_ray[1], "differ": _differ(reference[0], on_ray[0])}
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    out.write_text(json.dumps(report, indent=2))
+    if "killed" in runs:
+        killed = [*base, "--engines-per-gpu", "1", "--out", str(work / "killed.jsonl")]
+        report["killed_and_resumed"] = _killed_and_resumed(killed, args.rows_before_kill)
+        resumed = _rows(work / "killed.jsonl")
+        report["killed_and_resumed"]["differ"] = _differ(reference[0], resumed)
+        out.write_text(json.dumps(report, indent=2))
+    others = {
+        "two-engines": ("two_engines", ["--engines-per-gpu", "2"], "two-engines.jsonl"),
+        "ray": ("ray", ["--ray", "local", "--replicas", "1"], "ray-rows"),
+    }
+    for name, (key, flags, output) in others.items():
+        if name in runs:
+            rows, seconds = _run([*base, *flags], work / output)
+            report[key] = {"seconds": seconds, "differ": _differ(reference[0], rows)}
+            out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 
 
