@@ -10,7 +10,7 @@ that died ``MAX_DEATHS_IN_A_ROW`` times in a row without finishing a batch is no
 again: its start says why instead, and the job stops on it, loudly, its rows saved.
 
 Ray keeps a replica's actor id across its restarts; that id names the replica here. Nothing
-here imports ray: the job's tally actor (``ray_data.ReplicaTally``) holds one
+here imports ray: the job's tally actor (``replica_tally.ReplicaTally``) holds one
 ``ReplicaStarts``.
 """
 

@@ -219,7 +219,7 @@ def test_a_ray_job_s_time_is_split_at_its_first_replica_s_engine_ready() -> None
     import time
 
     from mmbatch.clock import process_seconds
-    from mmbatch.integrations.ray_data import ReplicaFigures, ReplicaTally, startup_split
+    from mmbatch.integrations.replica_tally import ReplicaFigures, ReplicaTally, startup_split
 
     tally = ReplicaTally()
     now = time.time()

@@ -261,7 +261,7 @@ def test_the_engines_restarted_inside_the_replicas_are_counted_once_each() -> No
     """Each replica process tells its engines' restarts so far after every batch: the latest
     replaces the last (cumulative, not added again), and each replica's seconds are over
     its own engines (one of two restarting holds half of it)."""
-    from mmbatch.integrations.ray_data import ReplicaTally
+    from mmbatch.integrations.replica_tally import ReplicaTally
     from mmbatch.types import Restarts
 
     tally = ReplicaTally()
@@ -275,7 +275,7 @@ def test_the_engines_restarted_inside_the_replicas_are_counted_once_each() -> No
 def test_the_replicas_engines_cache_counters_are_summed_once_each() -> None:
     """Each replica process tells its engines' cache counters so far after every batch: the
     latest replaces the last (cumulative), and the job's hit rates are over every replica's."""
-    from mmbatch.integrations.ray_data import ReplicaTally
+    from mmbatch.integrations.replica_tally import ReplicaTally
     from mmbatch.types import CacheStats
 
     tally = ReplicaTally()
