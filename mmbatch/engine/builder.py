@@ -184,6 +184,9 @@ def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
 
     with _quietly(config):
         facts = preflight(config, media_per_prompt)
+    # What passed here is more than the device-free check reads: a --ray run of the same
+    # settings after this one need not import vLLM on its driver for it.
+    remember_pass(pass_key(config))
     log = config.log_shown or config.log_file
     if log is not None:
         print(

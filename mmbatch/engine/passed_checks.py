@@ -5,7 +5,9 @@ that a mistake exits 2 in one line with nothing left behind (``check_engine_with
 That check is vLLM's import and the model's config read (vLLM's import alone took 15-17 s in
 an engine process on an H200 host, 4-7 s on a 2-core CPU machine), and every ``--ray``
 command spent it before its first replica began to start. A job run again with
-settings that passed before need not spend it again.
+settings that passed before need not spend it again, nor a ``--ray`` job after a local one
+of the same settings: a local job's check (``check_engine``: vLLM's whole engine config,
+more than the driver's check reads) is remembered too.
 
 A pass is keyed by everything the check reads: the model by its content (``model_identity``:
 every file of a local directory), the engine settings, and the versions of vLLM and mmbatch.

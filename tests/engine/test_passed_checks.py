@@ -49,6 +49,30 @@ def test_settings_that_passed_on_the_host_are_not_checked_again_by_the_next_proc
     assert not checked_in_a_new_process(tiny_vl_model, TINY_ENGINE_KWARGS, cache)
 
 
+def test_a_local_jobs_check_is_remembered_for_a_ray_driver_of_the_same_settings(
+    tiny_vl_model: Path, tmp_path: Path
+) -> None:
+    """A local job checks more than the driver does (the whole engine config, with its
+    media): a ``--ray`` run after it on the host skips the driver's check."""
+    cache = tmp_path / "cache"
+    local = (
+        "import json, sys\n"
+        "from mmbatch.engine.builder import check_engine\n"
+        "from mmbatch.engine.config import EngineConfig\n"
+        "check_engine(EngineConfig(sys.argv[1], json.loads(sys.argv[2])), {'image': 1})\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", local, str(tiny_vl_model), json.dumps(TINY_ENGINE_KWARGS)],
+        env=os.environ | {"MMBATCH_CACHE_DIR": str(cache)},
+        capture_output=True,
+        timeout=300,
+        check=True,
+    )
+    assert not checked_in_a_new_process(tiny_vl_model, TINY_ENGINE_KWARGS, cache)
+    other = {**TINY_ENGINE_KWARGS, "max_model_len": 512}  # not what the local job passed
+    assert checked_in_a_new_process(tiny_vl_model, other, cache)
+
+
 def test_a_pass_is_kept_for_the_model_by_content_and_the_settings_only(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
