@@ -275,6 +275,9 @@ def _whole_line(run: dict[str, Any]) -> str:
             f", first request at {run['first_request_s']} s "
             f"(the kept engine started in {run['engine_start_s']:.1f} s)"
         )
+    work = run.get("load", {}).get("work", {})
+    if work.get("gpu_busy") is not None:
+        line += f", GPU {work['gpu_busy']:.0%} busy in its work"
     return line
 
 

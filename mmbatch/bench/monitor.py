@@ -1,5 +1,6 @@
-"""What the machine did while a workload ran: the GPU busy share, sampled through NVML
-(absent NVML: None), and the CPU time of each kind of process of the side, through psutil.
+"""What the machine did while a workload or a whole process ran: the GPU busy share, sampled
+through NVML (absent NVML: None), the host's CPU busy share, and the CPU time of each kind of
+process of the side, through psutil.
 
 A fed engine whose GPU still idles is held back by something on the host; the CPU seconds
 say by what. vLLM's engine core runs its scheduler loop on one thread: that thread near
@@ -12,8 +13,9 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def gpu_lines(query: str, timeout: float = 30.0) -> list[str] | None:
@@ -32,15 +34,31 @@ def gpu_lines(query: str, timeout: float = 30.0) -> list[str] | None:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-class GpuMonitor:
-    """Samples every GPU's utilisation every ``interval`` seconds between start and stop."""
+class LoadSample(NamedTuple):
+    """One moment's load: its wall-clock time, the GPUs' mean utilisation (0..100; None
+    without NVML) and the host's CPU busy share (0..100, all its cores)."""
+
+    at: float
+    gpu: float | None
+    cpu: float
+
+
+class MachineLoad:
+    """Samples every GPU's utilisation (through NVML; without it, none) and the host's CPU
+    busy share (all its cores, psutil) every ``interval`` seconds between start and stop,
+    each sample with its wall-clock time: a whole run's share (``busy_share``), or any span
+    of it read afterwards (``shares_between``), such as a whole process's start-up and work."""
 
     def __init__(self, interval: float = 0.1) -> None:
+        import psutil
+
         self.interval = interval
-        self._samples: list[float] = []
+        self._cpu_percent = psutil.cpu_percent
+        self.samples: list[LoadSample] = []
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._nvml: Any = None
+        self._handles: list[Any] = []
         try:
             import pynvml
 
@@ -51,28 +69,39 @@ class GpuMonitor:
         except Exception:
             self._handles = []
 
-    def __enter__(self) -> GpuMonitor:
-        if self._nvml is not None:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
+    def __enter__(self) -> MachineLoad:
+        self._cpu_percent(None)  # the first call starts psutil's count; it returns 0.0
+        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
-            self._samples.append(sum(rates) / len(rates))
+            gpu = None
+            if self._handles:
+                rates = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
+                gpu = sum(rates) / len(rates)
+            self.samples.append(LoadSample(time.time(), gpu, self._cpu_percent(None)))
 
     @property
     def busy_share(self) -> float | None:
-        """Mean utilisation over the samples, 0..1; None without NVML or samples."""
-        if not self._samples:
-            return None
-        return sum(self._samples) / len(self._samples) / 100
+        """The GPUs' mean utilisation over the samples, 0..1; None without NVML or samples."""
+        return self.shares_between(0.0, float("inf"))["gpu_busy"]
+
+    def shares_between(self, start: float, end: float) -> dict[str, float | None]:
+        """The GPUs' mean utilisation (``gpu_busy``) and the host's CPU busy share
+        (``cpu_busy``), 0..1, over the samples taken between the wall-clock times ``start``
+        and ``end``; None where nothing was sampled (no NVML: no GPU share)."""
+        within = [(gpu, cpu) for at, gpu, cpu in self.samples if start <= at <= end]
+        gpus = [gpu for gpu, _ in within if gpu is not None]
+        cpus = [cpu for _, cpu in within]
+        return {
+            "gpu_busy": round(sum(gpus) / len(gpus) / 100, 3) if gpus else None,
+            "cpu_busy": round(sum(cpus) / len(cpus) / 100, 3) if cpus else None,
+        }
 
 
 ENGINE_CORE = "EngineCor"

@@ -40,7 +40,8 @@ process's own, as ``engine_N_started``, ``engine_N_vllm_imported``,
 ``engine_N_ready``; then ``engines_ready``, ``first_request`` (the first handed to the
 engine), ``first_row``, ``last_row``, and ``exit`` (the process gone), taken from the job's
 own clock (its summary), not from its log. What each side's engines spent their build on,
-as vLLM's log says it, is the run's ``engine_log`` (``mmbatch.bench.engine_log``).
+as vLLM's log says it, is the run's ``engine_log`` (``mmbatch.bench.engine_log``); how busy
+the GPUs and the host's CPUs were over its start-up and its work, its ``load``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from mmbatch.bench.job_process import (
     summary_times,
     whole_sampling,
 )
+from mmbatch.bench.monitor import MachineLoad
 from mmbatch.bench.sides import run_side, side_environment, side_spec_for
 from mmbatch.bench.workloads import CAPTION, make_videos
 
@@ -97,6 +99,8 @@ stages' actors, one CPU each, on a small host."""
 WHOLE_ONLY_MODES = frozenset([*DATASETS_MODES, *BATCH_MODES, *FACE_BASES, *RAY_MODES])
 """The sides that have a whole-process form only (``--whole``)."""
 VLLM_RUN_BATCH = "vllm.entrypoints.openai.run_batch"
+LOAD_INTERVAL = 0.5
+"""Seconds between the machine's load samples over a whole-process run (``run_load``)."""
 MAP_BATCH = 512
 """Rows per ``Dataset.map`` batch on the naive and ``DatasetMap`` sides."""
 
@@ -164,12 +168,29 @@ def _side_run(
     side whose process fails is said as such (``failed_side``), and the bench goes on."""
     variant = options["variants"].get(mode, {})
     side = {**side_spec_for(spec, mode, variant), "whole_mode": whole_mode(mode, variant)}
-    try:
-        entry = _timed(side, media, out, side_environment(variant))
-    except subprocess.CalledProcessError as exc:
-        return failed_side(exc, out)
+    with MachineLoad(interval=LOAD_INTERVAL) as load:
+        try:
+            entry = _timed(side, media, out, side_environment(variant))
+        except subprocess.CalledProcessError as exc:
+            return failed_side(exc, out)
+        ended = time.time()
+    # The process ran for wall_s up to about ``ended``: its outputs are read in milliseconds.
+    entry = {**entry, "load": run_load(load, ended - entry["wall_s"], entry)}
     figures = engine_log_figures(run_logs(out))
     return {**entry, "engine_log": figures} if figures else entry
+
+
+def run_load(load: MachineLoad, began: float, run: dict[str, Any]) -> dict[str, Any]:
+    """The machine's load over a whole-process ``run`` that began at ``began`` (the wall
+    clock): the GPUs' busy share and the host's CPU busy share over the whole run, and over
+    its start-up and its work where the run splits its time (vLLM's ``run_batch`` does not).
+    A GPU idle in the work says the engine was not fed; a host CPU busy through the start-up
+    says what the imports and the builds of several processes at once contend for."""
+    spans = {"whole": (0.0, run["wall_s"])}
+    if "startup_s" in run:
+        spans["startup"] = (0.0, run["startup_s"])
+        spans["work"] = (run["startup_s"], run["startup_s"] + run["work_s"])
+    return {name: load.shares_between(began + a, began + b) for name, (a, b) in spans.items()}
 
 
 def whole_mode(mode: str, variant: dict[str, Any]) -> str:

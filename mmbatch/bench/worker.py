@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mmbatch.bench.monitor import CpuMonitor, GpuMonitor
+from mmbatch.bench.monitor import CpuMonitor, MachineLoad
 from mmbatch.bench.workloads import FRAME_FPS, Row, rows_for
 
 
@@ -46,7 +46,7 @@ def main(spec_path: str, result_path: str) -> None:
         media = [Path(p) for p in spec["media"][workload]]
         side.prepare(rows)
         before = side.metrics()
-        with GpuMonitor() as gpu, CpuMonitor() as cpu:
+        with MachineLoad() as gpu, CpuMonitor() as cpu:
             start = time.perf_counter()
             measured = side.run(rows)
             wall = time.perf_counter() - start

@@ -224,6 +224,38 @@ def test_cpu_monitor_counts_this_process_and_its_children() -> None:
     assert "engine_core" not in seconds
 
 
+def test_the_machines_load_is_sampled_with_its_time_and_read_by_span() -> None:
+    """``MachineLoad`` samples the host's CPU (and the GPUs through NVML, absent here) with
+    the wall clock; a whole process's start-up and work are each read off the samples of
+    their own span, the process's start taken back from its end."""
+    from mmbatch.bench.monitor import LoadSample, MachineLoad
+    from mmbatch.bench.whole import run_load
+
+    with MachineLoad(interval=0.05) as sampled:
+        time.sleep(0.3)
+    assert len(sampled.samples) >= 3
+    assert all(0.0 <= s.cpu <= 100.0 and s.gpu is None for s in sampled.samples)
+    assert sampled.busy_share is None  # no GPU share without NVML
+    cpu_busy = sampled.shares_between(0.0, time.time())["cpu_busy"]
+    assert cpu_busy is not None
+    assert 0.0 <= cpu_busy <= 1.0
+
+    load = MachineLoad()  # samples as a run on a GPU host leaves them: a 10 s start, 20 s work
+    for t in range(30):
+        starting = t < 10
+        load.samples.append(
+            LoadSample(100.5 + t, 0.0 if starting else 90.0, 80.0 if starting else 20.0)
+        )
+    run = {"wall_s": 31.0, "startup_s": 10.0, "work_s": 20.0}
+    assert run_load(load, 100.0, run) == {
+        "whole": {"gpu_busy": 0.6, "cpu_busy": 0.4},
+        "startup": {"gpu_busy": 0.0, "cpu_busy": 0.8},
+        "work": {"gpu_busy": 0.9, "cpu_busy": 0.2},
+    }
+    # vLLM's run_batch keeps no clock of its phases: its whole run only.
+    assert set(run_load(load, 100.0, {"wall_s": 31.0})) == {"whole"}
+
+
 def test_a_variant_is_of_mmbatch_unless_it_names_a_baseline() -> None:
     from mmbatch.bench.sides import side_spec_for
 
@@ -665,6 +697,10 @@ def test_the_batch_file_sides_are_whole_processes_with_phases(
         [init_engine] = run["engine_log"]["init_engine_s"]
         assert 0 < init_engine < phases["exit"]
     assert "ratio_openai-batch_over_vllm-run-batch_2" in whole
+    # How busy the machine was over each run, and over mmbatch's start-up and work.
+    assert set(runs["vllm-run-batch"]["load"]) == {"whole"}
+    assert set(runs["openai-batch"]["load"]) == {"whole", "startup", "work"}
+    assert 0.0 < runs["openai-batch"]["load"]["startup"]["cpu_busy"] <= 1.0
 
 
 def test_the_ray_sides_run_mmbatch_on_ray_and_ray_data_llms_own_job(tmp_path: Path) -> None:
