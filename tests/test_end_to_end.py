@@ -312,11 +312,11 @@ def test_cli_interrupted_while_decoding_resumes_to_the_uninterrupted_texts(
     tmp_path: Path,
 ) -> None:
     """Ctrl-C on the real command while vLLM generates (``tests/manual/test_kill_sweep.py``
-    SIGKILLs it there too): ``stop_while_decoding_then_resume``."""
-    stop_while_decoding_then_resume(vl_engine, tiny_vl_model, samples, tmp_path, "Ctrl-C")
+    SIGKILLs it there too): ``check_stopped_while_decoding_then_resumed``."""
+    check_stopped_while_decoding_then_resumed(vl_engine, tiny_vl_model, samples, tmp_path, "Ctrl-C")
 
 
-def stop_while_decoding_then_resume(
+def check_stopped_while_decoding_then_resumed(
     vl_engine,  # type: ignore[no-untyped-def]
     tiny_vl_model: Path,
     samples: Path,

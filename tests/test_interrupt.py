@@ -149,7 +149,7 @@ def test_ctrl_c_at_random_moments_of_start_up_exits_130_and_resumes_exactly(
     assert_none_left(mark)
 
 
-def stops_after_rows_started(tmp_path: Path, rounds: int, seed: int) -> None:
+def check_stops_after_rows_started(tmp_path: Path, rounds: int, seed: int) -> None:
     """``rounds`` stops of one job, each once it has written a row (Ctrl-C and SIGTERM in
     turn, the moments drawn from ``seed``): each exits 130 or 143 within ten seconds, its
     engine processes already stopped when it exits and nothing it started left after; the
@@ -205,7 +205,7 @@ def test_sigint_and_sigterm_at_six_moments_after_rows_started_stop_the_job_in_se
 ) -> None:
     """Three Ctrl-Cs and three SIGTERMs at a fixed seed (``tests/manual``: twenty at a
     random seed)."""
-    stops_after_rows_started(tmp_path, rounds=6, seed=5)
+    check_stops_after_rows_started(tmp_path, rounds=6, seed=5)
 
 
 def test_ctrl_c_while_the_job_waits_for_the_engine_it_began_exits_130_at_once(

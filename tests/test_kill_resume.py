@@ -277,7 +277,7 @@ def batch_line(custom_id: str, content: list[object], **body: object) -> dict[st
     }
 
 
-def kill_and_rerun(tmp_path: Path, command: str, rounds: int, seed: int) -> None:
+def check_killed_and_rerun(tmp_path: Path, command: str, rounds: int, seed: int) -> None:
     """``command`` killed ``rounds`` times once it has written a row (the timings drawn from
     ``seed``), then run to its end: every input has exactly one row, the row an
     uninterrupted run writes. The uninterrupted run and the last one run the same command in
@@ -336,7 +336,7 @@ def test_frames_and_batch_files_killed_and_rerun_end_with_every_row_once(
     at fixed-seed moments and run again, every input ends with exactly one row, the row an
     uninterrupted run writes (``tests/manual/test_kill_sweep.py``: six kills of each at a
     random seed)."""
-    kill_and_rerun(tmp_path, command, rounds, seed=7)
+    check_killed_and_rerun(tmp_path, command, rounds, seed=7)
 
 
 def job_code(rows: dict[object, dict[str, object]]) -> int:

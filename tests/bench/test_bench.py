@@ -142,10 +142,10 @@ def test_bench_runs_end_to_end_on_the_tiny_model(tiny_vl_model: Path, tmp_path: 
     and engine cores in processes of their own, as on a GPU host). A process of its own:
     the bench samples its sides' CPU from its own process, which the tests' coverage
     tracing would slow."""
-    run_bench_command(tiny_vl_model, tmp_path, ("naive", "mmbatch"), engine_processes=False)
+    check_bench_command(tiny_vl_model, tmp_path, ("naive", "mmbatch"), engine_processes=False)
 
 
-def run_bench_command(
+def check_bench_command(
     model: Path, tmp_path: Path, sides: tuple[str, ...], engine_processes: bool
 ) -> None:
     """``python -m mmbatch bench`` on every workload with ``sides``, and its report checked;
@@ -182,7 +182,7 @@ def run_whole_sides(model: Path, tmp_path: Path, modes: list[str]) -> dict[str, 
     return whole
 
 
-def run_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
+def check_datasets_sides(model: Path, tmp_path: Path, modes: list[str]) -> None:
     """``--modes`` of datasets sides over two pictures as an ``imagefolder``, each a
     process of its own, timed and compared with the naive map (the first of ``modes``)."""
     whole = run_whole_sides(model, tmp_path, modes)
@@ -205,7 +205,7 @@ def test_the_datasets_sides_are_whole_processes_over_one_imagefolder(
     ``run_dataset`` over the same pictures (``tests/manual/test_bench_sweep.py`` adds
     ``ds.map(DatasetMap(...))``, ``ds-map``)."""
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
-    run_datasets_sides(tiny_vl_model, tmp_path, ["ds-naive", "ds-whole"])
+    check_datasets_sides(tiny_vl_model, tmp_path, ["ds-naive", "ds-whole"])
 
 
 def test_cpu_monitor_counts_this_process_and_its_children() -> None:

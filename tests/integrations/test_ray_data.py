@@ -280,7 +280,7 @@ def complete_rows(folder: Path) -> list[str]:
     return ids
 
 
-def stop_a_ray_job_then_resume(
+def check_ray_job_stopped_then_resumed(
     tiny_vl_model: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_bench import run_bench_command, run_datasets_sides
+from test_bench import check_bench_command, check_datasets_sides
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_the_bench_command_runs_every_side_on_the_tiny_model(
     tiny_vl_model: Path, tmp_path: Path
 ) -> None:
-    run_bench_command(
+    check_bench_command(
         tiny_vl_model, tmp_path, ("naive", "prebuilt", "mmbatch"), engine_processes=True
     )
 
@@ -27,7 +27,7 @@ def test_every_datasets_side_is_a_whole_process_over_one_imagefolder(
     tiny_vl_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
-    run_datasets_sides(tiny_vl_model, tmp_path, ["ds-naive", "ds-map", "ds-whole"])
+    check_datasets_sides(tiny_vl_model, tmp_path, ["ds-naive", "ds-map", "ds-whole"])
 
 
 def test_whole_processes_are_timed_from_the_command_to_its_exit(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from budgets import budget_for
-from test_families import FAMILIES_HERE, NEW_FAMILIES, caption_family
+from test_families import FAMILIES_HERE, NEW_FAMILIES, check_family_captions
 from test_media_end_to_end import cli, read_rows
 
 from mmbatch.media.options import scaled_size
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_family_captions_with_the_budgets_counts(
     family: str, samples: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    caption_family(family, samples, tmp_path_factory)
+    check_family_captions(family, samples, tmp_path_factory)
 
 
 def test_a_clip_on_qwen2_5_vl_with_its_metadata(

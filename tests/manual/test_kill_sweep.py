@@ -9,8 +9,8 @@ import random
 from pathlib import Path
 
 import pytest
-from test_end_to_end import stop_while_decoding_then_resume
-from test_kill_resume import kill_and_rerun, kill_cycles
+from test_end_to_end import check_stopped_while_decoding_then_resumed
+from test_kill_resume import check_killed_and_rerun, kill_cycles
 
 
 def test_fifty_kills_of_the_job_and_its_engine_lose_nothing_and_end_in_input_order(
@@ -29,7 +29,7 @@ def test_fifty_kills_of_the_job_and_its_engine_lose_nothing_and_end_in_input_ord
 def test_frames_and_batch_files_killed_six_times_end_with_every_row_once(
     tmp_path: Path, command: str
 ) -> None:
-    kill_and_rerun(tmp_path, command, rounds=6, seed=random.randrange(1 << 30))
+    check_killed_and_rerun(tmp_path, command, rounds=6, seed=random.randrange(1 << 30))
 
 
 @pytest.mark.slow
@@ -39,4 +39,6 @@ def test_the_real_command_killed_while_decoding_resumes_to_the_uninterrupted_tex
     samples: Path,
     tmp_path: Path,
 ) -> None:
-    stop_while_decoding_then_resume(vl_engine, tiny_vl_model, samples, tmp_path, "SIGKILL")
+    check_stopped_while_decoding_then_resumed(
+        vl_engine, tiny_vl_model, samples, tmp_path, "SIGKILL"
+    )

@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_ray_data import local_ray, stop_a_ray_job_then_resume
+from test_ray_data import check_ray_job_stopped_then_resumed, local_ray
 
 __all__ = ["local_ray"]  # the module's Ray, as the default tier's tests have it
 
@@ -24,4 +24,4 @@ def test_ctrl_c_and_sigterm_stop_a_ray_job_like_a_local_one_and_it_resumes_exact
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     signals = (signal.SIGINT, signal.SIGTERM)
-    stop_a_ray_job_then_resume(tiny_vl_model, tmp_path, capsys, signals)
+    check_ray_job_stopped_then_resumed(tiny_vl_model, tmp_path, capsys, signals)

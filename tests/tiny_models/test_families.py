@@ -115,10 +115,12 @@ def prompt_taking(budget: Any, modality: str, tokens: int) -> str:
 def test_family_captions_with_the_budgets_counts(
     family: str, samples: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    caption_family(family, samples, tmp_path_factory)
+    check_family_captions(family, samples, tmp_path_factory)
 
 
-def caption_family(family: str, samples: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def check_family_captions(
+    family: str, samples: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """``family``'s tiny model through the command, each row checked against the budget."""
     model = build_tiny_model(tmp_path_factory.mktemp(f"tiny-{family}"), family)
     work = tmp_path_factory.mktemp(f"job-{family}")
