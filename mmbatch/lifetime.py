@@ -33,7 +33,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -117,11 +117,9 @@ def _wait_for_end_of(parents_lifeline: Connection, end: Callable[[], object]) ->
     """Block until the parent's end of its lifeline is closed (a read returns nothing),
     then ``end``. The read sleeps in the kernel, without the GIL: it costs nothing
     meanwhile."""
-    try:
+    with suppress(OSError):
         while os.read(parents_lifeline.fileno(), 4096):
-            pass  # nothing is written on it; only its end matters
-    except OSError:
-        pass
+            continue  # nothing is written on it; only its end matters
     end()
 
 

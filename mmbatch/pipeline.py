@@ -154,7 +154,7 @@ class Submission:
     def wait(self) -> JobStats:
         """Block until every request has its result; the stats, or the error that ended it."""
         while not self._done.wait(0.2):  # a timed wait keeps Ctrl-C responsive
-            pass
+            continue
         if self.error is not None:
             raise self.error
         return self.stats

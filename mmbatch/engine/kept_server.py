@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
@@ -301,8 +302,9 @@ def _greet(
     inbox: queue.SimpleQueue[tuple[_Job | None, tuple[Any, ...]]],
 ) -> None:
     """Read what the connection is for: a job (then its messages, until it is gone), the
-    limits' questions, or a stop."""
-    try:
+    limits' questions, or a stop. The connection closing ends it: a job's end ("gone" was
+    queued) or a client gone early."""
+    with suppress(EOFError, OSError):
         hello = conn.recv()
         if hello[0] == "stop":
             inbox.put((None, ("stop",)))
@@ -318,8 +320,6 @@ def _greet(
                     inbox.put((job, conn.recv()))
             finally:
                 inbox.put((job, ("gone",)))
-    except (EOFError, OSError):
-        pass  # the connection closed: a job's end ("gone" was queued) or a client gone early
 
 
 def _welcome(shared: _Shared) -> dict[str, Any]:

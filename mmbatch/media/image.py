@@ -22,6 +22,7 @@ from __future__ import annotations
 import io
 import json
 import warnings
+from contextlib import suppress
 from functools import lru_cache
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
@@ -70,11 +71,9 @@ Ghostscript on the file) and MPEG (a video, which Pillow only identifies)."""
 def pillow_formats() -> tuple[str, ...]:
     """The formats ``decode_image`` opens: Pillow's own decoders (not its stubs, which need
     a handler registered, and not ``NOT_OPENED``), with pillow-heif's when installed."""
-    try:
+    with suppress(ImportError):  # HEIF only where pillow-heif is installed
         from pillow_heif import register_heif_opener  # type: ignore[import-not-found]
-    except ImportError:
-        pass
-    else:
+
         register_heif_opener()
     Image.init()
     return tuple(

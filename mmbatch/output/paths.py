@@ -11,7 +11,7 @@ suffix, so that a folder of outputs lists each job's files together:
     OUT.vllm.log          vLLM's log, where a command sends it
     .OUT.tmp              a columnar output being written, moved into place when whole
 
-Files replaced whole go through temporaries named ``.NAME.XXXXXXXX.tmp`` in the same folder
+Files replaced whole go through temporaries named ``.NAME.<random>.tmp`` in the same folder
 (``mmbatch.jsonl.write_atomic``); a job killed meanwhile leaves them behind, and the next
 run removes them (``OutputPaths.replaced`` lists whose).
 """

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -269,12 +270,10 @@ def read_rows(
 
 
 def _row_id(row: Mapping[str, Any], shape: RowShape, where: str) -> str:
-    try:
+    with suppress(KeyError, TypeError, ValueError, AttributeError):
         if shape.is_row(row):
             shape.outcome(row)
             return shape.row_id(row)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        pass
     raise ConfigError(f"{where}: not an output row of this job's kind")
 
 
