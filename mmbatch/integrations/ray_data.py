@@ -56,7 +56,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 from mmbatch.clock import milestone, milestones_wall, note_from
 from mmbatch.engine.base import Engine
@@ -64,20 +64,30 @@ from mmbatch.engine.builder import check_engine_without_devices
 from mmbatch.engine.config import EngineConfig
 from mmbatch.engine.logs import printed_to
 from mmbatch.errors import ConfigError, FatalEngineError, MmbatchError
+from mmbatch.integrations.ray_rows import (
+    GROUP_COLUMN,
+    INPUT_COLUMNS,
+    add_media_group,
+    drop_ids,
+    flat_schema,
+    input_request,
+    input_row,
+    pack_group,
+    read_parquet_rows,
+    text_column,
+    unpack_groups,
+)
 from mmbatch.integrations.replica_tally import ReplicaFigures, ReplicaTally, Tallied, startup_split
 from mmbatch.jobs import Job, engine_stopped, rows_of, say_interrupted, start_in_memory
 from mmbatch.media.options import ImageOptions, MediaOptions
 from mmbatch.output.file_output import FileOutput
 from mmbatch.output.folders import folder_format
-from mmbatch.output.rows import FLAT, RowShape, output_row
+from mmbatch.output.rows import FLAT, RowShape
 from mmbatch.output.summary import JobReport
 from mmbatch.types import (
-    ItemError,
-    MediaRef,
     Modality,
     Request,
     Restarts,
-    Result,
     Sampling,
 )
 
@@ -88,25 +98,6 @@ if TYPE_CHECKING:
     from mmbatch.recipe.spec import Recipe
 
 INSTALL_HINT = "pip install 'mmbatch[ray]'"
-INPUT_COLUMNS = ("id", "path", "prompt", "system")
-"""Columns of an input row; ``id`` and ``path`` are required, ``prompt`` falls back to the
-job's prompt, ``system`` to the model's default."""
-
-
-class InputRow(TypedDict):
-    """An input row the driver builds from a request (``INPUT_COLUMNS``)."""
-
-    id: str
-    path: str
-    prompt: str
-    system: str | None
-
-
-DATA_COLUMN = "data"
-"""An input row's picture, held in the row (a dataset's bytes, ``parquet_rows``): ``path``
-then only names it."""
-
-GROUP_COLUMN = "media_group"
 ROWS_PER_INPUT_BLOCK = 512
 """Rows per block of a Dataset built from requests: enough files per hashing task that a
 small job is not hundreds of tiny tasks, few enough that a large one spreads out."""
@@ -304,7 +295,7 @@ def ray_unreachable(address: str | None, exc: Exception) -> str:
 def requests_dataset(requests: Sequence[Request]) -> Dataset:
     """A Dataset of input rows from ``Request``s (one picture each), built on the driver."""
     ray = import_ray()
-    rows = [_input_row(request) for request in requests]
+    rows = [input_row(request) for request in requests]
     blocks = max(1, -(-len(rows) // ROWS_PER_INPUT_BLOCK))
     return ray.data.from_items(rows, override_num_blocks=blocks)
 
@@ -313,29 +304,13 @@ def driver_requests(requests: Sequence[Request], job: RayJob) -> list[Request]:
     """The requests the driver plans, resumes and counts for ``requests_dataset(requests)``:
     what ``_whole_job`` would read back from that Dataset's rows, made from the same rows
     without running Ray Data to read them (seconds before any replica could start)."""
-    rows = (_input_row(request) for request in requests)
+    rows = (input_row(request) for request in requests)
     return [
-        _input_request(
+        input_request(
             row["id"], row["path"], row["prompt"], row["system"], default_prompt=job.prompt
         )
         for row in rows
     ]
-
-
-def _input_row(request: Request) -> InputRow:
-    """The input row of a request with one picture: its id, the picture's path or URL, its
-    prompt and system prompt."""
-    if len(request.media) != 1:
-        raise ConfigError(
-            f"the Ray runner takes requests with exactly one picture; {request.id!r} has "
-            f"{len(request.media)}"
-        )
-    return {
-        "id": request.id,
-        "path": request.media[0].source,
-        "prompt": request.prompt,
-        "system": request.system,
-    }
 
 
 def caption_dataset(
@@ -351,7 +326,7 @@ def caption_dataset(
     ray = import_ray()
     skip = sorted(set(skip_ids))
     if skip:
-        ds = ds.map_batches(_drop_ids, fn_kwargs={"skip": skip}, batch_format="pyarrow")
+        ds = ds.map_batches(drop_ids, fn_kwargs={"skip": skip}, batch_format="pyarrow")
     partitions = resources.shuffle_partitions or 4 * resources.replicas
     packed = media_groups(ds, job.media.image, partitions)
     return packed.map_batches(
@@ -379,9 +354,9 @@ def media_groups(ds: Dataset, options: ImageOptions, partitions: int) -> Dataset
     # A replica's error (an engine that did not start) reaches the driver as itself, whose
     # wording the driver keeps, not as Ray's UserCodeException.
     ds.context.raise_original_map_exception = True
-    keyed = ds.map_batches(_add_media_group, fn_kwargs={"options": options}, batch_format="pyarrow")
+    keyed = ds.map_batches(add_media_group, fn_kwargs={"options": options}, batch_format="pyarrow")
     grouped = keyed.groupby(GROUP_COLUMN, num_partitions=partitions)
-    return grouped.map_groups(_pack_group, batch_format="pyarrow")
+    return grouped.map_groups(pack_group, batch_format="pyarrow")
 
 
 def run_on_ray(
@@ -601,7 +576,7 @@ class EngineReplica:
         if self.failed is not None:  # a copy: Ray Data adds a note to the error it raises
             raise type(self.failed)(*self.failed.args)
         assert self.engine is not None
-        items = _unpack_groups(batch, self.job.prompt)
+        items = unpack_groups(batch, self.job.prompt)
         submission = start_in_memory(self.job.batch_job(items), self.engine)
         loop = asyncio.get_running_loop()
         finished: asyncio.Future[None] = loop.create_future()
@@ -625,7 +600,7 @@ class EngineReplica:
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)
-        return pa.Table.from_pylist(rows, schema=_flat_schema())
+        return pa.Table.from_pylist(rows, schema=flat_schema())
 
 
 def _startup_moments() -> dict[str, float]:
@@ -694,116 +669,6 @@ def _replica_engine(
     return engine
 
 
-def _flat_schema() -> pa.Schema:
-    """The Arrow types of a flat row for a one-picture request, read off ``output_row``
-    itself (a row that succeeded and one that failed), so that every batch and every file
-    agree, whatever their rows hold."""
-    import pyarrow as pa
-
-    request = Request("id", "prompt", (MediaRef("image", "source"),))
-    ok = output_row(request, ("key",), Result("id", "text", "stop"))
-    failed = output_row(request, ("key",), Result.failure("id", "load", "message", "unreadable"))
-    return pa.Table.from_pylist([ok, failed]).schema
-
-
-def _drop_ids(batch: pa.Table, skip: list[str]) -> pa.Table:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    ids = pc.cast(batch["id"], pa.string())
-    return batch.filter(pc.invert(pc.is_in(ids, value_set=pa.array(skip, pa.string()))))
-
-
-def _add_media_group(batch: pa.Table, options: ImageOptions) -> pa.Table:
-    """Add each row's placement key: the content key of its file, as the loader computes it.
-
-    A file that cannot be read gets a key naming its path; the actor's loader then turns
-    it into the error row, exactly as on the local path.
-    """
-    from mmbatch.errors import MediaError
-    from mmbatch.media.fetch import read_source
-    from mmbatch.media.hashing import media_key
-
-    token = options.cache_token()
-    keys: dict[str, str] = {}
-    groups = []
-    held = _data(batch)
-    for path, data in zip(batch["path"].to_pylist(), held, strict=True):
-        source = str(path)
-        if data is not None:
-            groups.append(media_key("image", data, token))
-            continue
-        if source not in keys:
-            try:  # regular files only, bounded: a FIFO must not hang the task
-                keys[source] = media_key("image", read_source(source, None), token)
-            except MediaError:
-                keys[source] = f"unreadable:{source}"
-        groups.append(keys[source])
-    return batch.append_column(GROUP_COLUMN, _strings(groups))
-
-
-def _pack_group(group: pa.Table) -> pa.Table:
-    """One row for all the requests that share a picture, as list columns (the shuffle
-    does not keep input order; the planner orders them in the actor)."""
-    import pyarrow as pa
-
-    packed: dict[str, Any] = {GROUP_COLUMN: [group[GROUP_COLUMN][0].as_py()]}
-    for name in INPUT_COLUMNS:
-        packed[name] = [_column(group, name)]
-    if DATA_COLUMN in group.column_names:
-        packed[DATA_COLUMN] = pa.array([_data(group)], pa.list_(pa.large_binary()))
-    return pa.table(packed)
-
-
-def _unpack_groups(batch: pa.Table, default_prompt: str | None) -> list[Request]:
-    requests = []
-    columns = {name: batch[name].to_pylist() for name in INPUT_COLUMNS}
-    held = batch[DATA_COLUMN].to_pylist() if DATA_COLUMN in batch.column_names else None
-    for g in range(batch.num_rows):
-        rows = zip(*(columns[name][g] for name in INPUT_COLUMNS), strict=True)
-        data = held[g] if held is not None else [None] * len(columns["id"][g])
-        requests += [
-            _input_request(*row, default_prompt=default_prompt, data=bytes_)
-            for row, bytes_ in zip(rows, data, strict=True)
-        ]
-    return requests
-
-
-def _input_request(
-    item_id: str,
-    path: str | None,
-    prompt: str | None,
-    system: str | None,
-    *,
-    default_prompt: str | None,
-    data: bytes | None = None,
-) -> Request:
-    """The request of one input row, the same on the driver (``_whole_job``) and in the
-    actor that runs it (which has the picture's ``data`` when the row holds it)."""
-    text = prompt if prompt is not None else default_prompt or ""
-    return Request(
-        id=item_id,
-        prompt=text,
-        media=(MediaRef("image", path or "", data=data),),
-        system=system,
-        error=None if text else ItemError("source", "the row has no prompt"),
-    )
-
-
-def _column(batch: pa.Table, name: str) -> list[str | None]:
-    """An input column as text (None where it is missing), as the replicas read it."""
-    if name not in batch.column_names:
-        return [None] * batch.num_rows
-    return [None if v is None else str(v) for v in batch[name].to_pylist()]
-
-
-def _data(batch: pa.Table) -> list[bytes | None]:
-    """The pictures the rows hold (None for each row that names a file)."""
-    if DATA_COLUMN not in batch.column_names:
-        return [None] * batch.num_rows
-    return list(batch[DATA_COLUMN].to_pylist())
-
-
 def parquet_rows(
     files: Sequence[tuple[str, int]],
     image: str,
@@ -820,40 +685,7 @@ def parquet_rows(
     items = [{"file": file, "offset": offset} for file, offset in files]
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
     kwargs = {"image": image, "id_column": id_column, "prompt": prompt, "system": system}
-    return ds.map_batches(_read_parquet_rows, fn_kwargs=kwargs, batch_size=1)
-
-
-def _read_parquet_rows(
-    batch: dict[str, Any], image: str, id_column: str | None, prompt: str, system: str | None
-) -> pa.Table:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from mmbatch.storage.located import locate
-
-    file, offset = str(batch["file"][0]), int(batch["offset"][0])
-    columns = [image] + ([id_column] if id_column else [])
-    filesystem, where = locate(file).arrow()
-    table = pq.read_table(where, columns=columns, filesystem=filesystem)
-    cells = table[image].to_pylist()
-    ids = table[id_column].to_pylist() if id_column else range(offset, offset + len(cells))
-    rows: dict[str, list[Any]] = {"id": [], "path": [], "prompt": [], "system": [], DATA_COLUMN: []}
-    for index, (row_id, cell) in enumerate(zip(ids, cells, strict=True), start=offset):
-        cell = cell if isinstance(cell, dict) else {"bytes": cell}
-        named = cell.get("path")
-        rows["id"].append(str(row_id))
-        rows["path"].append(f"{file}#{index}" + (f" ({named})" if named else ""))
-        rows["prompt"].append(prompt)
-        rows["system"].append(system)
-        rows[DATA_COLUMN].append(cell.get("bytes"))
-    types = {DATA_COLUMN: pa.large_binary()}
-    return pa.table({k: pa.array(v, types.get(k, pa.string())) for k, v in rows.items()})
-
-
-def _strings(values: list[str]) -> pa.Array:
-    import pyarrow as pa
-
-    return pa.array(values, pa.string())
+    return ds.map_batches(read_parquet_rows, fn_kwargs=kwargs, batch_size=1)
 
 
 def _whole_job(ds: Dataset, job: RayJob) -> Job:
@@ -872,8 +704,8 @@ def _whole_job(ds: Dataset, job: RayJob) -> Job:
     for batch in ds.select_columns(present).iter_batches(batch_format="pyarrow", batch_size=None):
         if batch["id"].null_count:
             raise ConfigError("every input row needs an id; an id names one output row")
-        rows = zip(*(_column(batch, name) for name in INPUT_COLUMNS), strict=True)
-        batch_items = [_input_request(*row, default_prompt=job.prompt) for row in rows]
+        rows = zip(*(text_column(batch, name) for name in INPUT_COLUMNS), strict=True)
+        batch_items = [input_request(*row, default_prompt=job.prompt) for row in rows]
         seen.update(item.id for item in batch_items)
         items += batch_items
         if len(seen) != len(items):

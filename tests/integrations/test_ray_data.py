@@ -458,7 +458,7 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     import pyarrow.compute as pc
     from fake_engine import FakeEngine, expected_text
 
-    from mmbatch.integrations import ray_data
+    from mmbatch.integrations import ray_data, ray_rows
 
     rows = [
         {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": "p"},
@@ -468,10 +468,10 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
         {"id": "e", "path": str(samples / "checkerboard.png"), "prompt": "q"},
         {"id": "f", "path": str(samples / "sunset.jpg"), "prompt": "q"},
     ]
-    keyed = ray_data._add_media_group(pa.Table.from_pylist(rows), ImageOptions())
-    keys = keyed[ray_data.GROUP_COLUMN]
+    keyed = ray_rows.add_media_group(pa.Table.from_pylist(rows), ImageOptions())
+    keys = keyed[ray_rows.GROUP_COLUMN]
     groups = [
-        ray_data._pack_group(keyed.filter(pc.equal(keys, key)))
+        ray_rows.pack_group(keyed.filter(pc.equal(keys, key)))
         for key in pc.unique(keys).to_pylist()
     ]
     assert len(groups) == 4  # a, b and f share one picture
@@ -479,7 +479,7 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     replica = ray_data.EngineReplica(job, engine=FakeEngine())
     out = asyncio.run(replica(pa.concat_tables(groups)))
 
-    assert out.schema == ray_data._flat_schema()
+    assert out.schema == ray_rows.flat_schema()
     by_id = {row["id"]: row for row in out.to_pylist()}
     assert sorted(by_id) == ["a", "b", "c", "d", "e", "f"]
     assert by_id["b"]["error"] == {
@@ -500,7 +500,7 @@ def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_
     import pyarrow as pa
     from fake_engine import FakeEngine, expected_text
 
-    from mmbatch.integrations import ray_data
+    from mmbatch.integrations import ray_data, ray_rows
     from mmbatch.recipe.spec import load_recipe
 
     recipe_file = tmp_path / "two.toml"
@@ -510,8 +510,8 @@ def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_
         {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": None},
         {"id": "b", "path": str(samples / "truncated.jpg"), "prompt": None},
     ]
-    keyed = ray_data._add_media_group(pa.Table.from_pylist(rows), ImageOptions())
-    groups = [ray_data._pack_group(keyed.slice(i, 1)) for i in range(keyed.num_rows)]
+    keyed = ray_rows.add_media_group(pa.Table.from_pylist(rows), ImageOptions())
+    groups = [ray_rows.pack_group(keyed.slice(i, 1)) for i in range(keyed.num_rows)]
     job = ray_data.RayJob(EngineConfig("unused"), prompt=recipe.questions[0].text, recipe=recipe)
     replica = ray_data.EngineReplica(job, engine=FakeEngine())
     out = asyncio.run(replica(pa.concat_tables(groups)))
