@@ -46,7 +46,7 @@ def main(spec_path: str, result_path: str) -> None:
         media = [Path(p) for p in spec["media"][workload]]
         side.prepare(rows)
         before = side.metrics()
-        with MachineLoad() as gpu, CpuMonitor() as cpu:
+        with MachineLoad() as load, CpuMonitor() as cpu:
             start = time.perf_counter()
             measured = side.run(rows)
             wall = time.perf_counter() - start
@@ -56,7 +56,7 @@ def main(spec_path: str, result_path: str) -> None:
             "images": len({(r.image, r.at) for r in rows}) if workload != "W4" else len(media),
             "distinct_images": len({(r.image, r.at) for r in rows}),
             "wall_s": wall,
-            "gpu_busy": gpu.busy_share,
+            "gpu_busy": load.busy_share,
             "prefix_hit_rate": _rate(after, before, "prefix_cache_hits", "prefix_cache_queries"),
             "mm_hit_rate": _rate(after, before, "mm_cache_hits", "mm_cache_queries"),
             "cpu_seconds": cpu.seconds(),
