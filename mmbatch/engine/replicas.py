@@ -156,8 +156,12 @@ class ReplicaEngine:
         self._at_exit = self._abandon if end_at_exit else self.close
         atexit.register(self._at_exit)
         _STARTED.add(self)
-        for replica in self._replicas:
-            self._start(replica)
+        try:
+            for replica in self._replicas:
+                self._start(replica)
+        except BaseException:  # Ctrl-C as they start: the ones started end with the job
+            self._abandon()
+            raise
         milestone("engine_processes_spawned")
         if while_starting is not None:
             try:
@@ -426,10 +430,15 @@ class ReplicaEngine:
             # workers), which a daemonic process may not. A replica whose job is gone ends
             # its group by itself (``serve``).
         )
-        with ctrl_c_left_to_the_job():  # until it leads a group of its own (``serve``)
-            process.start()
-        child.close()
+        # Known before it starts: however its start ends (a Ctrl-C held back meanwhile is
+        # taken as the ``with`` ends), the replica is ended with the others, never left
+        # running for the interpreter's exit to wait on.
         replica.process, replica.conn, replica.ready = process, parent, False
+        try:
+            with ctrl_c_left_to_the_job():  # until it leads a group of its own (``serve``)
+                process.start()
+        finally:
+            child.close()
 
     def _await_ready(self, replica: _Replica) -> None:
         assert replica.conn is not None
@@ -497,7 +506,7 @@ def _end_all(processes: Sequence[Any], wait: float) -> None:
     """Give the replicas told to stop ``wait`` seconds to exit, together; then end each one
     left, and what is left of every one's process group (the replica, vLLM's engine core and
     workers, which all joined it), by SIGKILL, and wait until none of them runs."""
-    live = [process for process in processes if process is not None]
+    live = [process for process in processes if process is not None and process.pid is not None]
     deadline = time.monotonic() + wait
     for process in live:
         process.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -394,6 +394,43 @@ def test_the_engine_processes_of_a_job_killed_while_they_start_end_with_it() -> 
     assert not left_after(partial(in_session, job.pid), 2.0)
 
 
+def test_ctrl_c_held_back_while_a_replica_starts_ends_the_replicas_started() -> None:
+    """Ctrl-C while a replica's process starts is held back (SIGINT blocked, so that the
+    replica never sees it) and taken as the start returns: the replica just started, and
+    any before it, end with the job, which exits at once instead of waiting at the
+    interpreter's exit for a replica that waits for it."""
+    script = (
+        "import multiprocessing, os, signal\n"
+        "from functools import partial\n"
+        "from multiprocessing.context import SpawnProcess\n"
+        "from mmbatch.engine.replicas import ReplicaEngine\n"
+        "from fake_engine import FakeEngine, Lifecycle\n"
+        "started = SpawnProcess.start\n"
+        "def start_then_ctrl_c(process):\n"
+        "    started(process)\n"
+        "    if process.name.endswith('-1'):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)  # held back while it starts\n"
+        "if __name__ == '__main__':\n"
+        "    SpawnProcess.start = start_then_ctrl_c\n"
+        "    slow = Lifecycle(start_seconds=60)\n"
+        "    try:\n"
+        "        ReplicaEngine(partial(FakeEngine, lifecycle=slow), [None, None, None])\n"
+        "    except KeyboardInterrupt:\n"
+        "        print(len(multiprocessing.active_children()), flush=True)\n"
+    )
+    job = job_of_its_own(script)
+    with job:
+        try:
+            out, _ = job.communicate(timeout=60)
+        finally:
+            for pid in in_session(job.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert out.decode().split() == ["0"]  # the two replicas started are gone
+    assert job.returncode == 0
+    assert not left_after(partial(in_session, job.pid), 2.0)
+
+
 def test_the_helpers_of_a_killed_job_end_while_the_workers_it_forked_live() -> None:
     """SIGKILL of a job that forked a worker (as ``Dataset.map(num_proc=...)`` does) while
     its engine process loads its model and its decode workers wait: each ends within
