@@ -596,18 +596,11 @@ class EngineReplica:
             # job's summary counts as a local job's.
             await self.tally.engines_restarted.remote(self.name, self.engine.restarts())
             await self.tally.engine_caches.remote(self.name, stats.cache)
-            await self.tally.started.remote(self.replica, _startup_moments())  # its first row
+            await self.tally.started.remote(self.replica, milestones_wall())  # its first row
         if self.job.recipe is not None:
             # A recipe row's answers take the recipe's shape (names, parsed JSON): inferred.
             return pa.Table.from_pylist(rows)
         return pa.Table.from_pylist(rows, schema=flat_schema())
-
-
-def _startup_moments() -> dict[str, float]:
-    """This replica's start-up moments (``milestones_wall``) up to its first row. Each batch
-    is a job of its own in the replica, so its ``last_row`` is its first batch's, which a
-    reader of the job's start-up would take for the job's last row: it is left out."""
-    return {name: at for name, at in milestones_wall().items() if name != "last_row"}
 
 
 def _actor_id() -> str:

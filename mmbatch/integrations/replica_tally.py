@@ -142,8 +142,12 @@ class ReplicaTally:
 
     def started(self, replica: str, moments: dict[str, float]) -> None:
         """The start-up moments ``replica`` has seen so far (``milestones_wall``); a
-        restart's do not replace its first start's (the job's start-up)."""
-        self._moments[replica] = {**moments, **self._moments.get(replica, {})}
+        restart's do not replace its first start's (the job's start-up). Its ``last_row``
+        is left out: each batch is a job of its own in the replica, so that moment is the
+        end of its first batch, which a reader of the job's start-up would take for the
+        job's last row."""
+        told = {name: at for name, at in moments.items() if name != "last_row"}
+        self._moments[replica] = {**told, **self._moments.get(replica, {})}
 
     def startups(self) -> list[dict[str, float]]:
         """Each replica's start-up moments, the first started first."""

@@ -272,6 +272,19 @@ def test_the_engines_restarted_inside_the_replicas_are_counted_once_each() -> No
     assert tally.engine_restarts() == Restarts(3, 34.0)
 
 
+def test_a_replicas_start_up_moments_are_its_first_starts_without_a_batchs_last_row() -> None:
+    """A replica tells its moments at its engine's start and after each batch: the first
+    told of each name is kept (a restart's do not replace them), and ``last_row``, the end
+    of its first batch rather than of the job, is not a start-up moment."""
+    from mmbatch.integrations.replica_tally import ReplicaTally
+
+    tally = ReplicaTally()
+    tally.started("a", {"started": 1.0, "engine_ready": 5.0})
+    tally.started("a", {"started": 1.0, "engine_ready": 5.0, "first_row": 7.0, "last_row": 8.0})
+    tally.started("a", {"started": 20.0, "engine_ready": 25.0})  # started again
+    assert tally.startups() == [{"started": 1.0, "engine_ready": 5.0, "first_row": 7.0}]
+
+
 def test_the_replicas_engines_cache_counters_are_summed_once_each() -> None:
     """Each replica process tells its engines' cache counters so far after every batch: the
     latest replaces the last (cumulative), and the job's hit rates are over every replica's."""
