@@ -86,7 +86,7 @@ def caption(
         return rows
     assert model is not None
     host = builder.read_host(model, in_process=True)
-    # Laid out for this job, as a command's engines are: a short one starts uncompiled.
+    # Laid out for this job, as a command's engines are: its graphs sized to it.
     layout = host.layout(len(requests))
     with cast(VLLMEngine, builder.start_engine(host, media_per_prompt(requests), layout)) as own:
         return run_in_memory(job, own, run)[0]

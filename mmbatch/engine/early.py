@@ -139,8 +139,9 @@ def begun_while_reading(
     ``with``; closed when the ``with`` ends without the job having taken it (its inputs
     refused, Ctrl-C, nothing left to run). ``config`` itself where ``media`` is None (the
     caller begins nothing: a dry run, a resumed output, an engine started elsewhere) or
-    ``requests`` is: a job of unknown size would be laid out as a long one (compiled
-    engines, slower to start), so its engine starts once the inputs are listed and counted."""
+    ``requests`` is: a job of unknown size would be laid out as a small one (one engine per
+    GPU, graphs up to vLLM's largest batch), so its engine starts once the inputs are listed
+    and counted."""
     if media is None or requests is None:
         yield config
         return

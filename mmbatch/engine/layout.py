@@ -42,21 +42,14 @@ DEFAULT_ENGINES_PER_GPU = 2
 (``ONE_ENGINE_REQUESTS``). With one engine, its engine-core thread is the bound and the GPU
 waits; a second engine makes the GPU the bound, so a third adds nothing. A second engine's
 start costs a small job more than it gains. One engine with decode graphs
-(``short_job_compilation``), faster on distinct pictures, starts later and is slower with
+(``uncompiled_settings``), faster on distinct pictures, starts later and is slower with
 several prompts a picture: two engines stay. The measurements:
 ``docs/pages/performance.md#engines-per-gpu``."""
 ONE_ENGINE_REQUESTS = 1024
 """Requests one engine runs at once (vLLM's ``max_num_seqs`` on a large GPU): a job with
 more gets ``DEFAULT_ENGINES_PER_GPU`` engines on each GPU, a smaller one a single engine."""
-SHORT_JOB_REQUESTS = 1024
-"""A job of at most this many requests per engine starts its engines without torch.compile,
-which lengthens an engine's start (the most on a fresh host, with nothing compiled before)
-and, at these batch sizes, does not shorten the work: a short job ends sooner eager. The
-measurements: ``docs/pages/performance.md#uncompiled-engines-for-short-jobs``. Which CUDA
-graphs a short job still captures: ``short_job_compilation``. Longer jobs are left compiled:
-where that stops paying is not measured yet."""
 DECODE_GRAPHS_UP_TO = 1024
-"""The largest decode batch a short job captures a CUDA graph for: vLLM's ``max_num_seqs``
+"""The largest decode batch a lone engine captures a CUDA graph for: vLLM's ``max_num_seqs``
 on a large GPU, the most an engine runs at once."""
 COMPILE_SETTINGS = ("enforce_eager", "compilation_config")
 """Engine settings by which a user decides compilation: set, the layout leaves it to them."""
@@ -87,9 +80,11 @@ class Layout:
     """Engines sharing each GPU (each group appears this many times in ``groups``)."""
     kv_cache_bytes: int | None = None
     """Each engine's KV cache when GPUs are shared (``per_gpu`` > 1): set, not profiled."""
-    short_job: int = 0
-    """Requests per engine of a short job (``SHORT_JOB_REQUESTS``), which starts its engines
-    uncompiled (``short_job_compilation``); 0 for a long job or one of unknown size."""
+    uncompiled: bool = False
+    """The engines start without torch.compile (``uncompiled_settings``): the layout's
+    choice wherever the user left compilation to vLLM."""
+    requests_per_engine: int | None = None
+    """The job's requests per engine (None: unknown), which size a lone engine's graphs."""
     kept: bool = False
     """The engines were started for an earlier job of this process, and kept for this one
     (``mmbatch.engine.registry``)."""
@@ -108,8 +103,8 @@ class Layout:
             kwargs["gpu_memory_utilization"] = share / self.per_gpu
             if self.kv_cache_bytes is not None:
                 kwargs.setdefault("kv_cache_memory_bytes", self.kv_cache_bytes)
-        if self.short_job:  # only where the user left compilation to vLLM (_uncompiled_if_short)
-            for key, value in short_job_compilation(self).items():
+        if self.uncompiled:  # only where the user left compilation to vLLM (_uncompiled)
+            for key, value in uncompiled_settings(self).items():
                 kwargs.setdefault(key, value)
         return kwargs
 
@@ -118,9 +113,8 @@ class Layout:
         return [",".join(group) or None for group in self.groups]
 
     def plainly(self) -> str:
-        """The engines in a user's words (``1 engine on the CPU; starts without compiling,
-        which is faster for a job this short``); ``describe`` says why, for ``-v`` and the
-        summary."""
+        """The engines in a user's words (``1 engine on the CPU; starts without compiling``);
+        ``describe`` says why, for ``-v`` and the summary."""
         engines = counted(self.replicas, "engine")
         each = " on" if self.replicas == 1 else ", each on"
         if not any(self.groups):
@@ -133,10 +127,10 @@ class Layout:
             where = " on 1 GPU" if self.replicas == 1 else ", one per GPU"
         if self.kept:
             return f"{engines}{where}, already running (started for an earlier job)"
-        if not self.short_job:
+        if not self.uncompiled:
             return f"{engines}{where}"
         starts = "starts" if self.replicas == 1 else "start"
-        return f"{engines}{where}; {starts} without compiling, which is faster for a job this short"
+        return f"{engines}{where}; {starts} without compiling"
 
     def describe(self) -> str:
         if not any(self.groups):
@@ -154,37 +148,40 @@ class Layout:
 def choose_layout(config: EngineConfig, gpus: Sequence[Gpu], requests: int | None = None) -> Layout:
     """The layout for ``config`` on ``gpus`` (``config.gpus`` of them, if set) for a job of
     ``requests`` (None: unknown, as for the batches of a ``Dataset.map``: one engine per
-    GPU unless ``config.engines_per_gpu`` says otherwise, compiled)."""
-    return _uncompiled_if_short(_engines(config, gpus, requests), config, requests)
+    GPU unless ``config.engines_per_gpu`` says otherwise)."""
+    return _uncompiled(_engines(config, gpus, requests), config, requests)
 
 
 def in_process_layout(
     config: EngineConfig, gpus: Sequence[Gpu], requests: int | None = None
 ) -> Layout:
     """The layout of one engine in this process (a notebook's) for a job of
-    ``requests`` (None: unknown, the settings as given): the first of ``gpus`` (none: the
-    CPU), uncompiled if the job is short, as a command's engines are (``choose_layout``)."""
+    ``requests`` (None: unknown): the first of ``gpus`` (none: the CPU), uncompiled as a
+    command's engines are (``choose_layout``)."""
     device = ((gpus[0].name,),) if gpus else ((),)
-    return _uncompiled_if_short(Layout(1, device, "one engine in this process"), config, requests)
+    return _uncompiled(Layout(1, device, "one engine in this process"), config, requests)
 
 
-def short_job_compilation(layout: Layout) -> dict[str, Any]:
-    """The engine settings of a short job's engines: CUDA graphs for its decode steps, without
-    torch.compile, where one engine has a GPU to itself; eager where engines share a GPU, and
+def uncompiled_settings(layout: Layout) -> dict[str, Any]:
+    """The engine settings of engines started without torch.compile: CUDA graphs for their
+    decode steps where one engine has a GPU to itself; eager where engines share a GPU, and
     on the CPU, which has no graphs.
 
-    A lone engine's decode steps are bound by its one host thread launching kernels, which
-    the graphs take over, for a few seconds more of start spent capturing them. Graphs are
-    captured only up to the job's own size, the largest batch it can reach, so a small job
-    captures only a few. Engines that share a GPU keep it busy without them, and start sooner
-    eager. The measurements:
-    ``docs/pages/performance.md#decode-graphs-for-an-engine-with-a-gpu-to-itself``.
+    torch.compile lengthens an engine's start (the most on a fresh host, with nothing
+    compiled before) and made no step faster in any job measured, short or long. A lone
+    engine's decode steps are bound by its one host thread launching kernels, which the
+    graphs take over, for a few seconds of start spent capturing them; they are captured
+    only up to the job's own size, the largest batch it can reach, so a small job captures
+    only a few. Engines that share a GPU keep it busy without them, and start sooner eager.
+    The measurements: ``docs/pages/performance.md#uncompiled-engines``.
     A model whose attention cannot be captured whole runs eager: vLLM then turns the graphs
     off with a warning (``CompilationConfig.resolve_cudagraph_mode_and_sizes``).
     """
     if layout.per_gpu > 1 or not any(layout.groups):
         return {"enforce_eager": True}
-    largest = min(DECODE_GRAPHS_UP_TO, -(-layout.short_job // 16) * 16)  # vLLM's steps: 8, 16
+    largest = DECODE_GRAPHS_UP_TO
+    if layout.requests_per_engine is not None:  # vLLM's capture sizes step by 8, then 16
+        largest = min(largest, -(-layout.requests_per_engine // 16) * 16)
     graphs = {
         "mode": 0,
         "cudagraph_mode": "FULL_DECODE_ONLY",
@@ -193,20 +190,16 @@ def short_job_compilation(layout: Layout) -> dict[str, Any]:
     return {"compilation_config": graphs}
 
 
-def _uncompiled_if_short(layout: Layout, config: EngineConfig, requests: int | None) -> Layout:
-    """``layout``, uncompiled if the job is short (``SHORT_JOB_REQUESTS`` per engine) and the
-    user left compilation to vLLM's default."""
-    if requests is None or any(key in config.engine_kwargs for key in COMPILE_SETTINGS):
+def _uncompiled(layout: Layout, config: EngineConfig, requests: int | None) -> Layout:
+    """``layout``, its engines uncompiled (``uncompiled_settings``), unless the user decided
+    compilation (``COMPILE_SETTINGS``); a job of ``requests`` (None: unknown)."""
+    if any(key in config.engine_kwargs for key in COMPILE_SETTINGS):
         return layout
-    per_engine = -(-requests // layout.replicas)
-    if per_engine > SHORT_JOB_REQUESTS:
-        return layout
-    short = replace(layout, short_job=per_engine)
-    how = (
-        "eager" if "enforce_eager" in short_job_compilation(short) else "decode graphs, uncompiled"
-    )
-    reason = f"{layout.reason}; {how}: {per_engine} requests per engine start sooner than compiled"
-    return replace(short, reason=reason)
+    per_engine = None if requests is None else -(-requests // layout.replicas)
+    uncompiled = replace(layout, uncompiled=True, requests_per_engine=per_engine)
+    how = "eager" if "enforce_eager" in uncompiled_settings(uncompiled) else "decode graphs"
+    reason = f"{layout.reason}; {how}, uncompiled: starts sooner, runs as fast"
+    return replace(uncompiled, reason=reason)
 
 
 def _engines(config: EngineConfig, gpus: Sequence[Gpu], requests: int | None) -> Layout:

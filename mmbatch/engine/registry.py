@@ -28,8 +28,8 @@ from mmbatch.types import Modality
 _ENGINES: dict[str, tuple[Engine, Layout]] = {}
 emptied_in_forked_children(_ENGINES)  # the parent's engines: a child neither uses nor closes
 KEPT = "kept from an earlier job in this process, as laid out for that job"
-"""Said of a kept engine's layout: its engine count and compilation were chosen for the job
-that built it (a short job's: uncompiled), not for the one asking now, which gets it rather
+"""Said of a kept engine's layout: its engine count and CUDA graphs were chosen for the job
+that built it (graphs up to that job's size), not for the one asking now, which gets it rather
 than paying a second model load and the GPU memory of a second engine."""
 
 

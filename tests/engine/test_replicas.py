@@ -126,61 +126,63 @@ def test_a_large_job_gets_two_engines_per_gpu_where_they_fit(seven_b: Path) -> N
     assert choose_layout(config, [], requests=large).devices() == [None]
 
 
-def test_a_short_job_runs_uncompiled_unless_the_user_decides(seven_b: Path) -> None:
-    from mmbatch.engine.layout import SHORT_JOB_REQUESTS
-
+def test_engines_run_uncompiled_whatever_the_jobs_size_unless_the_user_decides(
+    seven_b: Path,
+) -> None:
     config = EngineConfig(str(seven_b))
-    short = choose_layout(config, gpus(1), requests=SHORT_JOB_REQUESTS)
-    assert short.short_job == SHORT_JOB_REQUESTS
-    # A lone engine captures decode graphs, without torch.compile, up to the job's size.
-    graphs = short.engine_kwargs({})["compilation_config"]
-    assert graphs == {
-        "mode": 0,
-        "cudagraph_mode": "FULL_DECODE_ONLY",
-        "max_cudagraph_capture_size": 1024,
-    }
-    assert "enforce_eager" not in short.engine_kwargs({})
-    assert "decode graphs, uncompiled" in short.describe()
+    # A lone engine captures decode graphs, without torch.compile, up to the job's size, and
+    # at most vLLM's largest batch: a job of thousands, or of unknown size (a Dataset.map's
+    # batches), captures up to 1,024.
+    for requests in (1024, 3000, 100_000, None):
+        alone = choose_layout(config, gpus(1, 80 * GIB), requests=requests)
+        assert alone.replicas == 1
+        assert alone.uncompiled
+        assert alone.engine_kwargs({}) == {
+            "compilation_config": {
+                "mode": 0,
+                "cudagraph_mode": "FULL_DECODE_ONLY",
+                "max_cudagraph_capture_size": 1024,
+            }
+        }
+        assert "decode graphs, uncompiled" in alone.describe()
+        assert alone.plainly() == "1 engine on 1 GPU; starts without compiling"
     # ... rounded up to one of vLLM's capture sizes, so that the job's largest batch has one.
     for requests, largest in ((600, 608), (32, 32), (3, 16)):
         small = choose_layout(config, gpus(1), requests=requests).engine_kwargs({})
         assert small["compilation_config"]["max_cudagraph_capture_size"] == largest
-    # Per engine: two engines on the GPU share the job, each short enough, and run eager.
-    shared = choose_layout(
-        EngineConfig(str(seven_b), engines_per_gpu=2), gpus(1), 2 * SHORT_JOB_REQUESTS
-    )
-    assert shared.short_job == SHORT_JOB_REQUESTS
-    assert shared.replicas == 2
-    assert shared.engine_kwargs({})["enforce_eager"] is True
-    assert "compilation_config" not in shared.engine_kwargs({})
-    assert "eager" in shared.describe()
+    # Per engine: two engines on a GPU share the job, and run eager, short job or long.
+    for requests in (2048, 20_000):
+        shared = choose_layout(config, gpus(1), requests)
+        assert shared.replicas == 2
+        assert shared.requests_per_engine == requests // 2
+        assert shared.engine_kwargs({})["enforce_eager"] is True
+        assert "compilation_config" not in shared.engine_kwargs({})
+        assert "eager, uncompiled" in shared.describe()
     # The CPU has no graphs to capture: eager.
     assert choose_layout(config, [], requests=8).engine_kwargs({}) == {"enforce_eager": True}
-    # A long job, or one of unknown size (a Dataset.map's batches), compiles.
-    for long in (
-        choose_layout(config, gpus(1), SHORT_JOB_REQUESTS * 3),
-        choose_layout(config, gpus(1)),
-    ):
-        assert not long.short_job
-        assert not {"enforce_eager", "compilation_config"} & set(long.engine_kwargs({}))
-    # The user's own choice stands, either way.
+    assert choose_layout(config, []).engine_kwargs({}) == {"enforce_eager": True}
+    # The user's own choice stands, either way, and is not said to be the layout's.
     for setting in ({"enforce_eager": False}, {"compilation_config": {"mode": 3}}):
-        asked = choose_layout(EngineConfig(str(seven_b), setting), gpus(1), requests=8)
-        assert not asked.short_job
-        assert asked.engine_kwargs(setting) == setting
+        for requests in (8, 20_000, None):
+            asked = choose_layout(EngineConfig(str(seven_b), setting), gpus(1, 80 * GIB), requests)
+            assert not asked.uncompiled
+            assert asked.engine_kwargs(setting) == setting
+            assert "uncompiled" not in asked.describe()
+            assert "without compiling" not in asked.plainly()
 
 
 def test_one_engine_in_process_is_laid_out_for_its_job_as_a_commands_are(seven_b: Path) -> None:
-    from mmbatch.engine.layout import SHORT_JOB_REQUESTS, in_process_layout
+    from mmbatch.engine.layout import in_process_layout
 
     config = EngineConfig(str(seven_b))
-    # On a GPU (the first), a short job's decode graphs; on the CPU, eager.
+    # On a GPU (the first), decode graphs up to the job's size; on the CPU, eager.
     on_gpu = in_process_layout(config, gpus(2), 32)
     assert on_gpu.devices() == ["0"]
     assert on_gpu.engine_kwargs({})["compilation_config"]["max_cudagraph_capture_size"] == 32
     assert in_process_layout(config, [], 2).engine_kwargs({}) == {"enforce_eager": True}
-    # A long job compiles, and the user's own choice stands.
-    assert in_process_layout(config, gpus(1), SHORT_JOB_REQUESTS + 1).engine_kwargs({}) == {}
+    large = in_process_layout(config, gpus(1), 5000).engine_kwargs({})
+    assert large["compilation_config"]["max_cudagraph_capture_size"] == 1024
+    # The user's own choice stands.
     asked = {"enforce_eager": False}
     assert in_process_layout(EngineConfig(str(seven_b), asked), [], 2).engine_kwargs(asked) == asked
 
@@ -196,7 +198,8 @@ def test_a_users_memory_share_is_the_gpus_and_their_kv_cache_is_kept(seven_b: Pa
     assert kwargs["kv_cache_memory_bytes"] == GIB
     # One engine per GPU: the user's settings go to vLLM as they are.
     one = choose_layout(EngineConfig(str(seven_b)), gpus(1))
-    assert one.engine_kwargs({"gpu_memory_utilization": 0.8}) == {"gpu_memory_utilization": 0.8}
+    assert one.engine_kwargs({"gpu_memory_utilization": 0.8})["gpu_memory_utilization"] == 0.8
+    assert "kv_cache_memory_bytes" not in one.engine_kwargs({})
 
 
 def test_engines_per_gpu_that_cannot_be_are_refused(seven_b: Path) -> None:
@@ -214,7 +217,7 @@ def test_engines_per_gpu_that_cannot_be_are_refused(seven_b: Path) -> None:
     # Without a GPU, the engines asked for run on this machine's cores.
     cpu = choose_layout(EngineConfig(str(seven_b), engines_per_gpu=2), [])
     assert cpu.devices() == [None, None]
-    assert cpu.engine_kwargs({}) == {}
+    assert cpu.engine_kwargs({}) == {"enforce_eager": True}  # eager, as on the CPU always
     assert "2 engines on this machine" in cpu.describe()
 
 
