@@ -181,7 +181,7 @@ def uncompiled_settings(layout: Layout) -> dict[str, Any]:
         return {"enforce_eager": True}
     largest = DECODE_GRAPHS_UP_TO
     if layout.requests_per_engine is not None:  # vLLM's capture sizes step by 8, then 16
-        largest = min(largest, -(-layout.requests_per_engine // 16) * 16)
+        largest = min(largest, max(16, -(-layout.requests_per_engine // 16) * 16))
     graphs = {
         "mode": 0,
         "cudagraph_mode": "FULL_DECODE_ONLY",

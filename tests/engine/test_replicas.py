@@ -147,7 +147,7 @@ def test_engines_run_uncompiled_whatever_the_jobs_size_unless_the_user_decides(
         assert "decode graphs, uncompiled" in alone.describe()
         assert alone.plainly() == "1 engine on 1 GPU; starts without compiling"
     # ... rounded up to one of vLLM's capture sizes, so that the job's largest batch has one.
-    for requests, largest in ((600, 608), (32, 32), (3, 16)):
+    for requests, largest in ((600, 608), (32, 32), (3, 16), (0, 16)):
         small = choose_layout(config, gpus(1), requests=requests).engine_kwargs({})
         assert small["compilation_config"]["max_cudagraph_capture_size"] == largest
     # Per engine: two engines on a GPU share the job, and run eager, short job or long.
