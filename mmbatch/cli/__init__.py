@@ -35,9 +35,9 @@ from mmbatch.cli.options import (
     EXIT_JOB_FAILED,
     EXIT_OK,
     EXIT_TERMINATED,
-    terminal_for,
 )
 from mmbatch.cli.parsing import Parser
+from mmbatch.cli.terminal import terminal_for
 from mmbatch.clock import milestone
 from mmbatch.errors import MmbatchError
 

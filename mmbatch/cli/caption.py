@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from mmbatch.cli import ray
+from mmbatch.cli.launch import engine_begun, launch
 from mmbatch.cli.options import (
     Commands,
     add_audio_options,
@@ -24,11 +25,9 @@ from mmbatch.cli.options import (
     add_video_options,
     audio_options_from,
     clip_split_from,
-    engine_begun,
     engine_config_from,
     file_output_from,
     keep_columns_from,
-    launch,
     local_paths_from,
     sampling_from,
     source_policy_from,

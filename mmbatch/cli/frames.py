@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from mmbatch.cli.launch import engine_begun, launch
 from mmbatch.cli.options import (
     SAMPLING_FLAGS,
     Commands,
@@ -17,9 +18,7 @@ from mmbatch.cli.options import (
     add_model_options,
     add_prompt_options,
     add_video_options,
-    engine_begun,
     engine_config_from,
-    launch,
     sampling_from,
     source_policy_from,
     video_options_from,

@@ -6,15 +6,14 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from mmbatch.cli.launch import engine_begun, launch
 from mmbatch.cli.options import (
     Commands,
     add_engine_options,
     add_local_path_options,
     add_output_options,
     add_url_options,
-    engine_begun,
     engine_config_from,
-    launch,
     local_paths_from,
     url_policy_from,
 )

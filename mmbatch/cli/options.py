@@ -8,27 +8,21 @@ each builder imports what it makes when it is called.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TextIO, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
-    from mmbatch.engine.base import Engine
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.early import EngineStart
-    from mmbatch.jobs import Job
     from mmbatch.media.fetch import UrlPolicy
     from mmbatch.media.options import AudioOptions, VideoOptions
     from mmbatch.output.file_output import FileOutput
-    from mmbatch.output.summary import JobReport
     from mmbatch.pipeline import RunConfig
     from mmbatch.sources.clips import ClipSplit
     from mmbatch.sources.files import KeepColumns, SourcePolicy
     from mmbatch.sources.paths import LocalPaths
-    from mmbatch.types import Modality, Sampling
+    from mmbatch.types import Sampling
 
 EXIT_OK, EXIT_ITEMS_FAILED, EXIT_JOB_FAILED = 0, 1, 2
 EXIT_INTERRUPTED = 130
@@ -720,204 +714,3 @@ def file_output_from(args: argparse.Namespace) -> FileOutput:
         force=args.force,
         overwrite=args.overwrite,
     )
-
-
-def launch(
-    job: Job,
-    engine: Engine | EngineConfig | EngineStart,
-    args: argparse.Namespace,
-    on_ray: Callable[[Job], int] | None = None,
-) -> int:
-    """What every job command does with the job its inputs became: cut it to ``--limit``
-    items, then describe it (``--dry-run``), or run it into ``--out`` (on Ray: ``on_ray``)."""
-    if args.limit is not None:
-        listed = len(job.item_ids)
-        job = job.first(args.limit)
-        print(
-            f"mmbatch: --limit {args.limit}: the first {len(job.item_ids)} of {listed} items",
-            file=sys.stderr,
-        )
-    if args.dry_run:
-        from mmbatch.cli.describe import describe_job
-        from mmbatch.engine.early import EngineStart
-
-        # A dry run begins no engine (``engine_begun``): ``engine`` is what it would start.
-        assert not isinstance(engine, EngineStart)
-        print("\n".join(describe_job(job, engine, on_ray is not None, args.out)))
-        return EXIT_OK
-    if on_ray is not None:
-        return on_ray(job)
-    return run_to_file(job, engine, args)
-
-
-@contextmanager
-def engine_begun(
-    args: argparse.Namespace,
-    config: EngineConfig,
-    media: dict[Modality, int] | None,
-    requests: int | None = None,
-) -> Iterator[EngineConfig | EngineStart]:
-    """The engine for ``config`` begun now, while the face reads its inputs inside the
-    ``with`` (``mmbatch.engine.early``), for a job of about ``requests`` carrying ``media``
-    per prompt as the face guessed them cheaply (``--limit`` caps the size); closed if
-    reading them fails. ``config`` itself (started once the inputs are read) where ``media``
-    or ``requests`` is None (not guessed), or
-    where ``--out`` already holds rows (or is in storage): only what is left to run says
-    whether an engine is needed, and for how much; and for a dry run (no engine), a job on
-    a kept engine (``--engine``) or on Ray (its engines are its workers')."""
-    from mmbatch.engine.early import begun_while_reading
-
-    if requests is not None and getattr(args, "limit", None) is not None:
-        requests = min(requests, args.limit)  # a trial's size, whatever the folder holds
-    elsewhere = getattr(args, "engine", None) is not None or getattr(args, "ray", None) is not None
-    if media is None or args.dry_run or elsewhere or _resumes(args, config):
-        media = None
-    with begun_while_reading(config, media, requests) as begun:
-        yield begun
-
-
-def _resumes(args: argparse.Namespace, config: EngineConfig) -> bool:
-    """``--out`` is in storage, or already holds rows (or a run's progress). A new local
-    output is checked writable first (with vLLM's log beside it), as the job checks it: a
-    folder it cannot write in is said before an engine begins."""
-    from pathlib import Path
-
-    from mmbatch.output.writable import check_writable
-
-    out = file_output_from(args)
-    if out.url is not None or out.paths.rows.exists() or out.paths.progress.exists():
-        return True
-    log = Path(config.log_file) if config.log_file is not None else None
-    check_writable(out.paths.rows, [out.paths.progress, log])
-    return False
-
-
-def run_to_file(
-    job: Job, engine: Engine | EngineConfig | EngineStart, args: argparse.Namespace
-) -> int:
-    """Run ``job`` into ``--out`` (resuming there), print the summary, return the exit code:
-    0 when every row of the output is ok, 1 when any is an error."""
-    from mmbatch.jobs import run_job
-
-    job, engine = kept_engine_for(job, engine, args)
-    report = run_job(job, engine, file_output_from(args), run_config_from(args))
-    return show_summary(report, args)
-
-
-class Terminal:
-    """Where a job command's own lines go, as -q and --json say: the streams the command
-    started with, kept while ``terminal_for`` silences or moves what else is printed."""
-
-    def __init__(self, args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> None:
-        self.quiet = bool(getattr(args, "quiet", False))
-        self.json = bool(getattr(args, "json", False))
-        self.stdout, self.stderr = stdout, stderr
-
-    def summary(self, report: JobReport, notes: Sequence[str] = ()) -> None:
-        """The summary: every line (and ``notes``), or with -q its last line, on stderr;
-        with --json its object on stdout."""
-        lines = [report.headline()] if self.quiet else [*report.lines(), *notes]
-        for line in lines:
-            print(line, file=self.stderr, flush=True)
-        if self.json:
-            self.document = dict(report.document)
-
-    document: dict[str, Any] | None = None
-    """The summary's object, printed on stdout once the command's own stdout is back."""
-
-    def print_json(self) -> None:
-        if self.json and self.document is not None:
-            print(json.dumps(self.document, default=str), file=self.stdout, flush=True)
-
-
-def show_summary(report: JobReport, args: argparse.Namespace, notes: Sequence[str] = ()) -> int:
-    """Print ``report`` as the command's flags say (``Terminal``); the exit code: 0 when
-    every row of the output is ok, 1 when any is an error."""
-    terminal = getattr(args, "terminal", None) or Terminal(args, sys.stdout, sys.stderr)
-    terminal.summary(report, notes)
-    return EXIT_OK if report.failed == 0 else EXIT_ITEMS_FAILED
-
-
-def kept_engine_for(
-    job: Job, engine: Engine | EngineConfig | EngineStart, args: argparse.Namespace
-) -> tuple[Job, Engine | EngineConfig | EngineStart]:
-    """The kept engine ``--engine`` names, for a job that would start ``engine`` (a config),
-    and the job saying so in its summary; refused in one line if the job needs another
-    engine. Without ``--engine``: the job and ``engine`` as they are."""
-    from dataclasses import replace
-
-    from mmbatch.engine.config import EngineConfig
-    from mmbatch.errors import ConfigError
-
-    name = getattr(args, "engine", None)
-    if name is None:
-        return job, engine
-    if not isinstance(engine, EngineConfig):
-        raise ConfigError("--engine runs a model's job: give the job --model too")
-    from mmbatch.engine.kept import connect_engine
-    from mmbatch.jobs import media_per_prompt
-
-    kept = connect_engine(name, engine, media_per_prompt(job.requests))
-    print(f"mmbatch: on the kept engine {name} ({kept.layout})", file=sys.stderr)
-    return replace(job, info={**job.info, "engines": f"kept engine {name}: {kept.layout}"}), kept
-
-
-@contextmanager
-def terminal_for(args: argparse.Namespace) -> Iterator[None]:
-    """A job command's terminal while it runs: what other libraries say goes to its log
-    (``OUT.vllm.log``; with -v, the terminal); with -q, mmbatch's own lines before the
-    summary are dropped; with --json, whatever else would reach stdout goes to stderr, so
-    that stdout holds the summary's object alone. ``args.terminal`` keeps the streams the
-    summary and its errors are printed on. A command without these flags is left as is."""
-    if not hasattr(args, "json"):
-        yield
-        return
-    from contextlib import ExitStack, redirect_stderr, redirect_stdout
-    from pathlib import Path
-
-    from mmbatch.engine.logs import libraries_to_log
-    from mmbatch.errors import ConfigError
-
-    args.terminal = terminal = Terminal(args, sys.stdout, sys.stderr)
-    log = engine_log_from(args)
-    fresh_log = log is not None and not os.path.exists(log)
-    with ExitStack() as stack:
-        if args.json:
-            stack.enter_context(_stdout_to_stderr())
-            stack.enter_context(redirect_stdout(sys.stderr))
-        if args.quiet:
-            stack.enter_context(redirect_stderr(_silent()))
-        stack.enter_context(libraries_to_log(log))
-        try:
-            yield
-        except ConfigError:
-            if fresh_log:  # a job that could not start leaves no file behind
-                Path(str(log)).unlink(missing_ok=True)
-            raise
-    terminal.print_json()
-
-
-@contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
-    """File descriptor 1 onto 2 while the block runs (what C code and child processes
-    print on stdout)."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-_SILENT: list[TextIO] = []
-
-
-def _silent() -> TextIO:
-    """One stream to devnull for the process, never closed: a library that binds a handler
-    to it while a command is quiet may still write to it later."""
-    if not _SILENT:
-        _SILENT.append(open(os.devnull, "w"))  # noqa: SIM115
-    return _SILENT[0]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from mmbatch.cli.options import show_summary
+from mmbatch.cli.terminal import show_summary
 
 if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig

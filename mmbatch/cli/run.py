@@ -9,6 +9,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from mmbatch.cli import ray
+from mmbatch.cli.launch import engine_begun, launch
 from mmbatch.cli.options import (
     Commands,
     add_engine_options,
@@ -16,10 +17,8 @@ from mmbatch.cli.options import (
     add_output_options,
     add_sampling_options,
     engine_args_from,
-    engine_begun,
     engine_log_from,
     engine_log_shown_from,
-    launch,
     quiet_unless_verbose,
     sampling_from,
     source_policy_from,
