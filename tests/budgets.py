@@ -11,7 +11,7 @@ def budget_for(model: Path, max_model_len: int, max_item_tokens: int | None = No
     vLLM's counts for it."""
     from mmbatch.engine.config import EngineConfig
     from mmbatch.engine.processor import ChatTemplate
-    from mmbatch.engine.vllm import processing_counts
+    from mmbatch.engine.vllm_settings import processing_counts
 
     template = ChatTemplate(str(model), trust_remote_code=False)
     counts = processing_counts(EngineConfig(str(model)), template.render)

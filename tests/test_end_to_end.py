@@ -458,7 +458,7 @@ def test_cpu_build_gets_a_sized_kv_cache_unless_the_user_chose(
 ) -> None:
     # Without it vLLM's CPU backend reserves 92% of RAM and refuses to start when another
     # process holds some: the README's first command failed that way on a busy machine.
-    from mmbatch.engine.vllm import DEFAULT_CPU_KV_CACHE_BYTES, _cpu_kv_cache_default
+    from mmbatch.engine.vllm_settings import DEFAULT_CPU_KV_CACHE_BYTES, _cpu_kv_cache_default
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
     kwargs: dict[str, object] = {}

@@ -104,6 +104,7 @@ the rule on where paths may lead (``sources/paths.py``), as a manifest row's pat
 ONLY_HERE = {
     "vllm": {
         "engine/vllm.py",
+        "engine/vllm_settings.py",
         "engine/vllm_counts.py",
         "openai_batch/vllm_protocol.py",
         "bench/worker.py",
@@ -113,9 +114,11 @@ ONLY_HERE = {
     },
     "ray": {"integrations/ray_data.py", "bench/ray_data_llm_job.py"},
 }
-"""Third-party packages that only these modules may import. Besides the engine adapter, vllm
-is imported by ``engine/vllm_counts.py`` (the pre-flight budget's token counts come from
-vLLM's per-model processing info, read in a module of their own beside the adapter) and by
+"""Third-party packages that only these modules may import. Besides the engine adapter and
+its settings (``engine/vllm_settings.py``: what an engine starts with, checked as vLLM reads
+it before any engine starts), vllm is imported by ``engine/vllm_counts.py`` (the pre-flight
+budget's token counts come from vLLM's per-model processing info, read in a module of their
+own beside the adapter) and by
 ``openai_batch/vllm_protocol.py``, for vLLM's pydantic models of OpenAI chat completions alone
 (no engine): they describe the OpenAI batch format, whose reader and writer both need them,
 and the module finds them wherever the installed vLLM keeps them. The benchmark's naive

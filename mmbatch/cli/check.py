@@ -55,7 +55,7 @@ def _check(path: str, model_option: str | None) -> list[str]:
     from mmbatch.cli.describe import describe_recipe
     from mmbatch.engine.config import EngineConfig, check_model_name
     from mmbatch.engine.processor import model_is_here
-    from mmbatch.engine.vllm import check_engine_arguments
+    from mmbatch.engine.vllm_settings import check_engine_arguments
     from mmbatch.recipe.fit import describe_fit
     from mmbatch.recipe.spec import load_recipe
 

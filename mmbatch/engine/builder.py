@@ -41,8 +41,9 @@ from mmbatch.types import Modality
 
 if TYPE_CHECKING:
     from mmbatch.engine.processor import ChatTemplate
-    from mmbatch.engine.vllm import ModelFacts, VLLMEngine
+    from mmbatch.engine.vllm import VLLMEngine
     from mmbatch.engine.vllm_counts import ProcessingCounts
+    from mmbatch.engine.vllm_settings import ModelFacts
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,7 @@ def check_then_read(
     model's chat template, and vLLM's token counts for the pre-flight budget, these read
     with the ``ModelConfig`` the check made. Each step is a start-up milestone."""
     from mmbatch.engine.processor import ChatTemplate
-    from mmbatch.engine.vllm import processing_counts
+    from mmbatch.engine.vllm_settings import processing_counts
 
     checked = check_engine(config, media_per_prompt)
     milestone("preflight_passed")
@@ -180,7 +181,7 @@ def check_engine(config: EngineConfig, media_per_prompt: dict[Modality, int]) ->
     """``ConfigError`` (one line) for settings vLLM would refuse, before any model is
     loaded (the model's name was checked as the host was read, ``read_host``); then says
     where vLLM's log will go. What vLLM's check read of the model (``preflight``)."""
-    from mmbatch.engine.vllm import preflight
+    from mmbatch.engine.vllm_settings import preflight
 
     with _quietly(config):
         facts = preflight(config, media_per_prompt)
@@ -208,7 +209,7 @@ def check_engine_without_devices(config: EngineConfig) -> None:
         return  # the Ray command checks before Ray starts, its runner again: vLLM reads once
     key = pass_key(config)
     if not passed_before(key):  # the same model and settings passed on this host before
-        from mmbatch.engine.vllm import model_config
+        from mmbatch.engine.vllm_settings import model_config
 
         with _quietly(config):
             model_config(config)

@@ -70,7 +70,7 @@ def recipe_needs(recipe: Recipe, config: EngineConfig) -> Needs | None:
     does not say how many tokens its media become (only its template is known then).
     ``ConfigError`` if the model takes no media of the recipe's kind."""
     from mmbatch.engine.processor import ChatTemplate
-    from mmbatch.engine.vllm import processing_counts
+    from mmbatch.engine.vllm_settings import processing_counts
 
     trust = bool(config.engine_kwargs.get("trust_remote_code", False))
     template = ChatTemplate(config.model, trust)
@@ -95,7 +95,7 @@ def fit_engine(recipe: Recipe, config: EngineConfig) -> tuple[EngineConfig, str 
     """``config`` with ``max_model_len`` set to what ``recipe`` needs of its model (unless
     the user set it), and a line saying what was chosen and why (None: nothing to say).
     ``ConfigError`` when the model's context cannot hold the recipe."""
-    from mmbatch.engine.vllm import preflight
+    from mmbatch.engine.vllm_settings import preflight
 
     if "max_model_len" in config.engine_kwargs:
         return config, None
@@ -172,7 +172,7 @@ def _most_tokens(budget: PromptBudget, pixels: int | None, frames: int | None) -
 def describe_fit(recipe: Recipe, config: EngineConfig) -> str:
     """``mmbatch check RECIPE --model M``: whether the model can run the recipe, in one line
     (``ConfigError`` when it cannot), from its config and processor; no engine is started."""
-    from mmbatch.engine.vllm import preflight
+    from mmbatch.engine.vllm_settings import preflight
 
     fitted, note = fit_engine(recipe, config)
     # Every engine argument as vLLM reads it, a given max_model_len against the model's.

@@ -144,7 +144,7 @@ def test_a_hub_that_cannot_be_reached_is_said_in_our_words(
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.vllm import _config_problem
+    from mmbatch.engine.vllm_settings import _config_problem
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     cause = LocalEntryNotFoundError("Connection refused; pass 'local_files_only=False'")

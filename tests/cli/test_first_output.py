@@ -139,10 +139,10 @@ def test_the_engines_line_keeps_its_reasons_for_v(
 def test_each_face_says_its_own_way_to_see_vllm_s_log(
     tiny_vl_model: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import mmbatch.engine.vllm
+    import mmbatch.engine.vllm_settings
     from mmbatch.engine.builder import check_engine
 
-    monkeypatch.setattr(mmbatch.engine.vllm, "preflight", lambda config, media: None)
+    monkeypatch.setattr(mmbatch.engine.vllm_settings, "preflight", lambda config, media: None)
     check_engine(EngineConfig(str(tiny_vl_model), {}, "o.jsonl.vllm.log", "-v"), {"image": 1})
     assert capsys.readouterr().err == (
         "mmbatch: starting vLLM; its log goes to o.jsonl.vllm.log (to see it here: -v)\n"

@@ -57,7 +57,7 @@ def test_counts_follow_the_real_qwen2_vl_7b_config(tmp_path: Path) -> None:
 def test_the_engines_processor_settings_change_the_counts(tiny_vl_model: Path) -> None:
     from mmbatch.engine.config import EngineConfig
     from mmbatch.engine.processor import ChatTemplate
-    from mmbatch.engine.vllm import processing_counts
+    from mmbatch.engine.vllm_settings import processing_counts
 
     # vLLM hands mm_processor_kwargs to the model's processor: capped at 4 cells, the
     # 56x112 picture (8 tokens by the processor's own cap) is resized to 28x56, 2 tokens,
@@ -71,7 +71,7 @@ def test_the_engines_processor_settings_change_the_counts(tiny_vl_model: Path) -
 
 def test_a_text_only_model_has_no_media_to_count(tmp_path: Path) -> None:
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.vllm import processing_counts
+    from mmbatch.engine.vllm_settings import processing_counts
     from mmbatch.tiny_models._common import qwen2_text, write_json
     from mmbatch.tiny_models.chat_templates import QWEN_CHAT_TEMPLATE
     from mmbatch.tiny_models.tokenizer import (

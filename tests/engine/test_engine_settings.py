@@ -10,7 +10,8 @@ import pytest
 from conftest import TINY_ENGINE_KWARGS
 
 from mmbatch.engine.config import EngineConfig
-from mmbatch.engine.vllm import LLM_ONLY_ARGUMENTS, engine_args, engine_settings
+from mmbatch.engine.vllm_arguments import LLM_ONLY_ARGUMENTS
+from mmbatch.engine.vllm_settings import engine_args, engine_settings
 
 MEDIA = {"image": 1}
 

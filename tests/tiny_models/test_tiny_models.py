@@ -553,7 +553,7 @@ def test_gemma3_4b_real_shape_tokenizer_processor_and_vllm_config(model_dirs: Mo
 
     from mmbatch.engine.budget import ItemCount
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.engine.vllm import engine_args
+    from mmbatch.engine.vllm_settings import engine_args
     from mmbatch.tiny_models.real_shapes import GEMMA_SPECIAL_TOKENS
 
     path = model_dirs.real("gemma3_4b")
