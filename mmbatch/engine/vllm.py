@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from mmbatch.clock import milestone
 from mmbatch.engine.config import EngineConfig
+from mmbatch.engine.core_process import core_in_this_process
 from mmbatch.engine.processor import TemplateLoad
 from mmbatch.engine.torch_threads import one_thread_for_engine_processes
 from mmbatch.engine.vllm_settings import engine_settings
@@ -130,7 +131,8 @@ class VLLMEngine:
         # The chat template loads while vLLM builds the engine, not after it.
         trust = bool(settings.llm_kwargs.get("trust_remote_code", False))
         template = TemplateLoad(config.model, trust)
-        with one_thread_for_engine_processes(on_gpu=not current_platform.is_cpu()):
+        on_cpu = current_platform.is_cpu()
+        with one_thread_for_engine_processes(on_gpu=not on_cpu), core_in_this_process(on_cpu):
             self.llm: LLM = LLM(**settings.llm_kwargs)
         milestone("llm_built")
         self._engine = self.llm.llm_engine

@@ -1,6 +1,10 @@
-"""The real command's processes on vLLM's CPU build, as a user runs it: with vLLM's
-multiprocessing on (its default, which the other tests turn off for speed), the engine
-process mmbatch starts has vLLM's engine core under it, and a worker under that.
+"""The real command's processes on vLLM's CPU build, as a user runs it.
+
+Left to mmbatch, a CPU engine runs vLLM's engine core in its own process
+(``mmbatch.engine.core_process``): no process under the engine process. With vLLM's
+multiprocessing on (a user's ``VLLM_ENABLE_V1_MULTIPROCESSING=1``, and what vLLM does on a
+GPU), the engine process mmbatch starts has vLLM's engine core under it, and a worker under
+that:
 
 * A job killed while they start (the worst case: nothing stops them, and on a GPU they hold
   it for good) leaves none of them two seconds later.
@@ -27,6 +31,8 @@ from test_end_to_end import TINY_ENGINE_ARGS
 pytestmark = pytest.mark.slow
 
 MULTIPROCESSING = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+VLLM_PROCESS = ("VLLM::EngineCore", "VLLM::Worker")
+"""What vLLM calls the processes it starts (``setproctitle``)."""
 
 
 def caption_command(model: Path, inputs: Path, out: Path) -> list[str]:
@@ -86,3 +92,28 @@ def test_a_finished_job_leaves_nothing_and_warns_of_no_leaked_resources(
     assert not left_after(partial(in_session, job.pid), 2.0)  # the last may still be exiting
     # The tracker, the last to go, unlinked it all (what another test holds is not counted).
     assert not leaked_shared_memory(before, 5.0)
+
+
+def test_left_to_mmbatch_a_cpu_engine_runs_vllm_s_engine_core_in_its_own_process(
+    tiny_vl_model: Path, samples: Path, tmp_path: Path
+) -> None:
+    argv = caption_command(tiny_vl_model, pictures(samples, tmp_path / "in"), tmp_path / "o.jsonl")
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    job = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    seen: set[str] = set()
+    with job:
+        while job.poll() is None:
+            seen |= {command(pid) for pid in in_session(job.pid)}
+            time.sleep(0.05)
+        stderr = job.stderr.read() if job.stderr else ""
+    assert job.returncode == 0, stderr[-3000:]
+    assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 3
+    assert any("mmbatch" in name for name in seen), seen  # the job
+    assert not [name for name in seen if name.startswith(VLLM_PROCESS)], seen
