@@ -8,7 +8,7 @@ the CPU build that process, and the worker process it starts in turn, import vLL
 again before the model loads: most of a CPU engine's start, for no work gained, since the
 model's operators run on the same cores whichever process calls them. There the core runs
 in the engine's own process (half the memory too); the texts are the same. The
-measurements: ``docs/pages/performance.md#the-engine-core-in-the-engine-s-process-on-a-cpu``.
+measurements: ``docs/pages/performance.md#the-engine-core-in-the-engines-process-on-a-cpu``.
 A user's own ``VLLM_ENABLE_V1_MULTIPROCESSING`` wins everywhere.
 """
 
