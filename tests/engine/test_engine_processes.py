@@ -99,20 +99,21 @@ def test_left_to_mmbatch_a_cpu_engine_runs_vllm_s_engine_core_in_its_own_process
 ) -> None:
     argv = caption_command(tiny_vl_model, pictures(samples, tmp_path / "in"), tmp_path / "o.jsonl")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    job = subprocess.Popen(
-        argv,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    log = tmp_path / "stderr.txt"  # a file, not a pipe: nothing read meanwhile can fill it
     seen: set[str] = set()
-    with job:
-        while job.poll() is None:
-            seen |= {command(pid) for pid in in_session(job.pid)}
-            time.sleep(0.05)
-        stderr = job.stderr.read() if job.stderr else ""
+    with log.open("w") as stderr_file:
+        job = subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr_file, start_new_session=True
+        )
+        with job:
+            deadline = time.monotonic() + 300
+            while job.poll() is None:
+                seen |= {command(pid) for pid in in_session(job.pid)}
+                if time.monotonic() > deadline:
+                    job.kill()  # before the ``with`` waits for it
+                    pytest.fail(f"the job ran over 300 s: {seen}")
+                time.sleep(0.05)
+    stderr = log.read_text()
     assert job.returncode == 0, stderr[-3000:]
     assert len((tmp_path / "o.jsonl").read_text().splitlines()) == 3
     assert any("mmbatch" in name for name in seen), seen  # the job
