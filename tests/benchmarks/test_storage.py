@@ -21,6 +21,7 @@ def test_the_storage_benchmark_compares_both_sides(tmp_path: Path) -> None:
     assert report["command"].startswith("python benchmarks/storage.py --photos 6")
     assert report["workload"]["photos"] == 6
     assert report["machine"]["cpus"] >= 1
+    assert report["machine"]["gpus"]  # the cards, or "none (CPU)" where nvidia-smi is absent
     assert "s3fs" in report["versions"]
     for side in ("local", "s3"):
         (run,) = report["runs"][side]
