@@ -14,9 +14,10 @@ A user's own ``VLLM_ENABLE_V1_MULTIPROCESSING`` wins everywhere.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from mmbatch.engine.environment import environment
 
 CORE_PROCESSES = "VLLM_ENABLE_V1_MULTIPROCESSING"
 """vLLM's switch between an engine core in a process of its own (1, its default) and one in
@@ -28,11 +29,5 @@ def core_in_this_process(on_cpu: bool) -> Iterator[None]:
     """While open, an engine built here on vLLM's CPU build (``on_cpu``) runs its engine
     core in this process; a GPU's, or a user's own setting, is left as it is. vLLM reads
     the variable as the engine is built; this process's setting is given back afterwards."""
-    if not on_cpu or CORE_PROCESSES in os.environ:
+    with environment({CORE_PROCESSES: "0"} if on_cpu else {}, users_win=True):
         yield
-        return
-    os.environ[CORE_PROCESSES] = "0"
-    try:
-        yield
-    finally:
-        del os.environ[CORE_PROCESSES]

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO, TypeAlias
 
-_ENV = ("VLLM_CONFIGURE_LOGGING", "VLLM_LOGGING_CONFIG_PATH")
+from mmbatch.engine.environment import environment
 
 VllmLog: TypeAlias = "str | os.PathLike[str] | None"
 """Where a Python call (``caption``, ``load_engine``, ``DatasetMap``) sends vLLM's log:
@@ -87,23 +87,16 @@ def engine_log(path: str | Path | None) -> Iterator[None]:
         },
         "loggers": {"vllm": {"handlers": ["file"], "level": "INFO", "propagate": False}},
     }
-    saved = {name: os.environ.get(name) for name in _ENV}
     handle, config_path = tempfile.mkstemp(prefix="mmbatch-vllm-logging-", suffix=".json")
     with os.fdopen(handle, "w") as file:
         json.dump(config, file)
-    os.environ["VLLM_CONFIGURE_LOGGING"] = "1"
-    os.environ["VLLM_LOGGING_CONFIG_PATH"] = config_path
-    if "vllm.logger" in sys.modules:  # configured already: point it at the file now
-        logging.config.dictConfig(config)
+    logging_to_file = {"VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_CONFIG_PATH": config_path}
     try:
-        with printed_to(target):
+        with environment(logging_to_file), printed_to(target):
+            if "vllm.logger" in sys.modules:  # configured already: point it at the file now
+                logging.config.dictConfig(config)
             yield
     finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         Path(config_path).unlink(missing_ok=True)
 
 

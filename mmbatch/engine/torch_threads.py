@@ -23,6 +23,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from mmbatch.engine.environment import environment
+
 ENGINE_TORCH_THREADS = 1
 
 
@@ -33,19 +35,19 @@ def one_thread_for_engine_processes(on_gpu: bool) -> Iterator[None]:
     Left alone: CPU builds (there torch's threads run the model itself) and a user's own
     ``OMP_NUM_THREADS``, which wins everywhere.
     """
-    if not on_gpu or "OMP_NUM_THREADS" in os.environ:
-        yield
-        return
-    import torch
+    wanted = {"OMP_NUM_THREADS": str(ENGINE_TORCH_THREADS)} if on_gpu else {}
+    with environment(wanted, users_win=True) as chosen:
+        if not chosen:
+            yield
+            return
+        import torch
 
-    threads = torch.get_num_threads()
-    os.environ["OMP_NUM_THREADS"] = str(ENGINE_TORCH_THREADS)
-    torch.set_num_threads(ENGINE_TORCH_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        del os.environ["OMP_NUM_THREADS"]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(ENGINE_TORCH_THREADS)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
 
 
 def threads_as_a_local_process(given: str | None) -> None:
