@@ -458,9 +458,17 @@ def test_cpu_build_gets_a_sized_kv_cache_unless_the_user_chose(
 ) -> None:
     # Without it vLLM's CPU backend reserves 92% of RAM and refuses to start when another
     # process holds some: the README's first command failed that way on a busy machine.
-    from mmbatch.engine.vllm_settings import DEFAULT_CPU_KV_CACHE_BYTES, _cpu_kv_cache_default
+    from mmbatch.engine.config import EngineConfig
+    from mmbatch.engine.vllm_settings import (
+        DEFAULT_CPU_KV_CACHE_BYTES,
+        _cpu_kv_cache_default,
+        engine_settings,
+    )
 
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    settings = engine_settings(EngineConfig(model="some/model"), None)
+    assert settings.on_cpu  # vLLM's CPU build runs these tests
+    assert settings.llm_kwargs["kv_cache_memory_bytes"] == DEFAULT_CPU_KV_CACHE_BYTES
     kwargs: dict[str, object] = {}
     _cpu_kv_cache_default(kwargs)
     assert kwargs == {"kv_cache_memory_bytes": DEFAULT_CPU_KV_CACHE_BYTES}

@@ -126,12 +126,10 @@ class VLLMEngine:
         render_threads = settings.render_threads
         self.config = config
         self.render_threads = render_threads
-        from vllm.platforms import current_platform
-
         # The chat template loads while vLLM builds the engine, not after it.
         trust = bool(settings.llm_kwargs.get("trust_remote_code", False))
         template = TemplateLoad(config.model, trust)
-        on_cpu = current_platform.is_cpu()
+        on_cpu = settings.on_cpu
         with one_thread_for_engine_processes(on_gpu=not on_cpu), core_in_this_process(on_cpu):
             self.llm: LLM = LLM(**settings.llm_kwargs)
         milestone("llm_built")

@@ -94,11 +94,13 @@ def processing_counts(
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """What an engine is started with: ``vllm.LLM``'s arguments, and the threads that render
-    its prompts (``VLLMEngine``)."""
+    """What an engine is started with: ``vllm.LLM``'s arguments, the threads that render
+    its prompts (``VLLMEngine``), and whether vLLM runs here on its CPU build, which other
+    defaults follow from (where the engine core runs, torch's threads)."""
 
     llm_kwargs: Mapping[str, Any]
     render_threads: int
+    on_cpu: bool
 
 
 def engine_settings(
@@ -125,8 +127,12 @@ def engine_settings(
             render_threads = 1  # the user asked for the cache, which needs one renderer
         else:
             kwargs["mm_processor_cache_gb"] = 0
-    _cpu_kv_cache_default(kwargs)
-    return EngineSettings(kwargs, render_threads)
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    if on_cpu:
+        _cpu_kv_cache_default(kwargs)
+    return EngineSettings(kwargs, render_threads, on_cpu)
 
 
 def engine_args(config: EngineConfig, media_per_prompt: dict[Modality, int] | None) -> Any:
@@ -203,7 +209,7 @@ def _config_problem(config: EngineConfig, exc: Exception) -> str:
 
 
 def _cpu_kv_cache_default(kwargs: dict[str, Any]) -> None:
-    """On vLLM's CPU build, size the KV cache instead of reserving 92% of RAM.
+    """For vLLM's CPU build, size the KV cache instead of reserving 92% of RAM.
 
     The CPU backend reads ``gpu_memory_utilization`` as the share of the machine's memory
     to reserve, and refuses to start when that much is not free: any other process running
@@ -212,8 +218,6 @@ def _cpu_kv_cache_default(kwargs: dict[str, Any]) -> None:
     """
     import os
 
-    from vllm.platforms import current_platform
-
     chosen = {"kv_cache_memory_bytes", "gpu_memory_utilization"} & kwargs.keys()
-    if current_platform.is_cpu() and not chosen and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+    if not chosen and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
         kwargs["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
