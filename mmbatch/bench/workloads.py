@@ -9,7 +9,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,32 +61,47 @@ def make_images(folder: Path, count: int, size: int, seed: int) -> list[Path]:
 def make_videos(folder: Path, count: int, seconds: int, size: int, seed: int) -> list[Path]:
     """``count`` H.264 videos of ``seconds`` at 10 fps, ``size`` x ``size``, a key frame every
     5 s: a slowly moving gradient under noise, so that every sampled frame differs from every
-    other."""
+    other. Each video has a random stream of its own (``seed`` and its number), so the videos
+    are made at once, a process each up to the machine's cores: one 100 s video takes 5-10 s
+    of one core, and a host with a GPU waits for them before any side runs."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"video{n:03d}.mp4" for n in range(count)]
+    missing = [(n, path) for n, path in enumerate(paths) if not path.exists()]
+    if len(missing) <= 1:
+        for n, path in missing:
+            _make_video(path, n, seconds, size, seed)
+        return paths
+    workers = min(len(missing), os.cpu_count() or 1)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        made = [pool.submit(_make_video, path, n, seconds, size, seed) for n, path in missing]
+        for future in made:
+            future.result()
+    return paths
+
+
+def _make_video(path: Path, n: int, seconds: int, size: int, seed: int) -> None:
+    """Video number ``n`` of ``make_videos``, written to a temporary name and then renamed,
+    so that a video cut short is made again by the next run rather than taken as made."""
     import av
 
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    paths = []
+    rng = np.random.default_rng((seed, n))
     ramp = np.linspace(0, 255, size, dtype=np.float32)
-    for n in range(count):
-        path = folder / f"video{n:03d}.mp4"
-        paths.append(path)
-        if path.exists():
-            continue
-        with av.open(str(path), "w") as container:
-            stream = container.add_stream("libx264", rate=10)
-            stream.width = stream.height = size
-            stream.pix_fmt = "yuv420p"
-            stream.options = {"preset": "ultrafast", "g": "50"}  # a key frame every 5 s
-            for i in range(seconds * 10):
-                shift = (i * 3 + n * 17) % size
-                base = np.roll(ramp, shift)[None, :, None] + np.zeros((size, 1, 3), np.float32)
-                noise = rng.integers(0, 48, (size, size, 3))
-                pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
-                frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-                container.mux(stream.encode(frame))
-            container.mux(stream.encode())
-    return paths
+    partial = path.with_name(f".{path.name}.partial")
+    with av.open(str(partial), "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=10)
+        stream.width = stream.height = size
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"preset": "ultrafast", "g": "50"}  # a key frame every 5 s
+        for i in range(seconds * 10):
+            shift = (i * 3 + n * 17) % size
+            base = np.roll(ramp, shift)[None, :, None] + np.zeros((size, 1, 3), np.float32)
+            noise = rng.integers(0, 48, (size, size, 3))
+            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    partial.replace(path)
 
 
 def rows_for(workload: str, media: list[Path], seed: int = 0, seconds: int = 60) -> list[Row]:

@@ -106,6 +106,32 @@ def test_the_naive_frames_script_takes_as_many_frames_as_mmbatch_frames(tmp_path
         assert naive == pytest.approx([float(k) for k in range(seconds)])
 
 
+def test_videos_made_at_once_are_whole_distinct_and_made_once(tmp_path: Path) -> None:
+    """W3's videos are made in processes of their own: each is a whole video of its length,
+    none repeats another, a video cut short (its temporary file) is made again, and a video
+    made is not made again."""
+    import av
+
+    from mmbatch.bench.workloads import make_videos
+
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    (folder / ".video001.mp4.partial").write_bytes(b"cut short")
+    videos = make_videos(folder, 3, 2, 32, seed=5)
+    assert [v.name for v in videos] == ["video000.mp4", "video001.mp4", "video002.mp4"]
+    assert sorted(p.name for p in folder.iterdir()) == [v.name for v in videos]
+    firsts = []
+    for video in videos:
+        with av.open(str(video)) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == 20  # 2 s at 10 fps
+        firsts.append(frames[0].tobytes())
+    assert len(set(firsts)) == 3
+    made = [v.stat().st_mtime_ns for v in videos]
+    assert make_videos(folder, 3, 2, 32, seed=5) == videos
+    assert [v.stat().st_mtime_ns for v in videos] == made
+
+
 def test_the_kept_job_runs_on_the_engine_its_side_starts(tmp_path: Path) -> None:
     """``mmbatch engine start`` is given the engine arguments and layout of the job that
     ``mmbatch caption --engine`` then runs, so that the engine does not refuse it."""
