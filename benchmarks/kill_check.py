@@ -44,7 +44,7 @@ from typing import Any
 
 from mmbatch.bench.monitor import gpu_lines
 from mmbatch.bench.workloads import make_images
-from mmbatch.integrations.ray_data import REPLICA_PROCESS
+from mmbatch.integrations.ray_replica import REPLICA_PROCESS
 
 ROWS_BEFORE_KILL = 200
 DEADLINE = 10.0

@@ -112,7 +112,11 @@ ONLY_HERE = {
         "bench/datasets_naive.py",
         "bench/frames_naive.py",
     },
-    "ray": {"integrations/ray_data.py", "bench/ray_data_llm_job.py"},
+    "ray": {
+        "integrations/ray_data.py",
+        "integrations/ray_replica.py",
+        "bench/ray_data_llm_job.py",
+    },
 }
 """Third-party packages that only these modules may import. Besides the engine adapter and
 its settings (``engine/vllm_settings.py``: what an engine starts with, checked as vLLM reads

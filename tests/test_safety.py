@@ -470,7 +470,7 @@ def test_a_recipe_on_ray_or_in_python_is_held_to_the_same_rule(
     asked for anything), and a Recipe made in Python for a Ray job or a DatasetMap."""
     from types import MappingProxyType
 
-    from mmbatch.integrations.ray_data import RayJob
+    from mmbatch.integrations.ray_replica import RayJob
     from mmbatch.recipe.spec import Question, Recipe, load_recipe, parse_recipe
 
     engine, key = ATTACKS[0]

@@ -17,7 +17,8 @@ from mmbatch.cli.terminal import show_summary
 
 if TYPE_CHECKING:
     from mmbatch.engine.config import EngineConfig
-    from mmbatch.integrations.ray_data import RayJob, RayResources
+    from mmbatch.integrations.ray_data import RayResources
+    from mmbatch.integrations.ray_replica import RayJob
     from mmbatch.jobs import Job
     from mmbatch.output.file_output import FileOutput
     from mmbatch.recipe.spec import Recipe
@@ -129,13 +130,13 @@ def _ray_job(
     """What every replica needs of ``job`` (its settings), and how the job is spread over
     the cluster, as the command line says."""
     from mmbatch.engine.invariance import recorded
-    from mmbatch.integrations import ray_data
+    from mmbatch.integrations import ray_data, ray_replica
 
     # Each replica's engine writes its log to the same path on its node (on one node, the
     # command's own file): a path that names it wherever the replica's worker runs from.
     log = None if engine.log_file is None else os.path.abspath(engine.log_file)
     engine = replace(engine, log_file=log)
-    ray_job = ray_data.RayJob(
+    ray_job = ray_replica.RayJob(
         engine,
         job.sampling,
         job.media,

@@ -58,7 +58,7 @@ class Host:
     in_process: bool = False
     """The face holds one engine in this process (``in_process_layout``): a notebook's,
     closed by its caller. (Not a Ray actor's: its engines run in engine processes, so that
-    one that dies is restarted inside the replica, ``ray_data._replica_engine``.)"""
+    one that dies is restarted inside the replica, ``ray_replica._replica_engine``.)"""
     may_start_processes: bool = True
     """False in a daemonic process (a ``Dataset.map`` worker), which may not have children:
     its engine runs in it, as the job's layout sets it, without the restart a replica

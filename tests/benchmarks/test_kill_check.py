@@ -12,7 +12,7 @@ import pytest
 from kill_check import _replica_pids
 from repo_paths import REPO
 
-from mmbatch.integrations.ray_data import say_replica_process
+from mmbatch.integrations.ray_replica import say_replica_process
 
 
 def test_each_replica_names_its_process_and_the_kill_check_finds_the_live_one(
@@ -21,7 +21,7 @@ def test_each_replica_names_its_process_and_the_kill_check_finds_the_live_one(
     log = tmp_path / "rows.vllm.log"
     log.write_text("INFO vLLM's start-up log\n")
     # A replica Ray ended: its line stays in the log, its process is gone.
-    said = "from mmbatch.integrations.ray_data import say_replica_process as s; import sys; "
+    said = "from mmbatch.integrations.ray_replica import say_replica_process as s; import sys; "
     ended = subprocess.run(
         [sys.executable, "-c", said + "s(sys.argv[1])", str(log)],
         env=os.environ | {"PYTHONPATH": str(REPO)},

@@ -178,7 +178,7 @@ def _ray_actor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> object:
     """Ray's actor class, built as Ray builds it in an actor's process (no cluster needed):
     its engine starts in its constructor."""
     import mmbatch.lifetime
-    from mmbatch.integrations.ray_data import EngineReplica, RayJob
+    from mmbatch.integrations.ray_replica import EngineReplica, RayJob
 
     # Started in the test process it would outlive the test; what it does is not tested here.
     monkeypatch.setattr(mmbatch.lifetime, "orphan_resource_tracker", lambda: None)
@@ -271,7 +271,7 @@ def test_a_ray_replica_is_laid_out_for_its_share_as_the_local_runner_lays_out_a_
     way in engine processes of the actor, never in its own process, so that an engine that
     dies is started again inside the replica, as a command's is."""
     import mmbatch.lifetime
-    from mmbatch.integrations.ray_data import EngineReplica, RayJob
+    from mmbatch.integrations.ray_replica import EngineReplica, RayJob
     from mmbatch.tiny_models import write_real_shape
 
     monkeypatch.setattr(mmbatch.lifetime, "orphan_resource_tracker", lambda: None)

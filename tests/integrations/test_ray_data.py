@@ -402,12 +402,8 @@ def test_the_driver_plans_the_rows_it_built_as_it_would_read_them_back(
     without running Ray Data over the rows it built from them: the same, id by id, as those
     it reads back from the Dataset (``_whole_job``), system prompts kept and a row with an
     empty prompt an error, with and without a job's default prompt."""
-    from mmbatch.integrations.ray_data import (
-        RayJob,
-        _whole_job,
-        driver_requests,
-        requests_dataset,
-    )
+    from mmbatch.integrations.ray_data import _whole_job, driver_requests, requests_dataset
+    from mmbatch.integrations.ray_replica import RayJob
 
     requests = caption_requests(samples, tmp_path)
     requests[0] = Request(requests[0].id, "", requests[0].media, system="Be brief.")
@@ -458,7 +454,7 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
     import pyarrow.compute as pc
     from fake_engine import FakeEngine, expected_text
 
-    from mmbatch.integrations import ray_data, ray_rows
+    from mmbatch.integrations import ray_replica, ray_rows
 
     rows = [
         {"id": "a", "path": str(samples / "sunset.jpg"), "prompt": "p"},
@@ -475,8 +471,8 @@ def test_a_replica_batch_gives_one_row_per_request_failures_included(
         for key in pc.unique(keys).to_pylist()
     ]
     assert len(groups) == 4  # a, b and f share one picture
-    job = ray_data.RayJob(EngineConfig("unused"))
-    replica = ray_data.EngineReplica(job, engine=FakeEngine())
+    job = ray_replica.RayJob(EngineConfig("unused"))
+    replica = ray_replica.EngineReplica(job, engine=FakeEngine())
     out = asyncio.run(replica(pa.concat_tables(groups)))
 
     assert out.schema == ray_rows.flat_schema()
@@ -500,7 +496,7 @@ def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_
     import pyarrow as pa
     from fake_engine import FakeEngine, expected_text
 
-    from mmbatch.integrations import ray_data, ray_rows
+    from mmbatch.integrations import ray_replica, ray_rows
     from mmbatch.recipe.spec import load_recipe
 
     recipe_file = tmp_path / "two.toml"
@@ -512,8 +508,8 @@ def test_a_replica_asks_each_item_every_question_of_a_recipe(samples: Path, tmp_
     ]
     keyed = ray_rows.add_media_group(pa.Table.from_pylist(rows), ImageOptions())
     groups = [ray_rows.pack_group(keyed.slice(i, 1)) for i in range(keyed.num_rows)]
-    job = ray_data.RayJob(EngineConfig("unused"), prompt=recipe.questions[0].text, recipe=recipe)
-    replica = ray_data.EngineReplica(job, engine=FakeEngine())
+    job = ray_replica.RayJob(EngineConfig("unused"), prompt=recipe.questions[0].text, recipe=recipe)
+    replica = ray_replica.EngineReplica(job, engine=FakeEngine())
     out = asyncio.run(replica(pa.concat_tables(groups)))
     by_id = {row["id"]: row for row in out.to_pylist()}
     assert sorted(by_id) == ["a", "b"]
@@ -690,7 +686,8 @@ def test_the_replicas_actor_pool_is_asked_for_in_rays_current_words(
 ) -> None:
     """``map_batches(concurrency=...)`` is deprecated since Ray 2.51 (said through Ray Data's
     logger, not Python's warnings): the replicas' pool is a ``compute`` strategy."""
-    from mmbatch.integrations.ray_data import RayJob, RayResources, caption_dataset
+    from mmbatch.integrations.ray_data import RayResources, caption_dataset
+    from mmbatch.integrations.ray_replica import RayJob
 
     said: list[str] = []
 
@@ -730,7 +727,7 @@ def test_a_replicas_process_runs_torch_on_the_threads_of_a_local_engine_process(
     user's ``OMP_NUM_THREADS``), so that its preprocessing, and the model on vLLM's CPU
     build, are not held to one thread, and its engine core on a GPU gets one as a local
     one does."""
-    from mmbatch.integrations.ray_data import EngineReplica, RayJob
+    from mmbatch.integrations.ray_replica import EngineReplica, RayJob
 
     def torch_threads(replica: EngineReplica) -> list[str | int | None]:
         import os
@@ -849,7 +846,8 @@ def test_a_typo_in_an_engine_setting_exits_2_before_any_replica_starts(
 ) -> None:
     """A misspelt engine argument, or a value vLLM does not take, is one line and exit 2
     before any actor starts: no output folder, no job record, no engine log."""
-    from mmbatch.integrations.ray_data import RayJob, RayResources, requests_dataset, run_on_ray
+    from mmbatch.integrations.ray_data import RayResources, requests_dataset, run_on_ray
+    from mmbatch.integrations.ray_replica import RayJob
 
     out = tmp_path / "rows"
     nothing_written = [out, tmp_path / "rows.job.json", tmp_path / "rows.vllm.log"]
@@ -941,7 +939,8 @@ def test_forwarded_env_keeps_vllm_settings_only(monkeypatch: pytest.MonkeyPatch)
 
 def test_on_ray_the_output_is_a_folder(tmp_path: Path) -> None:
     from mmbatch.errors import ConfigError
-    from mmbatch.integrations.ray_data import RayJob, RayResources, run_on_ray
+    from mmbatch.integrations.ray_data import RayResources, run_on_ray
+    from mmbatch.integrations.ray_replica import RayJob
     from mmbatch.output.file_output import FileOutput
 
     out = tmp_path / "captions.jsonl"

@@ -27,7 +27,7 @@ from processes import in_session, left_after
 from test_ray_data import RAY_CLI, complete_rows
 
 from mmbatch.cli import EXIT_ITEMS_FAILED, EXIT_JOB_FAILED, EXIT_OK
-from mmbatch.integrations.ray_data import REPLICA_PROCESS
+from mmbatch.integrations.ray_replica import REPLICA_PROCESS
 from mmbatch.integrations.replica_starts import MAX_DEATHS_IN_A_ROW, ReplicaStarts
 from mmbatch.words import counted
 
