@@ -43,23 +43,57 @@ ORPHANED_EXIT = 70
 
 @contextmanager
 def ctrl_c_left_to_the_job() -> Iterator[None]:
-    """Processes started inside the ``with`` start with SIGINT blocked, and keep it so.
+    """Processes started inside the ``with`` start with SIGINT blocked, and keep it so; and
+    a Ctrl-C (or SIGTERM) for the job is taken once their start is over, not inside it.
 
     Ctrl-C in a terminal reaches the job's whole process group: a helper the job stops on
     its own would die of it where it stands (a decode worker still importing, or waiting
     for work) and print its traceback on the job's terminal. A blocked signal stays blocked
     across the helper's start (fork, then exec: ``spawn``) and is never delivered there.
-    Only this thread's mask changes meanwhile: a Ctrl-C for the job is taken by another of
-    its threads, or by this one as the ``with`` ends. multiprocessing's resource tracker
-    is started first, as a spawn would start it: its start unblocks SIGINT in this thread."""
+    Only this thread's mask changes meanwhile: a Ctrl-C for the job is caught by another of
+    its threads, and Python then raises it in the main thread. On the main thread, then,
+    the signal's handler waits for the ``with`` to end (``_handled_after``): raised inside
+    a start, between the helper's exec and the job writing it what to run, it left the
+    helper reading an empty pipe, and its traceback on the terminal. multiprocessing's
+    resource tracker is started first, as a spawn would start it: its start unblocks
+    SIGINT in this thread."""
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        yield
+        with _handled_after((signal.SIGINT, signal.SIGTERM)):
+            yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextmanager
+def _handled_after(signals: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """On the main thread, ``signals`` that come while the block runs are handled as it
+    ends, by the handlers they had (the first that came; a second is the same request to
+    stop). Elsewhere nothing changes: Python runs signal handlers on the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[tuple[int, Any]] = []
+    # A handler set outside Python (None) is left alone: it could not be put back.
+    held = [sig for sig in signals if signal.getsignal(sig) is not None]
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: came.append((signum, frame))) for sig in held
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if came:
+            signum, frame = came[0]
+            handler = previous[signal.Signals(signum)]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def take_ctrl_c_again() -> None:

@@ -169,3 +169,58 @@ def test_a_forked_child_starts_with_its_own_empty_container_and_a_free_lock() ->
     assert os.waitstatus_to_exitcode(status) == 0
     with kept.locked() as seen:
         assert seen == {1: "the parent's"}
+
+
+STOPPED_WHILE_STARTING = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    from mmbatch.lifetime import ctrl_c_left_to_the_job
+
+    sig = signal.SIGINT if sys.argv[1] == "int" else signal.SIGTERM
+    if sig == signal.SIGTERM:
+        def stop(signum, frame):
+            print("after: stopped", flush=True)
+            raise SystemExit(3)
+        signal.signal(signal.SIGTERM, stop)
+    # The job's other threads: one of them catches the signal the starting thread blocks.
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+    try:
+        with ctrl_c_left_to_the_job():
+            threading.Thread(target=os.kill, args=(os.getpid(), sig)).start()
+            end = time.monotonic() + 0.5
+            while time.monotonic() < end:  # Python code, where a handler would run
+                pass
+            print("inside: not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("after: KeyboardInterrupt", flush=True)
+    print("handler back:", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    """
+)
+
+
+@pytest.mark.parametrize("which", ["int", "term"])
+def test_a_signal_for_the_job_while_a_helper_starts_is_taken_once_the_start_is_over(
+    which: str,
+) -> None:
+    """Ctrl-C (or SIGTERM) caught by another of the job's threads while the main thread
+    starts a helper is raised in the main thread only as the start ends: raised inside it,
+    between the helper's exec and the job writing it what to run, it left the helper
+    reading an empty pipe and printing its traceback on the terminal. The job's handlers
+    are back afterwards."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_STARTING, which],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = done.stdout.splitlines()
+    if which == "int":
+        assert lines == [
+            "inside: not interrupted",
+            "after: KeyboardInterrupt",
+            "handler back: True",
+        ]
+        assert done.returncode == 0, done.stderr
+    else:
+        assert lines == ["inside: not interrupted", "after: stopped"]
+        assert done.returncode == 3, done.stderr

@@ -285,6 +285,45 @@ def test_the_decode_workers_of_a_killed_job_end_with_it(samples: Path) -> None:
     assert not left_after(partial(in_session, job.pid), 2.0)
 
 
+CTRL_C_AS_A_WORKER_STARTS = """
+import os, signal, sys, threading, time
+from concurrent.futures import ProcessPoolExecutor
+from mmbatch.media.decoders import decode_pool
+
+if __name__ == "__main__":
+    threading.Thread(target=threading.Event().wait, daemon=True).start()  # catches the signal
+    spawn = ProcessPoolExecutor._adjust_process_count
+
+    def spawn_then_ctrl_c(self):
+        spawn(self)  # a worker started and counted; the pool not yet watching its workers
+        threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        time.sleep(0.5)
+
+    ProcessPoolExecutor._adjust_process_count = spawn_then_ctrl_c
+    try:
+        decode_pool(2).submit(int, 1)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_while_the_decode_pool_starts_a_worker_leaves_a_pool_that_stops(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the decode pool starts a worker inside ``submit`` is taken once the
+    ``submit`` is over: taken inside it (between the worker's start and the pool starting
+    the thread that stops its workers), the job's exit waited for that worker forever."""
+    script = tmp_path / "job.py"
+    script.write_text(CTRL_C_AS_A_WORKER_STARTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout == "interrupted\n"
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+
+
 def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waiting() -> None:
     stats = JobStats()
     # The ramp: a full batch with nothing waiting is busy, not starved; then a sample below

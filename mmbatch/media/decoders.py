@@ -14,6 +14,7 @@ whatever they are given (a pool that cannot start) are told apart by that: after
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from multiprocessing.connection import Connection
-from multiprocessing.context import SpawnContext, SpawnProcess
+from typing import ParamSpec, TypeVar
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.lifetime import (
@@ -34,6 +35,9 @@ from mmbatch.lifetime import (
 from mmbatch.mainguard import check_main_guard
 from mmbatch.media.decode import Decoded, DecodeJob, decode
 from mmbatch.types import ItemError
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 UNUSABLE_AFTER = 5
 """Deaths alone in a row, with no decode finished in between, that say the workers, not the
@@ -168,20 +172,18 @@ def start_decoders(workers: int) -> None:
             pool.submit(_warm)
 
 
-class _WorkerProcess(SpawnProcess):
-    """A decode worker: spawned with Ctrl-C left to its job (``ctrl_c_left_to_the_job``),
-    which stops it as it stops its pool, at its own pace."""
+class _DecodeWorkers(ProcessPoolExecutor):
+    """The pool of decode workers, spawned with Ctrl-C left to their job
+    (``ctrl_c_left_to_the_job``), which stops them as it stops its pool, at its own pace.
 
-    def start(self) -> None:
+    The pool starts a worker as it takes work, inside ``submit``, and counts it there; so a
+    Ctrl-C that comes during a ``submit`` is taken once it is over. Taken between a
+    worker's start and its counting, the pool later sent its end-of-work to one worker
+    too few, and the job's exit waited for the last worker forever."""
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         with ctrl_c_left_to_the_job():
-            super().start()
-
-
-class _WorkerContext(SpawnContext):
-    """``spawn``, starting decode workers (the pool starts them as it takes work, on
-    whichever thread submits it)."""
-
-    Process = _WorkerProcess
+            return super().submit(fn, *args, **kwargs)
 
 
 def _new_pool(workers: int) -> Executor:
@@ -190,8 +192,11 @@ def _new_pool(workers: int) -> Executor:
     # Spawned, not forked: the parent holds threads (and perhaps CUDA), which a fork
     # would copy in whatever state they are in. So a script must be guarded.
     check_main_guard()
-    return ProcessPoolExecutor(
-        workers, mp_context=_WorkerContext(), initializer=_start_worker, initargs=(lifeline(),)
+    return _DecodeWorkers(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(lifeline(),),
     )
 
 
