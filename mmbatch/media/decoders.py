@@ -22,7 +22,7 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from concurrent.futures.process import BrokenProcessPool
 from functools import partial
 from multiprocessing.connection import Connection
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from mmbatch.errors import DecodersFailed
 from mmbatch.lifetime import (
@@ -179,9 +179,18 @@ class _DecodeWorkers(ProcessPoolExecutor):
     The pool starts a worker as it takes work, inside ``submit``, and counts it there; so a
     Ctrl-C that comes during a ``submit`` is taken once it is over. Taken between a
     worker's start and its counting, the pool later sent its end-of-work to one worker
-    too few, and the job's exit waited for the last worker forever."""
+    too few, and the job's exit waited for the last worker forever. Once every worker has
+    started, a ``submit`` starts none (the pool never starts more than ``workers``), and
+    takes work without holding signals: the job's every decode goes through it."""
+
+    def __init__(self, workers: int, **kwargs: Any) -> None:
+        super().__init__(workers, **kwargs)
+        self._workers = workers
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        started = self._processes  # None once shut down: ``submit`` then refuses the work
+        if started is not None and len(started) >= self._workers:
+            return super().submit(fn, *args, **kwargs)
         with ctrl_c_left_to_the_job():
             return super().submit(fn, *args, **kwargs)
 
