@@ -46,7 +46,7 @@ from typing import Any
 
 from memory import make_photos
 
-from mmbatch.bench.monitor import gpu_lines
+from mmbatch.bench.monitor import gpu_names
 from mmbatch.engine.base import Engine
 from mmbatch.jobs import Job, run_job
 from mmbatch.output.file_output import FileOutput
@@ -203,12 +203,11 @@ def machine() -> dict[str, Any]:
         names = [ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
         model = names[0].split(":", 1)[1].strip() if names else ""
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    gpus = [f"{line} MiB" for line in gpu_lines("name,memory.total") or []]
     return {
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "cpu": model,
-        "gpus": gpus or ["none (CPU)"],
+        "gpus": gpu_names(),
         "load_average": load,
     }
 

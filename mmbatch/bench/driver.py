@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mmbatch.bench.flops import minimal_flops
-from mmbatch.bench.monitor import gpu_lines
+from mmbatch.bench.monitor import gpu_names
 from mmbatch.bench.sides import BASE_SIDES, run_side, side_environment, side_spec_for
 from mmbatch.bench.workloads import FRAME_FPS, make_images, make_videos
 from mmbatch.engine.installed_vllm import vllm_version
@@ -209,11 +209,10 @@ def _image_prefix_tokens(config: dict[str, Any], size: int) -> int:
 
 
 def _machine() -> dict[str, Any]:
-    gpus = [f"{line} MiB" for line in gpu_lines("name,memory.total") or []]
     return {
         "host": platform.node(),
         "cpu": platform.processor() or platform.machine(),
-        "gpus": gpus or ["none (CPU)"],
+        "gpus": gpu_names(),
     }
 
 

@@ -34,6 +34,12 @@ def gpu_lines(query: str, timeout: float = 30.0) -> list[str] | None:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+def gpu_names() -> list[str]:
+    """The machine's GPUs as a report names them (``NVIDIA H100 80GB HBM3, 81559 MiB``), or
+    ``none (CPU)``."""
+    return [f"{line} MiB" for line in gpu_lines("name,memory.total") or []] or ["none (CPU)"]
+
+
 class LoadSample(NamedTuple):
     """One moment's load: its wall-clock time, the GPUs' mean utilisation (0..100; None
     without NVML) and the host's CPU busy share (0..100, all its cores)."""
