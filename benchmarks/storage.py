@@ -21,7 +21,9 @@ Arguments after ``--`` make each run a whole process instead, as a user runs one
 
 runs ``python -m mmbatch caption INPUT ARGS --out OUT`` for each; its wall and CPU time (the
 process and every process it waited for) are the run's, and its summary's counts and
-start-up time are kept beside them. With ``--ray`` among them each output is a folder.
+start-up time are kept beside them. With ``--ray`` among them each output is a folder, and
+the job's CPU leaves out Ray's processes (it does not wait for them): the host's busy CPU
+over each run, also kept, counts them.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ PROMPT = "Describe this image in one sentence."
 SIDES = ("local", "s3")
 SUMMARY_STATS = ("total", "ok", "failed", "wall_seconds", "items_per_second", "startup_seconds")
 PICTURE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+MEASURED = ("wall_s", "job_cpu_s", "server_cpu_s")
+"""Each run's figures whose medians the report gives (and the host's CPU, where read)."""
 
 Runner = Callable[[str, str], dict[str, Any]]
 """One job from ``inputs`` to ``out``: the figures it reports of itself (items, failures)."""
@@ -132,6 +136,19 @@ def cpu_seconds(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def host_cpu_seconds() -> float | None:
+    """CPU seconds the whole host has been busy so far, every process's (None where
+    ``/proc/stat`` is absent). A job with ``--ray`` runs in Ray's processes, which are not
+    children the job waits for, so its own CPU (``cpu_seconds``) misses them; the host's
+    counts them, and whatever else the host runs."""
+    stat = Path("/proc/stat")
+    if not stat.exists():
+        return None
+    ticks = [int(n) for n in stat.read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, and waiting for I/O
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def in_process(engine: Engine, workers: int | None) -> Runner:
     """Each job in this process: listing, then ``run_job`` on ``engine``."""
 
@@ -173,14 +190,21 @@ def whole_process(program: list[str], caption_args: list[str], logs: Path) -> Ru
 
 
 def timed(run: Runner, inputs: str, out: str, server: int) -> dict[str, Any]:
-    """The whole job, timed: the CPU seconds it took, and those the S3 server (process
-    ``server``) took meanwhile."""
-    began, cpu, served = time.perf_counter(), cpu_seconds(), cpu_seconds(server)
+    """The whole job, timed: the CPU seconds it took, those the S3 server (process
+    ``server``) took meanwhile, and the host's busy CPU seconds over it."""
+    began, cpu, served, host = (
+        time.perf_counter(),
+        cpu_seconds(),
+        cpu_seconds(server),
+        host_cpu_seconds(),
+    )
     figures = run(inputs, out)
+    host_after = host_cpu_seconds()
     return {
         "wall_s": round(time.perf_counter() - began, 3),
         "job_cpu_s": round(cpu_seconds() - cpu, 3),
         "server_cpu_s": round(cpu_seconds(server) - served, 3),
+        "host_cpu_s": None if host is None or host_after is None else round(host_after - host, 3),
         **figures,
     }
 
@@ -263,16 +287,22 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             runs[side].append(found)
             print(json.dumps({"run": n, "side": side, **found}), flush=True)
     medians = {
-        side: {
-            name: round(statistics.median(r[name] for r in found), 3)
-            for name in ("wall_s", "job_cpu_s", "server_cpu_s")
-        }
+        side: {name: round(statistics.median(r[name] for r in found), 3) for name in MEASURED}
+        | {"host_cpu_s": host_median(found)}
         for side, found in runs.items()
     }
     local, remote = medians["local"], medians["s3"]
+    host_extra = (
+        None
+        if remote["host_cpu_s"] is None or local["host_cpu_s"] is None
+        else remote["host_cpu_s"] - local["host_cpu_s"]
+    )
     per_object = {
         "client_cpu_ms": round(1000 * (remote["job_cpu_s"] - local["job_cpu_s"]) / len(photos), 2),
         "server_cpu_ms": round(1000 * remote["server_cpu_s"] / len(photos), 2),
+        # The store's CPU on the whole host, the job's, the server's and Ray's processes
+        # alike: with --ray, the job's own figure (client_cpu_ms) leaves Ray's out.
+        "host_cpu_ms": None if host_extra is None else round(1000 * host_extra / len(photos), 2),
     }
     return {
         "photos": len(photos),
@@ -282,6 +312,12 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "store_cpu_per_photo": per_object,
         "ratio_s3_to_local": round(remote["wall_s"] / local["wall_s"], 3),
     }
+
+
+def host_median(runs: list[dict[str, Any]]) -> float | None:
+    """The median of the host's busy CPU over a side's runs; None where it was not read."""
+    values = [r["host_cpu_s"] for r in runs]
+    return None if None in values else round(statistics.median(values), 3)
 
 
 def sides_in_order(text: str) -> list[str]:

@@ -60,6 +60,11 @@ def test_each_run_can_be_a_whole_command_in_the_order_asked(tmp_path: Path) -> N
     ]
     assert all(run["server_cpu_s"] > 0 for run in report["runs"]["s3"])
     assert report["store_cpu_per_photo"]["server_cpu_ms"] > 0
+    # The host's busy CPU over a run holds the job's own (and any other process's).
+    for run in report["runs"]["local"] + report["runs"]["s3"]:
+        assert run["host_cpu_s"] >= 0.9 * run["job_cpu_s"] > 0
+    assert report["medians"]["s3"]["host_cpu_s"] > 0
+    assert isinstance(report["store_cpu_per_photo"]["host_cpu_ms"], float)
 
 
 def test_an_order_without_both_sides_is_refused(tmp_path: Path) -> None:
