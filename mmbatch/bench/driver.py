@@ -277,6 +277,9 @@ def _whole_line(run: dict[str, Any]) -> str:
     work = run.get("load", {}).get("work", {})
     if work.get("gpu_busy") is not None:
         line += f", GPU {work['gpu_busy']:.0%} busy in its work"
+    tokens = run.get("tokens") or {}
+    if tokens.get("output_tokens") is not None:
+        line += f", tokens {tokens['prompt_tokens']:,} in, {tokens['output_tokens']:,} out"
     return line
 
 

@@ -12,6 +12,15 @@ from typing import Any
 
 from mmbatch.output.paths import OutputPaths
 
+SUMMARY_TOKENS = (
+    "prompt_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "prefix_cache_hit_rate",
+    "mm_cache_hit_rate",
+)
+"""The token counts and cache hit rates of an mmbatch job's summary that its run keeps."""
+
 
 def whole_sampling(spec: dict[str, Any]) -> dict[str, Any]:
     """The sampling of every side, as the command line states it: the workloads' settings
@@ -62,8 +71,10 @@ def engine_arg_flags(side: dict[str, Any]) -> list[str]:
 def summary_times(out: Path, wall: float) -> dict[str, Any]:
     """An mmbatch job's run, from its summary: start-up (to its engines ready), work, exit
     (from the last row to the process gone, ``wall`` after its start), its failed rows and
-    its start-up moments (``startup_phases``, seconds from its process's start), and the
-    engine layout it chose (``engines``, as its summary says it)."""
+    its start-up moments (``startup_phases``, seconds from its process's start), the engine
+    layout it chose (``engines``, as its summary says it), and the tokens and cache hits its
+    engines reported with how full their queues were (``tokens``, ``engine_queue``): two faces'
+    work compares only where these are the same."""
     summary = json.loads(OutputPaths(out).summary.read_text())
     stats = summary["stats"]
     startup, work = stats["startup_seconds"], stats["process_seconds"] - stats["startup_seconds"]
@@ -74,6 +85,8 @@ def summary_times(out: Path, wall: float) -> dict[str, Any]:
         "failed": stats["failed"],
         "startup_phases": {**stats["startup_phases"], "exit": round(wall, 2)},
         "engines": summary["job"].get("engines"),
+        "tokens": {name: stats.get(name) for name in SUMMARY_TOKENS},
+        "engine_queue": stats.get("engine_queue"),
     }
 
 

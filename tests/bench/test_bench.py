@@ -693,6 +693,10 @@ def test_the_batch_file_sides_are_whole_processes_with_phases(
              "first_row", "last_row", "exit"]  # fmt: skip
     assert [phases[name] for name in order] == sorted(phases[name] for name in order)
     assert runs["openai-batch"]["engines"].startswith("one engine on this machine")
+    tokens = runs["openai-batch"]["tokens"]  # what its engine counted, from its summary
+    assert tokens["prompt_tokens"] > 0
+    assert tokens["output_tokens"] > 0
+    assert "engine_queue" in runs["openai-batch"]  # none sampled in a job this short
     for run in runs.values():  # what vLLM's log says of each side's one engine's build
         [init_engine] = run["engine_log"]["init_engine_s"]
         assert 0 < init_engine < phases["exit"]

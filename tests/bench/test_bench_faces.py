@@ -177,7 +177,7 @@ def test_each_face_is_measured_against_its_own_baseline() -> None:
     }
 
 
-def test_the_table_gives_the_frames_captioned_and_the_kept_engines_first_request() -> None:
+def test_the_table_gives_the_frames_captioned_the_kept_engines_first_request_and_tokens() -> None:
     from mmbatch.bench.driver import table
 
     parts = {"startup_s": 1.0, "work_s": 2.0, "exit_s": 0.5}
@@ -185,11 +185,15 @@ def test_the_table_gives_the_frames_captioned_and_the_kept_engines_first_request
         {"videos": 2, "mode": "frames", "wall_s": 3.5, "frames": 120, **parts},
         {"images": 4, "mode": "kept", "wall_s": 3.5, "first_request_s": 0.42,
          "engine_start_s": 31.04, **parts},
+        {"images": 2000, "mode": "openai-batch", "wall_s": 82.5, **parts,
+         "tokens": {"prompt_tokens": 582000, "output_tokens": 255963}},
     ]  # fmt: skip
     lines = table({"workloads": {}, "whole_process": {"runs": runs}}).splitlines()
     assert lines[1].startswith("whole   2 videos frames ")
     assert lines[1].endswith(", 120 frames")
     assert lines[2].endswith(", first request at 0.42 s (the kept engine started in 31.0 s)")
+    # The tokens a side's engine counted: two sides' work compares where they are the same.
+    assert lines[3].endswith(", tokens 582,000 in, 255,963 out")
 
 
 def test_the_bench_help_lists_the_faces_sides(
