@@ -333,7 +333,20 @@ def test_the_engine_counts_as_starved_only_below_its_fullest_with_nothing_waitin
     queue = stats.queue_summary()
     assert queue is not None
     assert queue["feeding_samples"] == 3
+    assert queue["starved_samples"] == 1
     assert queue["starved_share"] == round(1 / 3, 3)
+
+
+def test_the_summary_counts_the_starved_samples_rather_than_a_share_of_few() -> None:
+    stats = JobStats()
+    # The whole job handed over in the first sample, the engine still filling: one of one.
+    for running, waiting, backlog in [(700, 0, 1300), (1024, 80, 0), (976, 0, 0)]:
+        stats.sample_queue(running, waiting, backlog)
+    line = next(x for x in stats.summary().splitlines() if x.startswith("engine queue"))
+    assert "running median 976 (max 1024)" in line
+    assert line.endswith(
+        "below its fullest in 1 of the 1 samples taken while requests were still to be handed to it"
+    )
 
 
 def test_the_queue_timeline_keeps_each_sample_with_its_time() -> None:

@@ -127,6 +127,7 @@ class JobStats(Tally):
             "running_max": running[-1],
             "waiting_median": waiting[len(waiting) // 2],
             "feeding_samples": len(feeding),
+            "starved_samples": starved,
             "starved_share": round(starved / len(feeding), 3) if feeding else 0.0,
         }
 
@@ -197,10 +198,14 @@ class JobStats(Tally):
             )
         queue = self.queue_summary() if model else None
         if queue is not None:
+            # Counts, not a share: the engine often takes a whole job in its first sample or
+            # two, and "100% of 1" would read as a starved engine.
+            # Counts, not a share: an engine often takes a whole job within its first sample
+            # or two, and "100% of 1" would read as an engine starved throughout.
             starved = (
-                f"; waiting empty in {queue['starved_share']:.0%} of the "
-                f"{queue['feeding_samples']:.0f} samples taken while requests were still to "
-                "be handed to it"
+                f"; nothing waiting and below its fullest in {queue['starved_samples']:.0f} "
+                f"of the {queue['feeding_samples']:.0f} samples taken while requests were "
+                "still to be handed to it"
                 if queue["feeding_samples"]
                 else ""
             )
