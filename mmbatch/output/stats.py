@@ -198,22 +198,7 @@ class JobStats(Tally):
             )
         queue = self.queue_summary() if model else None
         if queue is not None:
-            # Counts, not a share: the engine often takes a whole job in its first sample or
-            # two, and "100% of 1" would read as a starved engine.
-            # Counts, not a share: an engine often takes a whole job within its first sample
-            # or two, and "100% of 1" would read as an engine starved throughout.
-            starved = (
-                f"; nothing waiting and below its fullest in {queue['starved_samples']:.0f} "
-                f"of the {queue['feeding_samples']:.0f} samples taken while requests were "
-                "still to be handed to it"
-                if queue["feeding_samples"]
-                else ""
-            )
-            lines.append(
-                f"engine queue ({queue['samples']:.0f} samples): running median "
-                f"{queue['running_median']:.0f} (max {queue['running_max']:.0f}), waiting "
-                f"median {queue['waiting_median']:.0f}{starved}"
-            )
+            lines.append(_queue_line(queue))
         if self.failed:
             lines.insert(1, f"failures by kind: {format_counts(self.failed_by_kind)}")
         return "\n".join(lines)
@@ -294,3 +279,21 @@ def format_counts(counts: Counter[str]) -> str:
 
 def _pct(rate: float | None) -> str:
     return "n/a" if rate is None else f"{rate:.0%}"
+
+
+def _queue_line(queue: dict[str, float]) -> str:
+    """The summary's line on the engine's queue (``JobStats.queue_summary``). Starved
+    samples are counted, not given as a share: an engine often takes a whole job within its
+    first sample or two, and "100% of 1" would read as an engine starved throughout."""
+    starved = (
+        f"; nothing waiting and below its fullest in {queue['starved_samples']:.0f} of the "
+        f"{queue['feeding_samples']:.0f} samples taken while requests were still to be "
+        "handed to it"
+        if queue["feeding_samples"]
+        else ""
+    )
+    return (
+        f"engine queue ({queue['samples']:.0f} samples): running median "
+        f"{queue['running_median']:.0f} (max {queue['running_max']:.0f}), waiting median "
+        f"{queue['waiting_median']:.0f}{starved}"
+    )
