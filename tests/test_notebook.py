@@ -109,12 +109,15 @@ def test_the_manuals_notebook_example_runs(tiny_vl_model: Path, tmp_path: Path) 
         capture_output=True,
         text=True,
         cwd=REPO,
-        env=os.environ | {"MMBATCH_CACHE_DIR": str(tmp_path / "cache")},
+        env=os.environ
+        | {"MMBATCH_CACHE_DIR": str(tmp_path / "cache"), "TRANSFORMERS_VERBOSITY": "info"},
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    # The example's lines and none of vLLM's (235 lines of them): its log is in a file of
-    # its own, and stderr says where, once per engine.
+    # The example's lines and none of vLLM's (235 lines of them), nor of what transformers
+    # logs as the engines start: their log is in a file of its own, and stderr says where,
+    # once per engine.
+    assert "[transformers]" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     printed = proc.stdout.splitlines()[0]
     assert printed.startswith("[('samples/sunset.jpg', ")
     assert "('#1', " in printed

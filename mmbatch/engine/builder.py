@@ -89,7 +89,18 @@ def start_engine(host: Host, media_per_prompt: dict[Modality, int], layout: Layo
     """The engine(s) ``layout`` (``host.layout``) describes for the host's config, its
     settings checked first: one ``VLLMEngine`` in this process where the host says so
     (``Host.in_process``, ``Host.may_start_processes``), else a ``ReplicaEngine`` of engine
-    processes. Every engine of every face starts here."""
+    processes. Every engine of every face starts here.
+
+    What other libraries log meanwhile in this process (transformers, as the model's
+    processor loads here, and vLLM's own engine where it runs here) goes to the engine's
+    log file with vLLM's, for a Python call as for a command (``libraries_to_log``)."""
+    from mmbatch.engine.logs import libraries_to_log
+
+    with libraries_to_log(host.config.log_file):
+        return _start_engine(host, media_per_prompt, layout)
+
+
+def _start_engine(host: Host, media_per_prompt: dict[Modality, int], layout: Layout) -> Engine:
     prepare_batch_invariance(host.config, host.gpus)  # before vLLM's import, and children's
     kwargs = layout.engine_kwargs(host.config.engine_kwargs)
     if layout.tensor_parallel > 1:

@@ -101,14 +101,22 @@ def engine_log(path: str | Path | None) -> Iterator[None]:
 
 
 @contextmanager
-def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
+def printed_to(
+    target: str | os.PathLike[str] | None, *, every_thread: bool = False
+) -> Iterator[None]:
     """File descriptors 1 and 2 (what C code, subprocesses and Python write) into
     ``target`` (appended) while the block runs; None leaves them on the terminal.
 
     Blocks may overlap across threads (the Ray command starts Ray on a thread while its
     main thread checks the settings, vLLM's log dropped meanwhile): the descriptors go to
     the target of the block entered last of those still open, and back to the terminal
-    when none is, whatever order they end in."""
+    when none is, whatever order they end in.
+
+    What other threads print through ``sys.stdout`` and ``sys.stderr`` still reaches the
+    terminal (``_RoutedStream``): in a job's process those are the job's own lines. A
+    process whose every line is its libraries' (an engine process) passes ``every_thread``:
+    while the block runs, every thread of it prints into ``target``, the model's processor
+    loading on a thread of its own beside ``vllm.LLM`` among them."""
     if target is None:
         yield
         return
@@ -116,6 +124,7 @@ def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
     log = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     entry = [log]
     thread = threading.get_ident()
+    printing = _EVERY_THREAD if every_thread else thread
     with _PRINTED_LOCK:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -123,7 +132,7 @@ def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
             _TERMINAL[:] = [os.dup(1), os.dup(2)]
         _route_other_threads()
         _PRINTED_TO.append(entry)
-        _PRINTING_THREADS.append(thread)
+        _PRINTING_THREADS.append(printing)
         os.dup2(log, 1)
         os.dup2(log, 2)
     try:
@@ -133,7 +142,7 @@ def printed_to(target: str | os.PathLike[str] | None) -> Iterator[None]:
             sys.stdout.flush()
             sys.stderr.flush()
             _PRINTED_TO.remove(entry)
-            _PRINTING_THREADS.remove(thread)
+            _PRINTING_THREADS.remove(printing)
             if _PRINTED_TO:
                 os.dup2(_PRINTED_TO[-1][0], 1)
                 os.dup2(_PRINTED_TO[-1][0], 2)
@@ -168,7 +177,8 @@ class _RoutedStream:
 
     def write(self, text: str) -> int:
         terminal = terminal_fd(self._fd)
-        if terminal == self._fd or threading.get_ident() in _PRINTING_THREADS:
+        printing = _PRINTING_THREADS
+        if terminal == self._fd or threading.get_ident() in printing or _EVERY_THREAD in printing:
             return self._stream.write(text)
         self._stream.flush()
         try:
@@ -199,6 +209,8 @@ def _route_other_threads() -> None:
 _PRINTED_LOCK = threading.Lock()
 _PRINTING_THREADS: list[int] = []
 """The threads inside an open ``printed_to`` block, once for each."""
+_EVERY_THREAD = -1
+"""In ``_PRINTING_THREADS`` for a block that every thread prints inside (no thread's id)."""
 _PRINTED_TO: list[list[int]] = []
 """The open ``printed_to`` blocks' files, in the order they were entered (each a list of
 its one descriptor: a block's own entry, however many name the same file)."""

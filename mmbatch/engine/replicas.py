@@ -550,7 +550,7 @@ def serve(
     told to stop (or until the parent is gone: ``parents_lifeline``), printing into ``log``
     (None: the terminal): everything it prints is the engine's or its libraries'; the job's
     own lines are the parent's."""
-    with printed_to(log):
+    with printed_to(log, every_thread=True):
         _serve(make_engine, devices, conn, parents_lifeline)
 
 

@@ -139,6 +139,9 @@ class VLLMEngine:
                 engines.add(self)
         self._template = template.template()
         self._tokenizer = self.llm.get_tokenizer()  # for a log probability's token vLLM left
+        # Read in the start, not at the first request: what loading the model's
+        # generation_config logs goes to the engine's log with the start's (start_engine).
+        _ = self.model_sampling
         self._ids = itertools.count()
         self._prompt_tokens = [0, 0]  # finished requests' prompt tokens, and their count
         self._rendering: deque[_Rendering] = deque()

@@ -194,3 +194,36 @@ def test_printed_to_blocks_that_overlap_leave_the_terminal_as_it_was(tmp_path: P
     assert first.read_text() == "while the first is open\n"
     assert second.read_text() == "while both are open\nwhile the second is open\n"
     assert done.stdout == "after both\n"
+
+
+OTHER_THREADS = """
+import sys, threading
+from mmbatch.engine.logs import printed_to
+
+def say(text):
+    thread = threading.Thread(target=lambda: print(text, file=sys.stderr, flush=True))
+    thread.start()
+    thread.join()
+
+with printed_to(sys.argv[1]):
+    say("a job's own line, from another thread")
+with printed_to(sys.argv[1], every_thread=True):
+    say("an engine process's library, from another thread")
+"""
+
+
+def test_an_engine_processs_every_thread_prints_into_its_log(tmp_path: Path) -> None:
+    """In a job's process another thread's lines still reach the terminal (the job's own,
+    printed while an engine starts on a thread); in an engine's process, whose every line
+    is its libraries', a thread's lines (transformers loading the processor beside
+    ``vllm.LLM``) go to the log too."""
+    log = tmp_path / "engine.log"
+    done = subprocess.run(
+        [sys.executable, "-c", OTHER_THREADS, str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "a job's own line, from another thread\n"
+    assert log.read_text() == "an engine process's library, from another thread\n"

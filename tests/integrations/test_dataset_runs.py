@@ -690,7 +690,9 @@ def test_the_readme_datasets_example_runs_as_written(
     that code, run as it is in a folder holding ``photos/`` and the tiny model as
     ``.tiny``, captions every picture (the corrupt one is its row's error), and prints none
     of vLLM's log (about 120 lines once): it goes to a file of its own, as the command's
-    goes to ``OUT.vllm.log``, and stderr says where."""
+    goes to ``OUT.vllm.log``, and stderr says where; nor what transformers logs at
+    ``TRANSFORMERS_VERBOSITY=info`` as the model's processor loads, in this process and in
+    the engine's: that goes to the same file."""
     section = README.read_text(encoding="utf-8").split("**Hugging Face datasets:**", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
@@ -703,7 +705,11 @@ def test_the_readme_datasets_example_runs_as_written(
         capture_output=True,
         text=True,
         env=os.environ
-        | {"HF_DATASETS_CACHE": str(tmp_path / "hf-cache"), "MMBATCH_CACHE_DIR": str(tmp_path)},
+        | {
+            "HF_DATASETS_CACHE": str(tmp_path / "hf-cache"),
+            "MMBATCH_CACHE_DIR": str(tmp_path),
+            "TRANSFORMERS_VERBOSITY": "info",
+        },
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -716,3 +722,5 @@ def test_the_readme_datasets_example_runs_as_written(
     [log] = list((tmp_path / "logs").iterdir())
     assert str(log) in said
     assert len(vllm_line.findall(log.read_text())) > 20
+    assert "[transformers]" not in proc.stderr, proc.stderr[-3000:]
+    assert "transformers.configuration_utils] loading configuration file" in log.read_text()

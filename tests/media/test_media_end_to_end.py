@@ -221,8 +221,11 @@ def test_a_clip_jobs_terminal_holds_mmbatchs_lines_and_its_log_the_libraries(
     """A clip job as a user runs it, in a process of its own (what reaches its terminal is
     what is tested): transformers' warning on the video processor's pixel cap, said in the
     command's process (the budget asks vLLM's processor) and in the engine's, goes to the
-    job's log with vLLM's; the terminal holds mmbatch's lines, and ``--json`` puts the
-    summary's object alone on stdout."""
+    job's log with vLLM's, as does all that transformers logs at ``TRANSFORMERS_VERBOSITY=info``
+    from any thread (the engine process loads the model's processor on a thread of its own);
+    the terminal holds mmbatch's lines, and ``--json`` puts the summary's object alone on
+    stdout."""
+    import os
     import subprocess
     import sys
 
@@ -230,8 +233,13 @@ def test_a_clip_jobs_terminal_holds_mmbatchs_lines_and_its_log_the_libraries(
     argv = ["caption", str(samples / "clip.mp4"), "--clip-seconds", "1", "--num-frames", "2"]
     argv += ["--model", str(tiny_vl_model), "--out", str(out), "--max-tokens", "4"]
     argv += [*TINY_ENGINE_FLAGS, "--json", "--no-progress"]
+    env = os.environ | {"TRANSFORMERS_VERBOSITY": "info"}
     done = subprocess.run(
-        [sys.executable, "-m", "mmbatch", *argv], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "mmbatch", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)  # one object, nothing around it
@@ -242,6 +250,7 @@ def test_a_clip_jobs_terminal_holds_mmbatchs_lines_and_its_log_the_libraries(
         assert line.startswith(("mmbatch: ", *MMBATCH_SUMMARY)), done.stderr[-3000:]
     log = Path(f"{out}.vllm.log").read_text()
     assert "cap_pixels_per_frame" in log
+    assert "[transformers] loading configuration file" in log  # the engine process's thread
 
 
 MMBATCH_SUMMARY = (
