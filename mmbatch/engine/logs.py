@@ -123,8 +123,7 @@ def printed_to(
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     log = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     entry = [log]
-    thread = threading.get_ident()
-    printing = _EVERY_THREAD if every_thread else thread
+    printing = _EVERY_THREAD if every_thread else threading.get_ident()
     with _PRINTED_LOCK:
         sys.stdout.flush()
         sys.stderr.flush()
